@@ -1,0 +1,2 @@
+// placeholder until the CUDA kernels land
+namespace pagedserve {}

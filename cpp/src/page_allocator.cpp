@@ -1,0 +1,2 @@
+// placeholder until the page allocator lands
+namespace pagedserve {}

@@ -1,0 +1,119 @@
+"""Frozen configuration, built once at the edge (cli.py or LLM(...)) and passed down.
+
+Each field carries a docstring right under it; cli.py reuses those as the flags' help text.
+Bad values raise ValueError naming the field. This module imports only the stdlib.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = ""
+    """Model to serve: a local .gguf file, an HF-style folder, or a hub id. Empty: the bundled
+    SmolLM2-135M-Instruct."""
+    dtype: str = "auto"
+    """Weights and activations dtype: auto, float32, bfloat16 or float16. auto picks bfloat16 on
+    CPUs with AVX-512 BF16 and on CUDA, float32 elsewhere (measured in bench/RESULTS.md)."""
+    device: str = "auto"
+    """Device to run on: auto (cuda when available), cpu or cuda."""
+    max_model_len: int | None = None
+    """Context length (prompt + output tokens) per request. Default: the model's own."""
+    chat_template: str | None = None
+    """Path to a jinja2 chat template that replaces the model's own."""
+    attention_backend: str = "auto"
+    """Attention implementation: auto (native kernels), native or torch (slow reference)."""
+    seed: int = 0
+    """Seed for requests that give none."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.attention_backend not in ("auto", "native", "torch"):
+            raise ValueError(
+                f"attention_backend must be auto, native or torch, got {self.attention_backend!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    page_size: int = 16
+    """Tokens per KV cache page."""
+    kv_cache_memory: float = 2.0
+    """KV cache budget in GiB on the CPU."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of the GPU's free memory (after loading weights) given to the KV cache."""
+    num_pages: int | None = None
+    """Exact number of KV pages, overriding the memory budget (tests, benchmarks)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV pages of prompt prefixes seen before."""
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two >= 1, got {self.page_size}")
+        if self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 GiB, got {self.kv_cache_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests running at once (each output of n>1 counts)."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one engine step (decodes first, then prefill chunks)."""
+    max_waiting: int = 1024
+    """Most requests waiting for a seat; beyond it the server answers 429."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field, keyed by field name (reused as CLI help)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in docs.items() if k in names}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs pagedserve (and, with the argument "test", its test dependencies) into the current
+# Python environment. Without an NVIDIA GPU it first installs the CPU build of torch, so that
+# pip does not pull a CUDA build of several GB; with a GPU it keeps the torch you have (or lets
+# pip choose one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --upgrade pip >/dev/null
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    python3 -m pip install torch==2.13.0
+fi
+extra=""
+if [[ "${1:-}" == "test" ]]; then extra="[test]"; fi
+python3 -m pip install ".${extra}"
