@@ -1,0 +1,86 @@
+"""The slow, obvious torch reference for the paged-attention ops: the oracle for every kernel.
+
+Gather each request's pages into a dense [seq_len, num_kv_heads, head_size] tensor, then do
+plain causal attention in fp32. Written for clarity, not speed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+
+
+def reshape_and_cache_reference(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    page_size = kv_cache.shape[3]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    pages, offsets = slots // page_size, slots % page_size
+    kv_cache[0, pages, :, offsets] = key[keep].to(kv_cache.dtype)
+    kv_cache[1, pages, :, offsets] = value[keep].to(kv_cache.dtype)
+
+
+def gather_kv(
+    kv_cache: torch.Tensor, page_row: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seq_len keys and values of one request: two [seq_len, num_kv_heads, head_size]."""
+    page_size = kv_cache.shape[3]
+    num_pages = (seq_len + page_size - 1) // page_size
+    pages = page_row[:num_pages].long()
+    # [2, n, kv_heads, page_size, d] -> [2, n * page_size, kv_heads, d]
+    kv = kv_cache[:, pages].transpose(2, 3).reshape(2, num_pages * page_size, *kv_cache.shape[2:3], -1)
+    return kv[0, :seq_len], kv[1, :seq_len]
+
+
+def paged_attention_reference(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,  # [num_reqs, max_pages] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_size], query's dtype
+    out = torch.empty_like(query)
+    num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    for r in range(seq_lens.shape[0]):
+        start, end = int(query_start_loc[r]), int(query_start_loc[r + 1])
+        seq_len, q_len = int(seq_lens[r]), end - start
+        if q_len == 0:
+            continue
+        k, v = gather_kv(kv_cache, page_table[r], seq_len)
+        k = k.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, d]
+        v = v.float().repeat_interleave(group, dim=1)
+        q = query[start:end].float()  # [q_len, num_heads, d]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+        k_pos = torch.arange(seq_len, device=query.device)[None, :]
+        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out
+
+
+class TorchReferenceBackend(AttentionBackend):
+    """Attention through the reference ops: slow, for tests and as a last-resort fallback."""
+
+    name = "torch"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        reshape_and_cache_reference(key, value, kv_cache, meta.slot_mapping)
+        return paged_attention_reference(
+            query, kv_cache, meta.page_table, meta.seq_lens, meta.query_start_loc, scale
+        )

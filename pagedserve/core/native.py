@@ -1,0 +1,20 @@
+"""The one importer of the compiled modules.
+
+`core` is pagedserve._core (always built). `cuda` is pagedserve._cuda, or None when the package
+was built without a CUDA toolkit. Typed wrappers (core/scheduler.py, core/attention/ops.py) use
+these; nothing else imports the compiled modules.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from pagedserve import _core as core
+
+cuda: ModuleType | None
+try:
+    from pagedserve import _cuda as cuda
+except ImportError:  # built without CUDA
+    cuda = None
+
+__all__ = ["core", "cuda"]
