@@ -97,3 +97,24 @@ class RequestOutput:
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
         self.metrics = later.metrics or self.metrics
         self.error = later.error or self.error
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for /metrics and /health."""
+
+    num_running: int
+    num_waiting: int
+    num_pages: int
+    page_size: int
+    num_free_pages: int
+    num_used_pages: int
+    num_cached_pages: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of pages held by requests (cached-but-free pages count as free)."""
+        return self.num_used_pages / self.num_pages if self.num_pages else 0.0

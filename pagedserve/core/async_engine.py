@@ -1,0 +1,220 @@
+"""AsyncEngine: the engine loop on its own thread, one mailbox per request.
+
+The event loop never runs model code. It hands commands (add, abort) to the engine thread
+through a queue; the engine thread hands outputs back with `call_soon_threadsafe`, into each
+request's mailbox. A mailbox never blocks its producer: when the consumer lags, deltas merge.
+Every exit path of `generate()` (finished, error, client gone) aborts the request in `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from pagedserve.core.config import EngineConfig
+from pagedserve.core.engine import LLMEngine
+from pagedserve.core.errors import EngineDeadError, QueueFullError
+from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
+from pagedserve.core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_FAILED_STEPS = 3
+
+
+class RequestStream:
+    """A request's mailbox; touched only on its event loop's thread."""
+
+    def __init__(self) -> None:
+        self._pending: RequestOutput | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, output: RequestOutput) -> None:
+        if self._pending is None:
+            self._pending = output
+        else:
+            self._pending.merge(output)
+        self._ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self._ready.wait()
+        self._ready.clear()
+        output, self._pending = self._pending, None
+        assert output is not None
+        return output
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_waiting: int) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.tokenizer = engine.tokenizer
+        self.chat_template = engine.parts.chat_template
+        self.model_name = engine.parts.resolved.name
+        self.max_model_len = engine.max_model_len
+        self.page_size = engine.parts.kv_layout.spec.page_size
+        self.num_pages = engine.parts.kv_layout.num_pages
+        self.kv_layout = engine.parts.kv_layout
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)
+        self._errored: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first generate()
+        self._stats = engine.stats()
+        self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(LLMEngine.from_config(config), config.scheduler.max_waiting)
+
+    @property
+    def errored(self) -> bool:
+        return self._errored is not None
+
+    def stats(self) -> EngineStats:
+        """A snapshot taken by the engine thread after its last step (never a live read)."""
+        return self._stats
+
+    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        if self._errored is not None:
+            raise EngineDeadError(self._errored)
+        self.engine.resolve_max_tokens(num_prompt_tokens, params)
+        if self._stats.num_waiting + self._num_queued_adds >= self.max_waiting:
+            raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        self.check_admission(len(prompt_token_ids), params)
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("an AsyncEngine serves one event loop")
+        stream = RequestStream()
+        self._streams[request_id] = stream
+        self._num_queued_adds += 1
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params))
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                finished = output.finished
+                yield output
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._commands.put(_Abort(request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    async def shutdown(self) -> None:
+        self._commands.put(_Stop())
+        await asyncio.to_thread(self._thread.join, 30)
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        except Exception as exc:  # a bug in scheduling/bookkeeping: fail loudly, never hang
+            logger.exception("engine loop crashed")
+            self._die(f"engine loop crashed: {exc}")
+
+    def _loop_forever(self) -> None:
+        failed_steps = 0
+        while True:
+            if not self._apply_commands(block=not self.engine.has_unfinished()):
+                return
+            outputs = self.engine.step()
+            self._stats = self.engine.stats()
+            failed_steps = failed_steps + 1 if _any_error(outputs) else 0
+            self._deliver(outputs)
+            if failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+                self._die(f"engine failed {failed_steps} steps in a row; see the server log")
+                return
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Applies queued adds/aborts; waits for one when idle. False means stop."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(command, _Stop):
+                self._die("the engine was shut down")
+                return False
+            if isinstance(command, _Abort):
+                self.engine.abort(command.request_id)
+                self._stats = self.engine.stats()
+                continue
+            self._add(command)
+
+    def _add(self, command: _Add) -> None:
+        try:
+            self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+        except ValueError as exc:  # raced past check_admission; tell the client why
+            self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])
+        finally:
+            self._post(self._mark_add_seen)
+
+    def _mark_add_seen(self) -> None:
+        self._num_queued_adds -= 1
+
+    def _die(self, reason: str) -> None:
+        if self._errored is None:
+            self._errored = reason
+        ids = self.engine.all_request_ids()
+        outputs = self.engine.fail_requests(ids, reason)
+        self._deliver(outputs)
+        for request_id in list(self._streams):
+            if request_id not in ids:
+                self._deliver([_error_output(request_id, [], reason)])
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            self._post(self._dispatch, outputs)
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+
+
+def _any_error(outputs: list[RequestOutput]) -> bool:
+    return any(o.error is not None for o in outputs)
+
+
+def _error_output(request_id: str, prompt: list[int], message: str) -> RequestOutput:
+    return RequestOutput(
+        request_id, prompt, [CompletionOutput(index=0, finish_reason="error")], True, error=message
+    )

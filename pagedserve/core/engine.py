@@ -1,0 +1,317 @@
+"""LLMEngine: requests in, one step at a time, deltas out. Single-threaded by design.
+
+A step is three named calls: `plan = scheduler.schedule()`, `result = model_runner.execute(...)`,
+`outputs = self.update(plan, result)`. Everything here runs on the engine thread (or the
+caller's, offline); AsyncEngine is the only bridge to asyncio.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import numpy as np
+import torch
+
+from pagedserve.core.config import EngineConfig
+from pagedserve.core.detokenizer import IncrementalDetokenizer
+from pagedserve.core.errors import ContextLengthError
+from pagedserve.core.model_runner import PromptLogprobsSpec, StepResult
+from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from pagedserve.core.request import Request, Sequence
+from pagedserve.core.sampler import SamplingBatch, SamplingRow
+from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.startup import EngineParts, build_engine_parts
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, parts: EngineParts, config: EngineConfig) -> None:
+        self.config = config
+        self.parts = parts
+        self.tokenizer = parts.tokenizer
+        self.scheduler = parts.scheduler
+        self.model_runner = parts.model_runner
+        self.max_model_len = parts.max_model_len
+        self.eos_token_ids = parts.tokenizer.eos_token_ids
+        self._requests: dict[str, Request] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        return cls(build_engine_parts(config), config)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """params.max_tokens against the context; ContextLengthError when it cannot fit."""
+        if num_prompt_tokens == 0:
+            raise ContextLengthError("the prompt is empty: give at least one token", "prompt")
+        room = self.max_model_len - num_prompt_tokens
+        if params.max_tokens is None and room >= 1:
+            return room
+        wanted = params.max_tokens or 1
+        if wanted > room:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt_tokens + wanted} tokens ({num_prompt_tokens} in the "
+                f"prompt, {wanted} for the completion). Shorten the prompt or lower max_tokens."
+            )
+        return wanted
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
+        metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
+        request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = []
+        # With the prefix cache, outputs 1..n-1 join once output 0 has filled the prompt's
+        # pages, so they share them instead of computing the prompt n times.
+        first_wave = 1 if self.config.cache.enable_prefix_caching else params.n
+        for _ in range(first_wave):
+            self._add_sequence(request)
+        self._requests[request_id] = request
+
+    def _add_sequence(self, request: Request) -> None:
+        index = request.num_children_added
+        params = request.params
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            index=index,
+            request=request,
+            detokenizer=IncrementalDetokenizer(
+                self.tokenizer,
+                stop=params.stop,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+                skip_special_tokens=params.skip_special_tokens,
+                prompt_token_ids=request.prompt_token_ids,
+            ),
+            generator=self._generator(params, index),
+        )
+        # Prompt logprobs need every prompt token computed, so output 0 skips the cache.
+        use_cache = not (index == 0 and params.prompt_logprobs is not None)
+        self.scheduler.add_request(
+            seq.seq_id, request.prompt_token_ids, request.max_tokens, use_prefix_cache=use_cache
+        )
+        request.seqs.append(seq)
+        request.num_children_added += 1
+        self._seqs[seq.seq_id] = seq
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        if params.seed is None:
+            return None
+        generator = torch.Generator(device=self.model_runner.device)
+        generator.manual_seed(params.seed + index)
+        return generator
+
+    def abort(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            self.scheduler.abort(seq.seq_id)
+            self._seqs.pop(seq.seq_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_pages=s.num_pages,
+            page_size=s.page_size,
+            num_free_pages=s.num_free_pages,
+            num_used_pages=s.num_used_pages,
+            num_cached_pages=s.num_cached_pages,
+            prefix_query_tokens=s.prefix_query_tokens,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            num_preemptions=s.num_preemptions,
+        )
+
+    # ---- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.num_reqs == 0:
+            return []
+        self._note_scheduled(plan)
+        try:
+            result = self.model_runner.execute(
+                plan, self._sampling_batch(plan), self._prompt_specs(plan)
+            )
+        except Exception as exc:  # a fault in one step fails that step's requests, not the server
+            logger.exception("engine step failed; failing the %d requests in it", plan.num_reqs)
+            return self.fail_requests(self._request_ids_of(plan), f"engine step failed: {exc}")
+        return self.update(plan, result)
+
+    def _note_scheduled(self, plan: StepPlan) -> None:
+        now = time.monotonic()
+        for seq_id in plan.seq_ids.tolist():
+            seq = self._seqs[seq_id]
+            metrics = seq.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.num_cached_tokens = self.scheduler.num_cached_tokens(seq_id)
+        for seq_id in plan.preempted_seq_ids.tolist():
+            seq = self._seqs.get(seq_id)
+            if seq is not None:
+                seq.request.metrics.num_preemptions += 1
+
+    def _sampling_batch(self, plan: StepPlan) -> SamplingBatch:
+        rows = []
+        for seq_id in plan.sample_seq_ids.tolist():
+            seq = self._seqs[seq_id]
+            request = seq.request
+            rows.append(
+                SamplingRow(
+                    params=request.params,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=seq.output_token_ids,
+                    generator=seq.generator,
+                )
+            )
+        return SamplingBatch.build(
+            rows,
+            vocab_size=self.tokenizer.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            device=self.model_runner.device,
+        )
+
+    def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
+        specs = []
+        for i, seq_id in enumerate(plan.seq_ids.tolist()):
+            seq = self._seqs[seq_id]
+            request = seq.request
+            if request.prompt_logprobs is None or seq.index != 0 or request.prompt_logprobs_sent:
+                continue
+            start = int(plan.num_computed_tokens[i])
+            num_prompt = len(request.prompt_token_ids)
+            if start >= num_prompt:
+                continue
+            end = min(start + int(plan.num_scheduled_tokens[i]) + 1, num_prompt)
+            specs.append(
+                PromptLogprobsSpec(
+                    seq_id=seq_id,
+                    row_start=int(plan.query_start_loc[i]),
+                    target_ids=request.prompt_token_ids[start + 1 : end],
+                    k=request.params.prompt_logprobs or 0,
+                )
+            )
+        return specs
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
+        sampled = result.sampled.token_ids.tolist()
+        self.scheduler.update(plan, np.asarray(sampled, dtype=np.int32))
+        for seq_id, logprobs in result.prompt_logprobs.items():
+            request = self._seqs[seq_id].request
+            if request.prompt_logprobs is not None:
+                request.prompt_logprobs.extend(logprobs)
+        touched: dict[str, Request] = {}
+        logprobs = result.sampled.logprobs
+        for i, seq_id in enumerate(plan.sample_seq_ids.tolist()):
+            seq = self._seqs[seq_id]
+            self._append_token(seq, sampled[i], logprobs[i] if logprobs else None)
+            touched[seq.request.request_id] = seq.request
+        return [self._emit(request) for request in touched.values()]
+
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        request, params = seq.request, seq.request.params
+        self._record_token_time(request)
+        seq.output_token_ids.append(token)
+        delta = seq.pending()
+        delta.token_ids.append(token)
+        if logprob is not None and delta.logprobs is not None:
+            delta.logprobs.append(logprob)
+        if len(seq.output_token_ids) == 1 and seq.index == 0:
+            self._add_remaining_children(request)
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return self._finish(seq, "stop", None, flush=True)
+        if token in params.stop_token_ids:
+            return self._finish(seq, "stop", token, flush=True)
+        delta.text += seq.detokenizer.add([token])
+        if seq.detokenizer.stop_hit is not None:
+            return self._finish(seq, "stop", seq.detokenizer.stop_hit, flush=False)
+        num_tokens = len(request.prompt_token_ids) + len(seq.output_token_ids)
+        if len(seq.output_token_ids) >= request.max_tokens or num_tokens >= self.max_model_len:
+            self._finish(seq, "length", None, flush=True)
+
+    def _add_remaining_children(self, request: Request) -> None:
+        while request.num_children_added < request.params.n:
+            self._add_sequence(request)
+
+    def _record_token_time(self, request: Request) -> None:
+        metrics, now = request.metrics, time.monotonic()
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        elif metrics.last_token_time is not None:
+            metrics.inter_token_latencies.append(now - metrics.last_token_time)
+        metrics.last_token_time = now
+        metrics.num_generated_tokens += 1
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool) -> None:
+        delta = seq.pending()
+        if flush:
+            delta.text += seq.detokenizer.flush()
+        seq.finish_reason = delta.finish_reason = reason
+        seq.stop_reason = delta.stop_reason = stop_reason
+        self.scheduler.finish(seq.seq_id)
+        self._seqs.pop(seq.seq_id, None)
+
+    def _emit(self, request: Request) -> RequestOutput:
+        deltas = [d for d in (seq.take_delta() for seq in request.seqs) if d is not None]
+        output = RequestOutput(request.request_id, request.prompt_token_ids, deltas)
+        if request.prompt_logprobs is not None and not request.prompt_logprobs_sent:
+            output.prompt_logprobs = [None, *request.prompt_logprobs]
+            request.prompt_logprobs_sent = True
+        if request.finished:
+            output.finished = True
+            request.metrics.finished_time = time.monotonic()
+            output.metrics = request.metrics
+            self._requests.pop(request.request_id, None)
+        return output
+
+    def fail_requests(self, request_ids: list[str], message: str) -> list[RequestOutput]:
+        """Ends these requests with finish_reason 'error', frees their pages."""
+        outputs = []
+        for request_id in request_ids:
+            request = self._requests.get(request_id)
+            if request is None:
+                continue
+            self.abort(request_id)
+            for seq in request.seqs:
+                if not seq.finished:
+                    seq.pending().finish_reason = seq.finish_reason = "error"
+            output = RequestOutput(
+                request_id,
+                request.prompt_token_ids,
+                [d for d in (s.take_delta() for s in request.seqs) if d is not None],
+                finished=True,
+                metrics=request.metrics,
+                error=message,
+            )
+            outputs.append(output)
+        return outputs
+
+    def _request_ids_of(self, plan: StepPlan) -> list[str]:
+        ids = {self._seqs[s].request.request_id for s in plan.seq_ids.tolist() if s in self._seqs}
+        return sorted(ids)
+
+    def all_request_ids(self) -> list[str]:
+        return list(self._requests)

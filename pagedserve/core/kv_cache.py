@@ -1,0 +1,66 @@
+"""KV cache sizing: how many pages a memory budget holds. Integers only (no torch here).
+
+The tensors themselves are allocated by the model runner (the only owner of device memory);
+their layout is defined in core/attention/base.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    page_size: int
+    dtype_bytes: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        # K and V, every layer.
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * self.dtype_bytes
+
+    @property
+    def bytes_per_page(self) -> int:
+        return self.bytes_per_token * self.page_size
+
+    def num_pages_for(self, budget_bytes: int) -> int:
+        return budget_bytes // self.bytes_per_page
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """What was allocated, as reported at start-up and by /metrics."""
+
+    spec: KVCacheSpec
+    num_pages: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_pages * self.spec.page_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_pages * self.spec.bytes_per_page
+
+    def describe(self) -> str:
+        return (
+            f"KV cache: {self.num_pages} pages x {self.spec.page_size} tokens = "
+            f"{self.num_tokens} tokens ({self.num_bytes / GiB:.2f} GiB)"
+        )
+
+
+def choose_num_pages(spec: KVCacheSpec, budget_bytes: int, min_pages_needed: int) -> int:
+    """Pages that fit the budget; a clear error when not even one full-length request fits."""
+    num_pages = spec.num_pages_for(budget_bytes)
+    if num_pages < min_pages_needed:
+        raise ValueError(
+            f"kv_cache_memory: {budget_bytes / GiB:.3f} GiB holds {num_pages} pages of "
+            f"{spec.page_size} tokens, fewer than the {min_pages_needed} that one request of "
+            "max_model_len needs; raise the budget or lower max_model_len"
+        )
+    return num_pages

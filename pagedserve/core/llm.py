@@ -1,0 +1,101 @@
+"""LLM: offline batched generation, `from pagedserve import LLM, SamplingParams`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pagedserve.core.engine import LLMEngine
+from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
+    """Route each keyword to the config that owns the field; unknown keywords are an error."""
+    parts: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
+    for key, value in kwargs.items():
+        owner = next((cls for cls in parts if key in cls.__dataclass_fields__), None)
+        if owner is None:
+            raise TypeError(f"LLM() got an unexpected keyword argument {key!r}")
+        parts[owner][key] = value
+    return EngineConfig(
+        model=ModelConfig(**parts[ModelConfig]),
+        cache=CacheConfig(**parts[CacheConfig]),
+        scheduler=SchedulerConfig(**parts[SchedulerConfig]),
+    )
+
+
+class LLM:
+    """Offline engine. Keywords are the fields of ModelConfig, CacheConfig and SchedulerConfig.
+
+    >>> llm = LLM(dtype="float32")                      # the bundled SmolLM2-135M-Instruct
+    >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
+    """
+
+    def __init__(self, model: str = "", **kwargs: Any) -> None:
+        self.engine = LLMEngine.from_config(_split_kwargs({"model": model, **kwargs}))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion; outputs come back whole, in prompt order."""
+        prompt_list = self._as_list(prompts)
+        params = sampling_params or SamplingParams()
+        params_list = (
+            [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
+        )
+        if len(params_list) != len(prompt_list):
+            raise ValueError("sampling_params: give one, or one per prompt")
+        ids = []
+        for prompt, p in zip(prompt_list, params_list):
+            request_id = f"offline-{next(self._ids)}"
+            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.engine.add_request(request_id, token_ids, p)
+            ids.append(request_id)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+    ) -> RequestOutput:
+        template = self.engine.parts.chat_template
+        if template is None:
+            raise ValueError("this model has no chat template; pass chat_template=<path>")
+        prompt = template.render(messages, add_generation_prompt=True)
+        token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return self.generate([token_ids], sampling_params)[0]
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), disable=not use_tqdm, desc="generate")
+        while self.engine.has_unfinished():
+            for delta in self.engine.step():
+                if delta.request_id in done:
+                    done[delta.request_id].merge(delta)
+                else:
+                    done[delta.request_id] = delta
+                if delta.finished:
+                    bar.update(1)
+        bar.close()
+        return [done[i] for i in ids]
+
+    @staticmethod
+    def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        if prompts and isinstance(prompts[0], int):
+            return [prompts]  # type: ignore[list-item]
+        return list(prompts)  # type: ignore[arg-type]

@@ -1,0 +1,62 @@
+"""Engine-side state of a request and of each of its n output sequences (stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pagedserve.core.outputs import CompletionOutput, RequestMetrics, TokenLogprob
+from pagedserve.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.core.detokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class Sequence:
+    """One of a request's n outputs; the scheduler knows it by seq_id."""
+
+    seq_id: int
+    index: int
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    generator: Any = None
+    """torch.Generator when the request is seeded (typed loosely: this module is stdlib-only)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    delta: CompletionOutput | None = None
+    """What changed since the last RequestOutput was emitted."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def pending(self) -> CompletionOutput:
+        if self.delta is None:
+            want_logprobs = self.request.params.logprobs is not None
+            self.delta = CompletionOutput(index=self.index, logprobs=[] if want_logprobs else None)
+        return self.delta
+
+    def take_delta(self) -> CompletionOutput | None:
+        delta, self.delta = self.delta, None
+        return delta
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    """params.max_tokens resolved against the context length."""
+    metrics: RequestMetrics
+    seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
+    num_children_added: int = 0
+    """How many of the n sequences have been handed to the scheduler so far."""
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.finished for s in self.seqs)

@@ -1,0 +1,122 @@
+"""Start-up: resolve and load the model and tokenizer, pick device and dtype, size the KV cache.
+
+Everything slow or device-dependent that happens once, before the first step, lives here so
+that engine.py stays about steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagedserve.core.attention.registry import get_attention_backend
+from pagedserve.core.chat_template import ChatTemplate, load_chat_template
+from pagedserve.core.config import EngineConfig, ModelConfig
+from pagedserve.core.kv_cache import KVCacheLayout, choose_num_pages
+from pagedserve.core.model_runner import ModelRunner
+from pagedserve.core.models import load_model
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineParts:
+    resolved: ResolvedModel
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    arch: ArchConfig
+    model_runner: ModelRunner
+    scheduler: Scheduler
+    max_model_len: int
+    kv_layout: KVCacheLayout
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """AVX-512 BF16 (or AMX): bf16 matmuls run at about twice fp32's speed there."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def choose_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # Measured in bench/RESULTS.md: bf16 is faster on CPUs with native bf16 dot products.
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    mc, cc, sc = config.model, config.cache, config.scheduler
+    resolved = resolve_model(mc.model)
+    device = choose_device(mc.device)
+    dtype = choose_dtype(mc.dtype, device)
+    tokenizer = load_tokenizer(resolved.path)
+    template_path = Path(mc.chat_template) if mc.chat_template else None
+    chat_template = load_chat_template(tokenizer, template_path)
+    attention = get_attention_backend(mc.attention_backend)
+    model, arch = load_model(resolved, dtype=dtype, device=device, attention=attention)
+    max_model_len = _max_model_len(mc, arch)
+
+    spec = ModelRunner.kv_spec(arch, cc.page_size, dtype)
+    pages_per_request = -(-max_model_len // cc.page_size)
+    num_pages = cc.num_pages or choose_num_pages(
+        spec, _kv_budget_bytes(config, device), pages_per_request
+    )
+    layout = KVCacheLayout(spec, num_pages)
+    runner = ModelRunner(
+        model, arch, num_pages=num_pages, page_size=cc.page_size, dtype=dtype, device=device
+    )
+    scheduler = Scheduler(
+        num_pages=num_pages,
+        page_size=cc.page_size,
+        max_num_seqs=sc.max_num_seqs,
+        max_num_batched_tokens=sc.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_prefix_caching=cc.enable_prefix_caching,
+    )
+    logger.info(
+        "model %s (%s) on %s in %s, attention %s; %s",
+        resolved.name, arch.architecture, device, dtype, attention.name, layout.describe(),
+    )
+    return EngineParts(
+        resolved, tokenizer, chat_template, arch, runner, scheduler, max_model_len, layout
+    )
+
+
+def _max_model_len(mc: ModelConfig, arch: ArchConfig) -> int:
+    if mc.max_model_len is None:
+        return arch.max_position_embeddings
+    if mc.max_model_len > arch.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len: {mc.max_model_len} exceeds the model's "
+            f"{arch.max_position_embeddings} positions"
+        )
+    return mc.max_model_len
+
+
+def _kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * config.cache.gpu_memory_utilization)
+    return int(config.cache.kv_cache_memory * (1 << 30))
