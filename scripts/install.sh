@@ -5,7 +5,6 @@
 # pip choose one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --upgrade pip >/dev/null
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     python3 -m pip install torch==2.13.0
 fi

@@ -1,0 +1,74 @@
+"""DESIGN.md's import rules, checked by walking every module's imports (ast, no execution)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import pagedserve
+
+PACKAGE = Path(pagedserve.__file__).parent
+STDLIB_ONLY = ["config", "sampling_params", "request", "outputs", "errors", "kv_cache"]
+NO_TORCH = ["scheduler", "kv_cache"]
+SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level names this file imports, with pagedserve's own spelled out in full."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            if node.module == "pagedserve":
+                names.update(f"pagedserve.{alias.name}" for alias in node.names)
+    return names
+
+
+def modules() -> dict[str, set[str]]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        dotted = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        found[dotted] = imports_of(path)
+    return found
+
+
+def test_walk_finds_the_package() -> None:
+    assert "pagedserve.core.engine" in modules()
+
+
+def test_core_never_imports_the_server_side() -> None:
+    for name, imported in modules().items():
+        if name.startswith("pagedserve.core"):
+            roots = {i.split(".")[0] for i in imported}
+            assert not roots & SERVER_LIBS, f"{name} imports {roots & SERVER_LIBS}"
+            assert not any(i.startswith("pagedserve.openai_compat") for i in imported), name
+
+
+@pytest.mark.parametrize("module", STDLIB_ONLY)
+def test_stdlib_only_modules(module: str) -> None:
+    imported = modules()[f"pagedserve.core.{module}"]
+    for name in imported:
+        root = name.split(".")[0]
+        assert root in sys.stdlib_module_names or root in ("__future__", "pagedserve"), (
+            f"core.{module} imports {name}"
+        )
+        if root == "pagedserve":
+            leaf = name.split(".")[-1]
+            assert leaf in STDLIB_ONLY or name.endswith("detokenizer"), name
+
+
+@pytest.mark.parametrize("module", NO_TORCH)
+def test_bookkeeping_never_imports_torch(module: str) -> None:
+    imported = modules()[f"pagedserve.core.{module}"]
+    assert not any(i.split(".")[0] == "torch" for i in imported)
+
+
+def test_each_compiled_module_has_one_importer() -> None:
+    for compiled in ("pagedserve._core", "pagedserve._cuda"):
+        importers = [n for n, imported in modules().items() if compiled in imported]
+        assert importers == ["pagedserve.core.native"], (compiled, importers)
