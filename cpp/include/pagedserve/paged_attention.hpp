@@ -1,0 +1,90 @@
+// The paged-attention kernel API, shared by the CPU kernels (src/paged_attention_cpu.cpp) and the
+// CUDA kernels (cuda/*.cu). Pointers, sizes and strides only: no torch anywhere.
+//
+// KV page layout (the one definition on the C++ side; mirrored in
+// pagedserve/core/attention/base.py as KV_CACHE_DIMS, and a test checks that both agree):
+//
+//     kv_cache: [2, num_pages, num_kv_heads, page_size, head_size], contiguous (0 = K, 1 = V)
+//
+// Token slot s lives in page s / page_size at offset s % page_size; slot -1 means "skip".
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedserve {
+
+inline constexpr std::array<const char*, 5> kKvCacheDims = {
+    "kv", "num_pages", "num_kv_heads", "page_size", "head_size"};
+
+// Storage dtype of every tensor an op touches (query, key, value, out and kv_cache share it).
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+inline std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+struct KvCacheView {
+    void* data = nullptr;
+    std::int64_t num_pages = 0;
+    std::int64_t num_kv_heads = 0;
+    std::int64_t page_size = 0;
+    std::int64_t head_size = 0;
+
+    // Element offsets into the contiguous layout above.
+    std::int64_t page_stride() const { return num_kv_heads * page_size * head_size; }
+    std::int64_t head_stride() const { return page_size * head_size; }
+    std::int64_t kv_stride() const { return num_pages * page_stride(); }
+};
+
+// A [rows, heads, head_size] activation whose last dimension is contiguous; the two outer
+// strides (in elements) are free, so views of a fused qkv projection need no copy.
+struct TokenTensor {
+    const void* data = nullptr;
+    std::int64_t token_stride = 0;
+    std::int64_t head_stride = 0;
+};
+
+struct CacheWriteArgs {
+    TokenTensor key;    // [num_tokens, num_kv_heads, head_size]
+    TokenTensor value;  // [num_tokens, num_kv_heads, head_size]
+    KvCacheView cache;
+    const std::int64_t* slot_mapping = nullptr;  // [num_tokens]
+    std::int64_t num_tokens = 0;
+    DType dtype = DType::kFloat32;
+};
+
+struct AttentionArgs {
+    void* out = nullptr;  // [num_tokens, num_heads, head_size], strides as in out_*
+    std::int64_t out_token_stride = 0;
+    std::int64_t out_head_stride = 0;
+    TokenTensor query;  // [num_tokens, num_heads, head_size]
+    KvCacheView cache;
+    const std::int32_t* page_table = nullptr;  // [num_reqs, page_table_stride]
+    std::int64_t page_table_stride = 0;        // max pages per request
+    const std::int32_t* seq_lens = nullptr;    // [num_reqs]
+    const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]
+    std::int64_t num_reqs = 0;
+    std::int64_t num_tokens = 0;
+    std::int64_t num_heads = 0;
+    std::int64_t max_query_len = 0;
+    std::int64_t max_seq_len = 0;
+    float scale = 1.0f;
+    DType dtype = DType::kFloat32;
+};
+
+// CPU kernels (OpenMP with num_threads threads). Both validate the integer inputs (slots, page
+// ids, lengths) before touching memory and throw std::invalid_argument on bad ones.
+void reshape_and_cache_cpu(const CacheWriteArgs& args, int num_threads);
+void paged_attention_cpu(const AttentionArgs& args, int num_threads);
+
+// CUDA kernels, enqueued on `stream` (a cudaStream_t); pointers are device pointers. The
+// workspace holds num_tokens * num_heads * max_splits * (head_size + 2) floats for split-context
+// decode; max_splits = 1 needs none. No host-side validation of device data is possible.
+void reshape_and_cache_cuda(const CacheWriteArgs& args, void* stream);
+void paged_attention_cuda(const AttentionArgs& args, float* workspace, int max_splits,
+                          void* stream);
+
+// Keys per split of one decode request on CUDA (flash-decoding); the caller sizes the workspace.
+inline constexpr int kCudaDecodeSplitLen = 512;
+
+}  // namespace pagedserve

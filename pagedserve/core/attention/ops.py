@@ -1,0 +1,216 @@
+"""Torch custom ops over the native paged-attention kernels (namespace `pagedserve`).
+
+The one wrapper of the kernels in pagedserve._core (CPU) and pagedserve._cuda (CUDA): it checks
+the tensors (ValueError naming the argument), passes raw pointers, sizes and strides, and
+dispatches by device. Fake implementations let torch.compile and opcheck trace the ops.
+
+    torch.ops.pagedserve.reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
+    torch.ops.pagedserve.paged_attention(out, query, kv_cache, page_table, seq_lens,
+                                         query_start_loc, max_query_len, max_seq_len, scale)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pagedserve.core import native
+
+_core = native.core
+_DTYPES = {
+    torch.float32: _core.DType.float32,
+    torch.bfloat16: _core.DType.bfloat16,
+    torch.float16: _core.DType.float16,
+}
+_CPU_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_cache(kv_cache: torch.Tensor) -> None:
+    _require(
+        kv_cache.dim() == 5 and kv_cache.shape[0] == 2,
+        f"kv_cache must be [2, num_pages, num_kv_heads, page_size, head_size], got "
+        f"{tuple(kv_cache.shape)}",
+    )
+    _require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
+    allowed = _CPU_DTYPES if kv_cache.device.type == "cpu" else tuple(_DTYPES)
+    _require(
+        kv_cache.device.type in ("cpu", "cuda"),
+        f"kv_cache must be on cpu or cuda, got {kv_cache.device}",
+    )
+    _require(
+        kv_cache.dtype in allowed,
+        f"kv_cache dtype {kv_cache.dtype} is not supported on {kv_cache.device.type} "
+        f"(supported: {', '.join(str(d) for d in allowed)})",
+    )
+
+
+def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
+    """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
+    _require(t.dim() == 3, f"{name} must be [num_tokens, heads, head_size], got {tuple(t.shape)}")
+    _require(t.dtype == kv_cache.dtype, f"{name} dtype {t.dtype} must match kv_cache {kv_cache.dtype}")
+    _require(t.device == kv_cache.device, f"{name} is on {t.device}, kv_cache on {kv_cache.device}")
+    _require(t.shape[2] == kv_cache.shape[4], f"{name} head_size {t.shape[2]} != kv_cache's")
+    _require(t.stride(2) == 1 or t.shape[2] == 1, f"{name} must be contiguous in its last dim")
+    if heads is not None:
+        _require(t.shape[1] == heads, f"{name} has {t.shape[1]} heads, kv_cache has {heads}")
+
+
+def _check_index(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...],
+                 device: torch.device) -> None:
+    _require(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    _require(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    _require(t.device == device, f"{name} is on {t.device}, kv_cache on {device}")
+    _require(t.stride(-1) == 1 or t.shape[-1] <= 1, f"{name} must be contiguous in its last dim")
+    if t.dim() == 1:
+        _require(t.is_contiguous(), f"{name} must be contiguous")
+
+
+def _check_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    _check_cache(kv_cache)
+    _check_rows("key", key, kv_cache, kv_cache.shape[2])
+    _check_rows("value", value, kv_cache, kv_cache.shape[2])
+    _require(key.shape == value.shape, "key and value must have the same shape")
+    _check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
+
+
+def _check_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                     page_table: torch.Tensor, seq_lens: torch.Tensor,
+                     query_start_loc: torch.Tensor, max_query_len: int, max_seq_len: int,
+                     scale: float) -> None:
+    _check_cache(kv_cache)
+    _check_rows("query", query, kv_cache, None)
+    _check_rows("out", out, kv_cache, None)
+    _require(out.shape == query.shape, f"out shape {tuple(out.shape)} != query's")
+    num_kv_heads = kv_cache.shape[2]
+    _require(
+        query.shape[1] % num_kv_heads == 0,
+        f"query heads ({query.shape[1]}) must be a multiple of kv_cache heads ({num_kv_heads})",
+    )
+    _require(page_table.dim() == 2, f"page_table must be 2-D, got {tuple(page_table.shape)}")
+    num_reqs = page_table.shape[0]
+    _check_index("page_table", page_table, torch.int32, tuple(page_table.shape), kv_cache.device)
+    _check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), kv_cache.device)
+    _check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), kv_cache.device)
+    _require(max_query_len >= 0, f"max_query_len must be >= 0, got {max_query_len}")
+    _require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
+    _require(math.isfinite(scale), f"scale must be finite, got {scale}")
+
+
+def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:
+    view = _core.KvCacheView()
+    view.data = kv_cache.data_ptr()
+    view.num_pages, view.num_kv_heads, view.page_size, view.head_size = kv_cache.shape[1:]
+    return view
+
+
+def _token_tensor(t: torch.Tensor) -> _core.TokenTensor:
+    view = _core.TokenTensor()
+    view.data = t.data_ptr()
+    view.token_stride, view.head_stride = t.stride(0), t.stride(1)
+    return view
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _cuda_module():  # noqa: ANN202 - a compiled module
+    if native.cuda is None:
+        raise RuntimeError("pagedserve was built without CUDA kernels (pagedserve._cuda missing)")
+    return native.cuda
+
+
+@torch.library.custom_op("pagedserve::reshape_and_cache", mutates_args=("kv_cache",))
+def reshape_and_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    _check_write(key, value, kv_cache, slot_mapping)
+    args = _core.CacheWriteArgs()
+    args.key, args.value = _token_tensor(key), _token_tensor(value)
+    args.cache = _cache_view(kv_cache)
+    args.slot_mapping = slot_mapping.data_ptr()
+    args.num_tokens = key.shape[0]
+    args.dtype = _DTYPES[kv_cache.dtype]
+    if kv_cache.is_cuda:
+        _cuda_module().reshape_and_cache(args, _stream(kv_cache))
+    else:
+        _core.reshape_and_cache(args, torch.get_num_threads())
+
+
+@reshape_and_cache.register_fake
+def _(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+      slot_mapping: torch.Tensor) -> None:
+    _check_write(key, value, kv_cache, slot_mapping)
+
+
+def _attention_args(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                    page_table: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, max_query_len: int, max_seq_len: int,
+                    scale: float) -> _core.AttentionArgs:
+    args = _core.AttentionArgs()
+    args.out = out.data_ptr()
+    args.out_token_stride, args.out_head_stride = out.stride(0), out.stride(1)
+    args.query = _token_tensor(query)
+    args.cache = _cache_view(kv_cache)
+    args.page_table = page_table.data_ptr()
+    args.page_table_stride = page_table.stride(0)
+    args.seq_lens = seq_lens.data_ptr()
+    args.query_start_loc = query_start_loc.data_ptr()
+    args.num_reqs, args.num_tokens, args.num_heads = page_table.shape[0], *query.shape[:2]
+    args.max_query_len, args.max_seq_len = max_query_len, max_seq_len
+    args.scale = scale
+    args.dtype = _DTYPES[kv_cache.dtype]
+    return args
+
+
+def _cuda_attention(args: _core.AttentionArgs, query: torch.Tensor) -> None:
+    cuda = _cuda_module()
+    splits = 1
+    if args.max_query_len == 1:  # decode: split long contexts across thread blocks
+        splits = max(1, -(-args.max_seq_len // cuda.DECODE_SPLIT_LEN))
+    workspace_ptr = 0
+    if splits > 1:
+        size = args.num_tokens * args.num_heads * splits * (args.cache.head_size + 2)
+        workspace = torch.empty(size, dtype=torch.float32, device=query.device)
+        workspace_ptr = workspace.data_ptr()  # the caching allocator keeps it stream-ordered
+    cuda.paged_attention(args, workspace_ptr, splits, _stream(query))
+
+
+@torch.library.custom_op("pagedserve::paged_attention", mutates_args=("out",))
+def paged_attention(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    page_table: torch.Tensor,  # [num_reqs, max_pages_per_req] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> None:
+    params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
+              max_seq_len, scale)
+    _check_attention(*params)
+    args = _attention_args(*params)
+    if kv_cache.is_cuda:
+        _cuda_attention(args, query)
+    else:
+        _core.paged_attention(args, torch.get_num_threads())
+
+
+@paged_attention.register_fake
+def _(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
+      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int,
+      max_seq_len: int, scale: float) -> None:
+    _check_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
+                     max_seq_len, scale)

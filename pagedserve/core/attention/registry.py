@@ -1,0 +1,22 @@
+"""Attention backends by name, chosen from a plain dict (config: ModelConfig.attention_backend)."""
+
+from __future__ import annotations
+
+from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.attention.native import NativeAttentionBackend
+from pagedserve.core.attention.reference import TorchReferenceBackend
+
+_BACKENDS: dict[str, type[AttentionBackend]] = {
+    "native": NativeAttentionBackend,
+    "torch": TorchReferenceBackend,
+}
+_DEFAULT = "native"  # what "auto" means: the native kernels, on CPU and CUDA alike
+
+
+def get_attention_backend(name: str) -> AttentionBackend:
+    """A fresh backend for `name`: "auto", "native" or "torch"."""
+    key = _DEFAULT if name == "auto" else name
+    if key not in _BACKENDS:
+        choices = ", ".join(["auto", *_BACKENDS])
+        raise ValueError(f"attention_backend must be one of {choices}, got {name!r}")
+    return _BACKENDS[key]()
