@@ -1,0 +1,120 @@
+// Continuous-batching scheduler over the page allocator: a per-step token budget, a cap on
+// running requests, chunked prefill, prefix-cache lookup at admission and preemption by
+// recompute. schedule() fills preallocated plan buffers (no allocation per step once warm);
+// update() advances the requests of the last plan. Single-threaded by contract.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedserve/page_allocator.hpp"
+
+namespace pagedserve {
+
+// A request that can never fit (too long for max_model_len or for the whole page pool).
+class AdmissionError : public std::invalid_argument {
+  public:
+    using std::invalid_argument::invalid_argument;
+};
+
+struct SchedulerConfig {
+    int32_t num_pages = 0;
+    int32_t page_size = 16;
+    int32_t max_num_seqs = 64;
+    int32_t max_num_batched_tokens = 512;
+    int32_t max_model_len = 2048;
+    bool enable_prefix_caching = true;
+};
+
+struct Request;  // scheduler.cpp
+
+// The arrays of one step, in scheduler-owned buffers that stay valid until the next schedule().
+// Sizes: num_reqs rows for per-request arrays, num_tokens for per-token ones.
+struct StepPlan {
+    int64_t step = 0;  // increases by one per schedule(); update() checks it
+    int32_t num_reqs = 0;
+    int32_t num_tokens = 0;
+    int32_t num_sampled = 0;
+    int32_t max_query_len = 0;
+    int32_t max_seq_len = 0;
+    int32_t max_pages = 0;  // page_table row length of this step
+    std::vector<int64_t> seq_ids;
+    std::vector<int32_t> num_scheduled_tokens;
+    std::vector<int32_t> num_computed_tokens;
+    std::vector<int32_t> seq_lens;
+    std::vector<int32_t> query_start_loc;  // num_reqs + 1 entries
+    std::vector<int32_t> input_ids;
+    std::vector<int32_t> positions;
+    std::vector<int64_t> slot_mapping;
+    std::vector<int32_t> page_table;  // num_reqs x max_pages, row-major, unused entries 0
+    std::vector<int32_t> logits_indices;
+    std::vector<int64_t> sample_seq_ids;
+    std::vector<int64_t> preempted_seq_ids;
+};
+
+struct SchedulerStats {
+    int32_t num_pages, page_size, num_free_pages, num_cached_pages, num_used_pages;
+    int64_t prefix_query_tokens, prefix_hit_tokens, num_preemptions;
+};
+
+class Scheduler {
+  public:
+    explicit Scheduler(const SchedulerConfig& config);
+    ~Scheduler();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Throws AdmissionError when it can never run, std::invalid_argument for a duplicate id.
+    void add_request(int64_t seq_id, const int32_t* prompt_token_ids, int32_t num_prompt_tokens,
+                     int64_t max_tokens, bool use_prefix_cache = true);
+    const StepPlan& schedule();
+    // sampled_token_ids: one per plan.logits_indices entry of the last plan, in that order.
+    void update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled);
+    void finish(int64_t seq_id);  // unknown id: no-op
+    void abort(int64_t seq_id);   // unknown id: no-op
+
+    int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+    int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+    bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+    int32_t num_cached_tokens(int64_t seq_id) const;
+    SchedulerStats stats() const;
+    const StepPlan& last_plan() const { return plan_; }
+    const SchedulerConfig& config() const { return config_; }
+    const PageAllocator& allocator() const { return allocator_; }
+    // Introspection for tests: the pages a request holds, in sequence order (empty if waiting).
+    const std::vector<int32_t>& page_ids(int64_t seq_id) const;
+    int32_t num_computed_tokens(int64_t seq_id) const;
+
+  private:
+    const Request& find(int64_t seq_id) const;
+    void remove(int64_t seq_id);
+    void reset_plan();
+    void schedule_running(int32_t& budget);
+    void admit_waiting(int32_t& budget);
+    bool try_admit(Request& r, int32_t budget);
+    bool ensure_pages(Request& r, int32_t num_tokens);
+    Request* pick_victim();
+    void preempt(Request& r);
+    void emit(Request& r, int32_t num_new);
+    void finish_plan();
+    void register_full_pages(Request& r);
+    void release(Request& r);
+
+    SchedulerConfig config_;
+    PageAllocator allocator_;
+    std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
+    std::vector<Request*> running_;       // admission order: back() is the newest
+    std::deque<Request*> waiting_;        // FCFS; preempted requests go to the front
+    std::vector<std::unique_ptr<Request>> retired_;  // aborted/finished, freed next schedule()
+    std::vector<Request*> plan_requests_;  // the requests of plan_, in row order
+    StepPlan plan_;
+    bool plan_pending_ = false;  // plan_ awaits its update()
+    int32_t max_pages_per_seq_;
+    int64_t num_preemptions_ = 0;
+};
+
+}  // namespace pagedserve

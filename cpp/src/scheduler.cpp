@@ -1,0 +1,360 @@
+#include "pagedserve/scheduler.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace pagedserve {
+
+namespace {
+
+int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+void require_positive(int32_t value, const char* field) {
+    if (value < 1)
+        throw std::invalid_argument(std::string(field) + " must be >= 1, got " +
+                                    std::to_string(value));
+}
+
+}  // namespace
+
+enum class Status { kWaiting, kRunning, kDone };
+
+struct Request {
+    int64_t seq_id = 0;
+    std::vector<int32_t> token_ids;  // prompt, then every generated token
+    int32_t num_prompt_tokens = 0;
+    int32_t max_tokens = 0;
+    int32_t num_computed = 0;  // tokens whose KV is in this request's pages
+    int32_t num_cached_tokens = -1;  // prompt tokens hit at first admission (-1: not yet)
+    bool use_prefix_cache = true;
+    Status status = Status::kWaiting;
+    std::vector<int32_t> pages;
+    // Prefix-cache registration: pages [0, num_registered) are in the cache; reg_parent is the
+    // canonical page of the last one. reg_broken stops registration (opted out, or a collision).
+    int32_t num_registered = 0;
+    int32_t reg_parent = PageAllocator::kNoPage;
+    uint32_t reg_parent_generation = 0;
+    bool reg_broken = false;
+
+    int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+    // All max_tokens are out: it waits for the engine's finish() and is never scheduled again.
+    bool length_done() const { return num_tokens() - num_prompt_tokens >= max_tokens; }
+};
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config),
+      allocator_((require_positive(config.num_pages, "num_pages"),
+                  require_positive(config.page_size, "page_size"), config.num_pages),
+                 config.page_size, config.enable_prefix_caching) {
+    require_positive(config.max_num_seqs, "max_num_seqs");
+    require_positive(config.max_num_batched_tokens, "max_num_batched_tokens");
+    require_positive(config.max_model_len, "max_model_len");
+    max_pages_per_seq_ = std::min(ceil_div(config.max_model_len, config.page_size),
+                                  config.num_pages);
+    const size_t seqs = static_cast<size_t>(config.max_num_seqs);
+    const size_t tokens = static_cast<size_t>(config.max_num_batched_tokens);
+    plan_.seq_ids.resize(seqs);
+    plan_.num_scheduled_tokens.resize(seqs);
+    plan_.num_computed_tokens.resize(seqs);
+    plan_.seq_lens.resize(seqs);
+    plan_.query_start_loc.resize(seqs + 1);
+    plan_.logits_indices.resize(seqs);
+    plan_.sample_seq_ids.resize(seqs);
+    plan_.input_ids.resize(tokens);
+    plan_.positions.resize(tokens);
+    plan_.slot_mapping.resize(tokens);
+    plan_.preempted_seq_ids.reserve(seqs);
+    plan_requests_.reserve(seqs);
+    running_.reserve(seqs);
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
+                            int32_t num_prompt_tokens, int64_t max_tokens,
+                            bool use_prefix_cache) {
+    if (requests_.count(seq_id))
+        throw std::invalid_argument("seq_id " + std::to_string(seq_id) + " is already in use");
+    if (num_prompt_tokens < 1) throw AdmissionError("prompt_token_ids is empty");
+    if (max_tokens < 1)
+        throw AdmissionError("max_tokens must be >= 1, got " + std::to_string(max_tokens));
+    const int64_t total = num_prompt_tokens + max_tokens;
+    if (total > config_.max_model_len)
+        throw AdmissionError("prompt (" + std::to_string(num_prompt_tokens) +
+                             " tokens) + max_tokens (" + std::to_string(max_tokens) + ") = " +
+                             std::to_string(total) + " exceeds max_model_len (" +
+                             std::to_string(config_.max_model_len) + ")");
+    // The last sampled token never needs KV, so total - 1 tokens must fit in the pool.
+    const int32_t pages = ceil_div(total - 1, config_.page_size);
+    if (pages > config_.num_pages)
+        throw AdmissionError("the request needs " + std::to_string(pages) +
+                             " KV pages but the cache has only " +
+                             std::to_string(config_.num_pages));
+    for (int32_t i = 0; i < num_prompt_tokens; ++i)
+        if (prompt_token_ids[i] < 0)
+            throw std::invalid_argument("prompt_token_ids must be >= 0");
+    auto r = std::make_unique<Request>();
+    r->seq_id = seq_id;
+    r->token_ids.reserve(static_cast<size_t>(total));
+    r->token_ids.assign(prompt_token_ids, prompt_token_ids + num_prompt_tokens);
+    r->num_prompt_tokens = num_prompt_tokens;
+    r->max_tokens = static_cast<int32_t>(max_tokens);
+    r->use_prefix_cache = use_prefix_cache;
+    waiting_.push_back(r.get());
+    requests_.emplace(seq_id, std::move(r));
+}
+
+const Request& Scheduler::find(int64_t seq_id) const {
+    auto it = requests_.find(seq_id);
+    if (it == requests_.end())
+        throw std::out_of_range("unknown seq_id " + std::to_string(seq_id));
+    return *it->second;
+}
+
+int32_t Scheduler::num_cached_tokens(int64_t seq_id) const {
+    return std::max(find(seq_id).num_cached_tokens, 0);
+}
+
+const std::vector<int32_t>& Scheduler::page_ids(int64_t seq_id) const {
+    return find(seq_id).pages;
+}
+
+int32_t Scheduler::num_computed_tokens(int64_t seq_id) const {
+    return find(seq_id).num_computed;
+}
+
+SchedulerStats Scheduler::stats() const {
+    const PrefixCacheCounters& c = allocator_.counters();
+    return SchedulerStats{allocator_.num_pages(),        allocator_.page_size(),
+                          allocator_.num_free_pages(),   allocator_.num_cached_pages(),
+                          allocator_.num_used_pages(),   c.query_tokens,
+                          c.hit_tokens,                  num_preemptions_};
+}
+
+void Scheduler::finish(int64_t seq_id) { remove(seq_id); }
+
+void Scheduler::abort(int64_t seq_id) { remove(seq_id); }
+
+void Scheduler::remove(int64_t seq_id) {
+    auto it = requests_.find(seq_id);
+    if (it == requests_.end()) return;
+    Request* r = it->second.get();
+    if (r->status == Status::kRunning) {
+        running_.erase(std::find(running_.begin(), running_.end(), r));
+    } else {
+        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+    }
+    release(*r);
+    r->status = Status::kDone;
+    // Kept alive until the next schedule(): the pending plan may still point at it.
+    retired_.push_back(std::move(it->second));
+    requests_.erase(it);
+}
+
+void Scheduler::release(Request& r) {
+    allocator_.release_all(r.pages);
+    r.num_computed = 0;
+    r.num_registered = 0;
+    r.reg_parent = PageAllocator::kNoPage;
+    r.reg_broken = false;
+}
+
+// --- one step ------------------------------------------------------------------------------------
+
+const StepPlan& Scheduler::schedule() {
+    // A plan that never got its update() is dropped: its requests did not advance, so the same
+    // tokens are scheduled again (the pages they were given stay with them).
+    retired_.clear();
+    reset_plan();
+    int32_t budget = config_.max_num_batched_tokens;
+    schedule_running(budget);
+    // A step that had to preempt is short of pages: admitting now would only thrash.
+    if (plan_.preempted_seq_ids.empty()) admit_waiting(budget);
+    finish_plan();
+    plan_pending_ = true;
+    return plan_;
+}
+
+void Scheduler::reset_plan() {
+    ++plan_.step;
+    plan_.num_reqs = plan_.num_tokens = plan_.num_sampled = 0;
+    plan_.max_query_len = plan_.max_seq_len = plan_.max_pages = 0;
+    plan_.query_start_loc[0] = 0;
+    plan_.preempted_seq_ids.clear();
+    plan_requests_.clear();
+}
+
+void Scheduler::schedule_running(int32_t& budget) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+        Request& r = *running_[i];
+        const int32_t num_new = std::min(r.num_tokens() - r.num_computed, budget);
+        if (r.length_done() || num_new <= 0) continue;
+        // Only requests after i (not yet in the plan) or r itself can be preempted here.
+        if (!ensure_pages(r, r.num_computed + num_new)) break;
+        emit(r, num_new);
+        budget -= num_new;
+    }
+}
+
+bool Scheduler::ensure_pages(Request& r, int32_t num_tokens) {
+    const int32_t need = ceil_div(num_tokens, config_.page_size) -
+                         static_cast<int32_t>(r.pages.size());
+    if (need <= 0) return true;
+    while (need > allocator_.num_available_pages()) {
+        Request* victim = pick_victim();
+        preempt(*victim);
+        if (victim == &r) return false;
+    }
+    allocator_.allocate(need, r.pages);
+    return true;
+}
+
+Request* Scheduler::pick_victim() {
+    // The newest running request that still computes; the caller itself is always a candidate.
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+        if (!(*it)->length_done()) return *it;
+    return nullptr;  // unreachable: the caller is running and not length_done
+}
+
+void Scheduler::preempt(Request& r) {
+    running_.erase(std::find(running_.begin(), running_.end(), &r));
+    release(r);
+    r.status = Status::kWaiting;
+    waiting_.push_front(&r);
+    plan_.preempted_seq_ids.push_back(r.seq_id);
+    ++num_preemptions_;
+}
+
+void Scheduler::admit_waiting(int32_t& budget) {
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+        Request& r = *waiting_.front();
+        if (!try_admit(r, budget)) break;
+        waiting_.pop_front();
+        r.status = Status::kRunning;
+        running_.push_back(&r);
+        budget -= plan_.num_scheduled_tokens[plan_.num_reqs - 1];
+    }
+}
+
+bool Scheduler::try_admit(Request& r, int32_t budget) {
+    const int32_t page_size = config_.page_size;
+    const bool use_cache = allocator_.prefix_caching() && r.use_prefix_cache;
+    int32_t hits = 0;
+    if (use_cache) {
+        // The last token is always computed: its logits are needed to sample.
+        hits = allocator_.match_prefix(r.token_ids.data(), (r.num_tokens() - 1) / page_size,
+                                       r.pages);
+    }
+    const int32_t computed = hits * page_size;
+    const int32_t num_new = std::min(r.num_tokens() - computed, budget);
+    const int32_t need = ceil_div(computed + num_new, page_size) - hits;
+    if (!allocator_.allocate(need, r.pages)) {
+        allocator_.release_all(r.pages);  // give the hits back; retry next step
+        return false;
+    }
+    if (use_cache) {
+        allocator_.counters().query_tokens += r.num_tokens();
+        allocator_.counters().hit_tokens += computed;
+    }
+    if (r.num_cached_tokens < 0) r.num_cached_tokens = computed;
+    r.num_computed = computed;
+    r.num_registered = hits;
+    r.reg_broken = !use_cache;
+    if (hits > 0) {
+        r.reg_parent = r.pages[hits - 1];
+        r.reg_parent_generation = allocator_.generation(r.reg_parent);
+    }
+    emit(r, num_new);
+    return true;
+}
+
+void Scheduler::emit(Request& r, int32_t num_new) {
+    StepPlan& p = plan_;
+    const int32_t row = p.num_reqs++;
+    const int32_t computed = r.num_computed;
+    const int32_t page_size = config_.page_size;
+    plan_requests_.push_back(&r);
+    p.seq_ids[row] = r.seq_id;
+    p.num_scheduled_tokens[row] = num_new;
+    p.num_computed_tokens[row] = computed;
+    p.seq_lens[row] = computed + num_new;
+    int32_t* ids = p.input_ids.data() + p.num_tokens;
+    int32_t* pos = p.positions.data() + p.num_tokens;
+    int64_t* slots = p.slot_mapping.data() + p.num_tokens;
+    const int32_t* pages = r.pages.data();
+    for (int32_t j = 0; j < num_new; ++j) {
+        const int32_t position = computed + j;
+        ids[j] = r.token_ids[position];
+        pos[j] = position;
+        slots[j] = static_cast<int64_t>(pages[position / page_size]) * page_size +
+                   position % page_size;
+    }
+    p.num_tokens += num_new;
+    p.query_start_loc[row + 1] = p.num_tokens;
+    if (computed + num_new == r.num_tokens()) {  // the chunk reaches the end of known tokens
+        p.logits_indices[p.num_sampled] = p.num_tokens - 1;
+        p.sample_seq_ids[p.num_sampled] = r.seq_id;
+        ++p.num_sampled;
+    }
+    p.max_query_len = std::max(p.max_query_len, num_new);
+    p.max_seq_len = std::max(p.max_seq_len, computed + num_new);
+    p.max_pages = std::max(p.max_pages, static_cast<int32_t>(r.pages.size()));
+}
+
+void Scheduler::finish_plan() {
+    StepPlan& p = plan_;
+    const size_t width = static_cast<size_t>(p.max_pages);
+    const size_t cells = static_cast<size_t>(p.num_reqs) * width;
+    if (p.page_table.size() < cells) p.page_table.resize(cells);  // grows only: no churn
+    if (cells > 0) std::memset(p.page_table.data(), 0, cells * sizeof(int32_t));
+    for (int32_t row = 0; row < p.num_reqs; ++row) {
+        const std::vector<int32_t>& pages = plan_requests_[row]->pages;
+        std::memcpy(p.page_table.data() + row * width, pages.data(),
+                    pages.size() * sizeof(int32_t));
+    }
+}
+
+void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled) {
+    if (!plan_pending_ || step != plan_.step)
+        throw std::invalid_argument("update() takes the plan of the last schedule(), once");
+    if (num_sampled != plan_.num_sampled)
+        throw std::invalid_argument("sampled_token_ids has " + std::to_string(num_sampled) +
+                                    " entries, the plan samples " +
+                                    std::to_string(plan_.num_sampled));
+    for (int32_t k = 0; k < num_sampled; ++k)
+        if (sampled_token_ids[k] < 0) throw std::invalid_argument("sampled_token_ids must be >= 0");
+    plan_pending_ = false;
+    int32_t k = 0;  // index into the sampled tokens, in row order like logits_indices
+    for (int32_t row = 0; row < plan_.num_reqs; ++row) {
+        Request& r = *plan_requests_[row];
+        const bool samples = k < num_sampled && plan_.logits_indices[k] ==
+                                                    plan_.query_start_loc[row + 1] - 1;
+        const int32_t token = samples ? sampled_token_ids[k++] : 0;
+        if (r.status != Status::kRunning) continue;  // finished or aborted since schedule()
+        r.num_computed += plan_.num_scheduled_tokens[row];
+        if (samples) r.token_ids.push_back(token);
+        register_full_pages(r);
+    }
+}
+
+void Scheduler::register_full_pages(Request& r) {
+    const int32_t page_size = config_.page_size;
+    const int32_t num_full = r.num_computed / page_size;
+    while (!r.reg_broken && r.num_registered < num_full) {
+        const int32_t index = r.num_registered;
+        const int32_t canonical = allocator_.register_page(
+            r.pages[index], r.reg_parent, r.reg_parent_generation,
+            r.token_ids.data() + static_cast<size_t>(index) * page_size);
+        if (canonical == PageAllocator::kNoPage) {
+            r.reg_broken = true;
+            break;
+        }
+        r.reg_parent = canonical;
+        r.reg_parent_generation = allocator_.generation(canonical);
+        ++r.num_registered;
+    }
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,143 @@
+"""Typed wrapper over the native continuous-batching scheduler (cpp/src/scheduler.cpp).
+
+The scheduler deals in integers only (no torch). Each step the engine calls `schedule()`, runs
+the model on the returned `StepPlan`, then `update(plan, sampled_token_ids)`. The plan's arrays
+are read-only numpy views into scheduler-owned buffers: valid until the next `schedule()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedserve.core.native import core as _native
+
+AdmissionError: type[ValueError] = _native.AdmissionError
+"""A request that can never run: empty prompt, longer than max_model_len, or more KV pages than
+the whole cache holds. A ValueError, so callers answer it as bad input."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step computes. Rows are requests, in the order the model sees them."""
+
+    step: int
+    """Sequence number of the schedule() that made this plan (update() checks it)."""
+    seq_ids: np.ndarray  # int64 [num_reqs]
+    num_scheduled_tokens: np.ndarray  # int32 [num_reqs]
+    num_computed_tokens: np.ndarray  # int32 [num_reqs]: context already in the cache
+    seq_lens: np.ndarray  # int32 [num_reqs] = computed + scheduled
+    query_start_loc: np.ndarray  # int32 [num_reqs + 1] cumulative scheduled tokens
+    input_ids: np.ndarray  # int32 [num_tokens]
+    positions: np.ndarray  # int32 [num_tokens]
+    slot_mapping: np.ndarray  # int64 [num_tokens] page_id * page_size + offset
+    page_table: np.ndarray  # int32 [num_reqs, max_pages_in_this_batch], unused entries 0
+    logits_indices: np.ndarray  # int32 [num_sampled] token row of each sampling request
+    sample_seq_ids: np.ndarray  # int64 [num_sampled] same order as logits_indices
+    preempted_seq_ids: np.ndarray  # int64: preempted by this schedule(), back in waiting
+    num_reqs: int
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_pages: int
+    page_size: int
+    num_free_pages: int
+    num_cached_pages: int
+    """Pages no request holds that still serve prefix-cache hits (evicted LRU first)."""
+    num_used_pages: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    """Cumulative."""
+
+
+class Scheduler:
+    """Continuous batching over a paged KV cache with chunked prefill and prefix caching.
+
+    Policy: running requests first (decode 1 token, or the next prefill chunk), then waiting
+    requests FCFS into the rest of the `max_num_batched_tokens` budget, at most `max_num_seqs`
+    running. Out of pages, the newest running request is preempted (recomputed later).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_pages: int,
+        page_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self._native = _native.Scheduler(
+            num_pages=num_pages,
+            page_size=page_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+
+    def add_request(
+        self,
+        seq_id: int,
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        use_prefix_cache: bool = True,
+    ) -> None:
+        """Queue a request. AdmissionError if it can never fit; ValueError for a duplicate id."""
+        self._native.add_request(seq_id, prompt_token_ids, max_tokens, use_prefix_cache)
+
+    def schedule(self) -> StepPlan:
+        return StepPlan(*self._native.schedule())
+
+    def update(self, plan: StepPlan, sampled_token_ids: np.ndarray) -> None:
+        """Advance every request of `plan` (the last one scheduled) and append its samples.
+
+        `sampled_token_ids` holds one token per entry of `plan.logits_indices`, in that order.
+        """
+        self._native.update(plan.step, sampled_token_ids)
+
+    def finish(self, seq_id: int) -> None:
+        """The engine is done with it (stop or length): its pages are freed now."""
+        self._native.finish(seq_id)
+
+    def abort(self, seq_id: int) -> None:
+        """Drop a waiting or running request and free its pages; unknown ids are ignored."""
+        self._native.abort(seq_id)
+
+    @property
+    def num_running(self) -> int:
+        return int(self._native.num_running)
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self._native.num_waiting)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._native.has_unfinished)
+
+    def num_cached_tokens(self, seq_id: int) -> int:
+        """Prompt tokens served from the prefix cache when the request was first admitted."""
+        return int(self._native.num_cached_tokens(seq_id))
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(*self._native.stats())
+
+    # Introspection (tests, debugging): not needed by the engine.
+    def page_ids(self, seq_id: int) -> list[int]:
+        """The pages a live request holds, in sequence order (empty while waiting)."""
+        return list(self._native.page_ids(seq_id))
+
+    def num_computed_tokens(self, seq_id: int) -> int:
+        return int(self._native.num_computed_tokens(seq_id))
+
+    def ref_count(self, page: int) -> int:
+        return int(self._native.ref_count(page))
