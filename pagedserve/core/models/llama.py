@@ -1,0 +1,105 @@
+"""Llama-family decoder (Llama, Mistral without sliding window, Qwen2 with q/k/v bias).
+
+The batch is flattened: every tensor is [num_tokens, ...] with no padding; which request a
+token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
+qkv_proj, gate/up into gate_up_proj) so a layer is ~15 torch ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.layers import apply_rotary, rope_inv_freq, rope_tables
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ArchConfig, attention: AttentionBackend) -> None:
+        super().__init__()
+        hidden, head = arch.hidden_size, arch.head_size
+        self.num_heads, self.num_kv_heads, self.head_size = arch.num_heads, arch.num_kv_heads, head
+        self.intermediate_size = arch.intermediate_size
+        self.eps = arch.rms_norm_eps
+        self.scale = head**-0.5
+        self.attention = attention
+        qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
+        self.input_layernorm = nn.Parameter(torch.empty(hidden))
+        self.qkv_proj = nn.Linear(hidden, qkv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(arch.num_heads * head, hidden, bias=False)
+        self.post_attention_layernorm = nn.Parameter(torch.empty(hidden))
+        self.gate_up_proj = nn.Linear(hidden, 2 * arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, hidden, bias=False)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [n, hidden_size], updated in place (the residual stream)
+        cos: torch.Tensor,  # [n, 1, head_size]
+        signed_sin: torch.Tensor,  # [n, 1, head_size]
+        kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n, heads, kv_heads = hidden.shape[0], self.num_heads, self.num_kv_heads
+        x = F.rms_norm(hidden, hidden.shape[-1:], self.input_layernorm, self.eps)
+        qkv = self.qkv_proj(x)  # [n, (heads + 2 * kv_heads) * head_size]
+        qk_size = (heads + kv_heads) * self.head_size
+        # q and k sit side by side in qkv, so one rotary call covers both.
+        qk = apply_rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
+        v = qkv[:, qk_size:].view(n, kv_heads, -1)
+        attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
+        hidden = hidden + self.o_proj(attn.reshape(n, -1))
+        x = F.rms_norm(hidden, hidden.shape[-1:], self.post_attention_layernorm, self.eps)
+        gate_up = self.gate_up_proj(x)  # [n, 2 * intermediate_size]
+        mlp = F.silu(gate_up[:, : self.intermediate_size]) * gate_up[:, self.intermediate_size :]
+        return hidden + self.down_proj(mlp)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        arch: ArchConfig,
+        attention: AttentionBackend,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int | None = None,
+    ) -> None:
+        """Parameters are created wherever the ambient default device says (the loader builds
+        on "meta" and assigns real weights); the rotary tables go straight to `device`."""
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch, attention) for _ in range(arch.num_layers)
+        )
+        self.norm = nn.Parameter(torch.empty(arch.hidden_size))
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        inv_freq = rope_inv_freq(arch.head_size, arch.rope_theta, arch.rope_scaling)
+        cos, signed_sin = rope_tables(
+            inv_freq, max_positions or arch.max_position_embeddings, dtype, device
+        )
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, d]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        hidden = self.embed_tokens(input_ids)
+        cos = self.rope_cos[positions].unsqueeze(1)  # [num_tokens, 1, head_size]
+        signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, signed_sin, kv_cache, meta)
+        return F.rms_norm(hidden, hidden.shape[-1:], self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,154 @@
+"""GGUF loader: arch metadata and dequantized weights under HF tensor names.
+
+The file is memory-mapped by gguf.GGUFReader; each tensor is dequantized to float32 as it is
+yielded, so at most one dequantized tensor beyond the model's own weights is alive at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from pagedserve.core.models.arch import ArchConfig
+
+Q = GGMLQuantizationType
+SUPPORTED_TYPES = frozenset(
+    {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
+    | {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+)
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+# llama.cpp's converter interleaves the rotary halves of Q/K rows for these architectures only.
+PERMUTED_ARCHITECTURES = ("llama",)
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(value).decode("utf-8")
+    return value.item() if value.size == 1 else value.tolist()
+
+
+def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
+    scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling_type == "linear":
+        return {
+            "rope_type": "linear",
+            "factor": float(_field(reader, f"{arch}.rope.scaling.factor")),
+        }
+    if scaling_type not in ("none", None):
+        raise ValueError(f"GGUF rope scaling type {scaling_type!r} is not supported")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        return {"rope_type": "freq_factors", "factors": _to_numpy(freqs).tolist()}
+    return None
+
+
+def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {GGUF_ARCHITECTURES})"
+        )
+    names = {t.name for t in reader.tensors}
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    num_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = _field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    return ArchConfig(
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        head_size=int(_field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(reader, arch),
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+    )
+
+
+def _to_numpy(tensor: Any) -> np.ndarray:
+    """Dequantize one GGUF tensor to a float32 array in torch's [out, in] order."""
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    if qtype not in SUPPORTED_TYPES:
+        raise ValueError(f"GGUF tensor {tensor.name!r} has unsupported type {qtype.name}")
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    return np.asarray(dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[name]
+    if name == "rope_freqs.weight":
+        return None  # folded into ArchConfig.rope_scaling
+    match = _LAYER_RE.fullmatch(name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"GGUF tensor {name!r} is not part of a supported model")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: within each head, rows stored as interleaved pairs
+    (x0, x_half, x1, x_half+1, ...) go back to HF's halves order (x0, x1, ..., x_half, ...)."""
+    shape = weight.shape
+    head = shape[0] // num_heads
+    return weight.reshape(num_heads, head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+def count_gguf_weights(reader: GGUFReader) -> int:
+    return sum(1 for t in reader.tensors if t.name != "rope_freqs.weight")
+
+
+def iter_gguf_weights(reader: GGUFReader, arch: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) for every weight, Q/K rows back in HF's rotary order."""
+    permuted = arch.architecture in PERMUTED_ARCHITECTURES
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None:
+            continue
+        # F32 tensors are read-only views of the mapped file: copy those, not the fresh ones.
+        weight = torch.from_numpy(np.require(_to_numpy(tensor), requirements=["C", "W"]))
+        if permuted and ".q_proj." in name:
+            weight = unpermute_rotary(weight, arch.num_heads)
+        elif permuted and ".k_proj." in name:
+            weight = unpermute_rotary(weight, arch.num_kv_heads)
+        yield name, weight
+
+
+def open_gguf(path: Path) -> tuple[ArchConfig, GGUFReader]:
+    reader = GGUFReader(path, "r")
+    return arch_from_gguf(reader), reader

@@ -1,0 +1,139 @@
+"""load_model: resolved model -> (nn.Module with real weights, ArchConfig).
+
+Loaders yield weights under HF names; this module renames them to the model's fused layout
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj), casts each to the target dtype as it arrives, and
+assigns them into a model built on the meta device, so weights are never initialized twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.models import loader_gguf, loader_safetensors
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.resolve import ResolvedModel
+
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+}
+
+# HF suffix inside a layer -> (our parameter, index of this part, number of parts)
+_LAYER_PARTS = {
+    "input_layernorm.weight": ("input_layernorm", 0, 1),
+    "post_attention_layernorm.weight": ("post_attention_layernorm", 0, 1),
+    "self_attn.q_proj.weight": ("qkv_proj.weight", 0, 3),
+    "self_attn.k_proj.weight": ("qkv_proj.weight", 1, 3),
+    "self_attn.v_proj.weight": ("qkv_proj.weight", 2, 3),
+    "self_attn.q_proj.bias": ("qkv_proj.bias", 0, 3),
+    "self_attn.k_proj.bias": ("qkv_proj.bias", 1, 3),
+    "self_attn.v_proj.bias": ("qkv_proj.bias", 2, 3),
+    "self_attn.o_proj.weight": ("o_proj.weight", 0, 1),
+    "mlp.gate_proj.weight": ("gate_up_proj.weight", 0, 2),
+    "mlp.up_proj.weight": ("gate_up_proj.weight", 1, 2),
+    "mlp.down_proj.weight": ("down_proj.weight", 0, 1),
+}
+_TOP_PARTS = {
+    "model.embed_tokens.weight": "embed_tokens.weight",
+    "model.norm.weight": "norm",
+    "lm_head.weight": "lm_head.weight",
+}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _target(hf_name: str) -> tuple[str, int, int] | None:
+    if hf_name in _TOP_PARTS:
+        return _TOP_PARTS[hf_name], 0, 1
+    if hf_name.endswith(_IGNORED_SUFFIXES):
+        return None
+    match = _LAYER_RE.fullmatch(hf_name)
+    if match is None or match.group(2) not in _LAYER_PARTS:
+        raise ValueError(f"weight {hf_name!r} does not belong to a supported model")
+    name, index, num_parts = _LAYER_PARTS[match.group(2)]
+    return f"layers.{match.group(1)}.{name}", index, num_parts
+
+
+def fuse_weights(
+    weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Our state dict from HF-named weights; parts of a fused weight are concatenated along
+    dim 0 in _LAYER_PARTS order once all of them have arrived."""
+    state: dict[str, torch.Tensor] = {}
+    pending: dict[str, list[torch.Tensor | None]] = {}
+    for hf_name, tensor in weights:
+        target = _target(hf_name)
+        if target is None:
+            continue
+        name, index, num_parts = target
+        tensor = tensor.to(dtype)
+        if num_parts == 1:
+            state[name] = tensor.to(device)
+            continue
+        parts = pending.setdefault(name, [None] * num_parts)
+        parts[index] = tensor
+        if all(p is not None for p in parts):
+            state[name] = torch.cat(parts, dim=0).to(device)  # type: ignore[arg-type]
+            del pending[name]
+    if pending:
+        raise ValueError(f"incomplete fused weights (some parts missing): {sorted(pending)}")
+    return state
+
+
+def _open_weights(
+    resolved: ResolvedModel,
+) -> tuple[ArchConfig, Iterator[tuple[str, torch.Tensor]], int]:
+    if resolved.format == "gguf":
+        arch, reader = loader_gguf.open_gguf(resolved.path)
+        weights = loader_gguf.iter_gguf_weights(reader, arch)
+        return arch, weights, loader_gguf.count_gguf_weights(reader)
+    if resolved.format == "hf":
+        arch = loader_safetensors.read_arch(resolved.path)
+        files = loader_safetensors.safetensors_files(resolved.path)
+        weights = loader_safetensors.iter_safetensors_weights(files)
+        return arch, weights, loader_safetensors.count_safetensors_weights(files)
+    raise ValueError(f"model format must be 'gguf' or 'hf', got {resolved.format!r}")
+
+
+def load_model(
+    resolved: ResolvedModel,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention: AttentionBackend,
+    max_positions: int | None = None,
+    progress: bool = True,
+) -> tuple[nn.Module, ArchConfig]:
+    """The model in eval mode without gradients, weights in `dtype` on `device`.
+
+    max_positions bounds the rotary tables (default: the model's max_position_embeddings).
+    """
+    arch, weights, num_weights = _open_weights(resolved)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[arch.architecture](
+            arch, attention, dtype=dtype, device=device, max_positions=max_positions
+        )
+    bar = tqdm(
+        weights,
+        total=num_weights,
+        desc=f"Loading {resolved.name}",
+        unit="tensor",
+        disable=not progress,
+    )
+    state = fuse_weights(iter(bar), dtype, device)
+    if arch.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if arch.tie_word_embeddings:
+        model.tie_weights()
+    model.requires_grad_(False)
+    return model.eval(), arch
