@@ -86,13 +86,13 @@ def _check_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Ten
                      scale: float) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
-    _check_rows("out", out, kv_cache, None)
-    _require(out.shape == query.shape, f"out shape {tuple(out.shape)} != query's")
     num_kv_heads = kv_cache.shape[2]
     _require(
         query.shape[1] % num_kv_heads == 0,
         f"query heads ({query.shape[1]}) must be a multiple of kv_cache heads ({num_kv_heads})",
     )
+    _check_rows("out", out, kv_cache, None)
+    _require(out.shape == query.shape, f"out shape {tuple(out.shape)} != query's")
     _require(page_table.dim() == 2, f"page_table must be 2-D, got {tuple(page_table.shape)}")
     num_reqs = page_table.shape[0]
     _check_index("page_table", page_table, torch.int32, tuple(page_table.shape), kv_cache.device)

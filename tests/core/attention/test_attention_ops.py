@@ -1,0 +1,105 @@
+"""The native paged-attention ops against the torch reference over a grid of shapes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from attention_batches import devices, make_batch
+
+from pagedserve.core.attention import ops, reference
+
+# A mixed batch: a one-token prompt, decodes at and across page boundaries, a prefill chunk
+# that starts mid-page and spans pages, and a fresh prompt.
+MIXED = ([1, 1, 1, 19, 33], [1, 17, 64, 70, 33])
+DECODE = ([1, 1, 1], [5, 100, 257])
+GRID = list(itertools.product((8, 16, 32), (64, 128), (1, 3, 4)))
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def run_native(b) -> torch.Tensor:
+    out = torch.full_like(b.query, float("nan"))
+    m = b.meta
+    ops.paged_attention(out, b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
+                        m.max_query_len, m.max_seq_len, b.scale)
+    return out
+
+
+def run_reference(b) -> torch.Tensor:
+    m = b.meta
+    return reference.paged_attention_reference(
+        b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc, b.scale)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    # bf16/fp16 outputs are rounded once; compare against the reference rounded the same way.
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=tol, rtol=tol)
+
+
+def dtypes_for(device: str) -> list[torch.dtype]:
+    extra = [torch.float16] if device == "cuda" else []
+    return [torch.float32, torch.bfloat16, *extra]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("page_size", "head_size", "group"), GRID)
+def test_attention_matches_reference(device: str, page_size: int, head_size: int,
+                                     group: int) -> None:
+    for i, dtype in enumerate(dtypes_for(device)):
+        for q_lens, seq_lens in (MIXED, DECODE):
+            b = make_batch(q_lens, seq_lens, group=group, head_size=head_size,
+                           page_size=page_size, dtype=dtype, device=device, seed=i)
+            assert_close(run_native(b), run_reference(b), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_long_prefill_and_long_decode(device: str) -> None:
+    # Many query blocks per request on CPU; many context splits per decode on CUDA.
+    b = make_batch([300, 1], [300, 3000], num_kv_heads=3, group=3, device=device, seed=3)
+    assert_close(run_native(b), run_reference(b), torch.float32)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_reshape_and_cache_matches_reference(device: str) -> None:
+    for dtype in dtypes_for(device):
+        b = make_batch(*MIXED, num_kv_heads=3, dtype=dtype, device=device)
+        slots = b.meta.slot_mapping.clone()
+        slots[::4] = -1  # skipped rows must leave the cache untouched
+        want = b.kv_cache.clone()
+        reference.reshape_and_cache_reference(b.key, b.value, want, slots)
+        ops.reshape_and_cache(b.key, b.value, b.kv_cache, slots)
+        assert torch.equal(b.kv_cache, want)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_strided_views_of_a_fused_projection(device: str) -> None:
+    b = make_batch(*MIXED, num_kv_heads=2, group=2, device=device)
+    num_tokens, d = b.query.shape[0], b.query.shape[2]
+    fused = torch.cat([b.query, b.key, b.value], dim=1)  # [T, H + 2 * KH, D], like a qkv matmul
+    q, k, v = fused.split([4, 2, 2], dim=1)
+    assert not q.is_contiguous()
+    ops.reshape_and_cache(k, v, b.kv_cache, b.meta.slot_mapping)
+    want_cache = b.kv_cache.clone()
+    out = torch.empty(num_tokens, 8, d, device=device)[:, ::2]  # strided output too
+    m = b.meta
+    ops.paged_attention(out, q, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
+                        m.max_query_len, m.max_seq_len, b.scale)
+    b.query = q.contiguous()
+    assert torch.equal(b.kv_cache, want_cache)
+    assert_close(out, run_reference(b), torch.float32)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck(device: str) -> None:
+    b = make_batch([3, 1], [3, 20], group=2, device=device)
+    m = b.meta
+    torch.library.opcheck(
+        torch.ops.pagedserve.reshape_and_cache.default,
+        (b.key, b.value, b.kv_cache, m.slot_mapping))
+    out = torch.empty_like(b.query)
+    torch.library.opcheck(
+        torch.ops.pagedserve.paged_attention.default,
+        (out, b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
+         m.max_query_len, m.max_seq_len, b.scale))
