@@ -1,0 +1,172 @@
+"""`pagedserve serve [MODEL]`: argv and env -> frozen configs -> hypercorn serving the app.
+
+This is the only module that reads argv or the environment. Flag help comes from the config
+dataclasses' field docstrings, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, fields
+from functools import partial
+from typing import Any
+
+from pagedserve import __version__
+from pagedserve.core.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    field_docs,
+)
+from pagedserve.openai_compat.server_config import ServerConfig
+
+API_KEY_ENV = "PAGEDSERVE_API_KEY"
+
+# (config class, field name, argparse extras). Order is the order of --help.
+_FLAGS: list[tuple[type, str, dict[str, Any]]] = [
+    (ServerConfig, "host", {}),
+    (ServerConfig, "port", {"type": int}),
+    (ServerConfig, "api_key", {}),
+    (ServerConfig, "served_model_name", {}),
+    (ServerConfig, "allowed_origins", {"nargs": "+", "metavar": "ORIGIN"}),
+    (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
+    (ServerConfig, "graceful_timeout", {"type": float}),
+    (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
+    (ModelConfig, "max_model_len", {"type": int}),
+    (ModelConfig, "dtype", {}),
+    (ModelConfig, "device", {}),
+    (ModelConfig, "chat_template", {}),
+    (ModelConfig, "attention_backend", {}),
+    (ModelConfig, "seed", {"type": int}),
+    (CacheConfig, "kv_cache_memory", {"type": float, "metavar": "GIB"}),
+    (CacheConfig, "gpu_memory_utilization", {"type": float}),
+    (CacheConfig, "page_size", {"type": int}),
+    (CacheConfig, "enable_prefix_caching", {"action": argparse.BooleanOptionalAction}),
+    (CacheConfig, "num_pages", {"type": int, "help": argparse.SUPPRESS}),
+    (SchedulerConfig, "max_num_seqs", {"type": int}),
+    (SchedulerConfig, "max_num_batched_tokens", {"type": int}),
+    (SchedulerConfig, "max_waiting", {"type": int}),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pagedserve {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="Serve a model over the OpenAI API.")
+    serve.add_argument("model", nargs="?", default="", help=field_docs(ModelConfig)["model"])
+    for cls, name, extra in _FLAGS:
+        default = next(f.default for f in fields(cls) if f.name == name)
+        kwargs: dict[str, Any] = {"default": None if default is MISSING else default}
+        kwargs["help"] = field_docs(cls).get(name, "")
+        kwargs.update(extra)
+        if kwargs["help"] is not argparse.SUPPRESS and kwargs["default"] not in (None, ()):
+            kwargs["help"] += " (default: %(default)s)"
+        serve.add_argument("--" + name.replace("_", "-"), **kwargs)
+    return parser
+
+
+def configs_from_args(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[ServerConfig, EngineConfig]:
+    """Frozen configs from parsed flags; raises ValueError naming a bad field."""
+    values = vars(args)
+
+    def pick(cls: type) -> dict[str, Any]:
+        return {n: values[n] for c, n, _ in _FLAGS if c is cls and values.get(n) is not None}
+
+    server_values = pick(ServerConfig)
+    server_values.setdefault("api_key", env.get(API_KEY_ENV) or None)
+    server_values["allowed_origins"] = tuple(server_values.get("allowed_origins", ()))
+    server = ServerConfig(**server_values)
+    engine = EngineConfig(
+        model=ModelConfig(model=args.model, **pick(ModelConfig)),
+        cache=CacheConfig(**pick(CacheConfig)),
+        scheduler=SchedulerConfig(**pick(SchedulerConfig)),
+    )
+    return server, engine
+
+
+def _url(config: ServerConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{config.port}"
+
+
+def _announce(config: ServerConfig, engine: Any) -> None:
+    name = config.served_model_name or engine.model_name
+    tokens = engine.num_pages * engine.page_size
+    print(
+        f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {engine.num_pages} pages x "
+        f"{engine.page_size} tokens = {tokens} tokens; max_model_len {engine.max_model_len})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
+    """Serve until SIGTERM/SIGINT (then drain in-flight requests) or a failed model load."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    from pagedserve.core.async_engine import AsyncEngine
+    from pagedserve.openai_compat.app import create_app
+
+    stop = asyncio.Event()
+    exit_code = 0
+
+    def fatal(exc: BaseException) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        stop.set()
+
+    app = create_app(
+        server,
+        partial(AsyncEngine.from_config, engine_config),
+        on_ready=partial(_announce, server),
+        on_fatal=fatal,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    config = Config()
+    config.bind = [_url(server).removeprefix("http://")]
+    config.graceful_timeout = server.graceful_timeout
+    config.accesslog = None
+    config.loglevel = server.log_level.upper()
+    print(f"pagedserve: loading the model; {_url(server)}/health answers 200 when ready",
+          file=sys.stderr, flush=True)  # fmt: skip
+    await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    return exit_code
+
+
+def _run(coro: Any) -> int:
+    try:
+        import uvloop  # optional: faster event loop when installed
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        server, engine = configs_from_args(args, os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return _run(run_server(server, engine))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

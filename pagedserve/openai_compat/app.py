@@ -1,0 +1,144 @@
+"""The Starlette app. Its lifespan owns the engine: loading runs in a worker thread, so /health
+answers 503 until the model is ready, and shutdown stops the engine after hypercorn has drained
+the requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.metrics import ServerMetrics
+from pagedserve.openai_compat.routes import build_routes
+from pagedserve.openai_compat.server_config import ServerConfig
+from pagedserve.openai_compat.serving_chat import ChatService
+from pagedserve.openai_compat.serving_common import ServingContext
+from pagedserve.openai_compat.serving_completion import CompletionService
+from pagedserve.openai_compat.streaming import error_response
+
+logger = logging.getLogger("pagedserve.server")
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Reachable without the API key (probes and Prometheus)."""
+
+
+class ServerState:
+    """Everything the routes reach; filled in once the engine has loaded."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: Any = None
+        self.ctx: ServingContext | None = None
+        self.chat: ChatService | None = None
+        self.completion: CompletionService | None = None
+        self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
+
+    def attach(self, engine: Any) -> None:
+        name = self.config.served_model_name or engine.model_name
+        self.metrics = ServerMetrics(name, lambda: self.engine)
+        self.ctx = ServingContext(engine, name, self.metrics)
+        self.chat = ChatService(self.ctx)
+        self.completion = CompletionService(self.ctx)
+        self.engine = engine
+
+    def ready(self) -> ServingContext:
+        """The serving context, or a 503 while loading or after an engine fault."""
+        if self.ctx is None:
+            raise errors.unavailable("The model is still loading.")
+        if self.engine.errored:
+            raise errors.unavailable("The engine stopped after a fault; see the server log.")
+        return self.ctx
+
+
+class APIKeyMiddleware:
+    """401 unless `Authorization: Bearer <key>` matches (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            header = Headers(scope=scope).get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(
+                token.strip().encode(), self.expected
+            )
+            if not ok:
+                await error_response(errors.invalid_api_key())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    api = errors.APIError(exc.status_code, str(exc.detail), type=kind)
+    return error_response(api)
+
+
+def create_app(
+    config: ServerConfig,
+    load_engine: Callable[[], Any],
+    on_ready: Callable[[Any], None] | None = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> Starlette:
+    """`load_engine` is blocking (e.g. AsyncEngine.from_config bound to its config)."""
+    state = ServerState(config)
+
+    async def load() -> None:
+        try:
+            engine = await asyncio.to_thread(load_engine)
+        except Exception as exc:
+            logger.exception("loading the model failed")
+            if on_fatal is not None:
+                on_fatal(exc)
+            return
+        state.attach(engine)
+        if on_ready is not None:
+            on_ready(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            if not task.done():
+                task.cancel()  # the loading thread cannot be stopped; it ends with the process
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    middleware = []
+    if config.allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.allowed_origins),
+                allow_methods=["*"],
+                allow_headers=["*"],
+            )
+        )
+    if config.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
+    app = Starlette(
+        routes=build_routes(state),
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    return app

@@ -1,0 +1,134 @@
+"""Prometheus metrics with vLLM's names, so existing dashboards and the Gateway API Inference
+Extension's endpoint picker read pagedserve unchanged.
+
+Each app owns its CollectorRegistry (no global state). Gauges and the engine's own counters are
+read from `engine.stats()` at scrape time by a custom collector; per-request counters and
+histograms are recorded when a request finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pagedserve.core.outputs import RequestMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters the engine keeps itself, read when Prometheus scrapes."""
+
+    def __init__(self, get_engine: Callable[[], Any], model_name: str) -> None:
+        self._get_engine = get_engine
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._get_engine()
+        if engine is None:
+            return
+        stats = engine.stats()
+        label = ["model_name"]
+        values = [self._model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=label)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=label)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge(
+            "vllm:num_requests_running", "Requests in the running batch.", stats.num_running
+        )
+        yield gauge("vllm:num_requests_waiting", "Requests waiting for a seat.", stats.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full).", stats.kv_cache_usage)
+        yield gauge("pagedserve:kv_pages_used", "KV pages held by requests.", stats.num_used_pages)
+        yield gauge("pagedserve:kv_pages_free", "KV pages free.", stats.num_free_pages)
+        yield gauge(
+            "pagedserve:kv_pages_cached",
+            "Free pages kept for prefix reuse.",
+            stats.num_cached_pages,
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "KV cache configuration (block_size is the page size).",
+            labels=["block_size", "num_gpu_blocks", "model_name"],
+        )
+        info.add_metric([str(engine.page_size), str(engine.num_pages), self._model_name], 1.0)
+        yield info
+        yield counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            stats.prefix_query_tokens,
+        )  # fmt: skip
+        yield counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+            stats.prefix_hit_tokens,
+        )  # fmt: skip
+        yield counter(
+            "vllm:num_preemptions", "Preemptions of running requests.", stats.num_preemptions
+        )
+
+
+class ServerMetrics:
+    """The app's registry plus the per-request series it records."""
+
+    def __init__(self, model_name: str, get_engine: Callable[[], Any]) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self.registry.register(EngineStatsCollector(get_engine, model_name))
+        reg = self.registry
+        label = ["model_name"]
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens processed.", label, registry=reg
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", label, registry=reg
+        )
+        self.request_success = Counter(
+            "vllm:request_success", "Finished requests by finish reason.",
+            ["model_name", "finished_reason"], registry=reg,
+        )  # fmt: skip
+        self.ttft = self._histogram("vllm:time_to_first_token_seconds", "Time to first token.")
+        self.itl = self._histogram("vllm:inter_token_latency_seconds", "Time between tokens.")
+        self.e2e = self._histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue = self._histogram("vllm:request_queue_time_seconds", "Time waiting for a seat.")
+
+    def _histogram(self, name: str, doc: str) -> Histogram:
+        return Histogram(
+            name, doc, ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+
+    def record(self, metrics: RequestMetrics | None, finish_reasons: list[str]) -> None:
+        """Count one finished engine request (all of its n outputs)."""
+        model = self.model_name
+        for reason in finish_reasons:
+            self.request_success.labels(model, reason).inc()
+        if metrics is None:
+            return
+        self.prompt_tokens.labels(model).inc(metrics.num_prompt_tokens)
+        self.generation_tokens.labels(model).inc(metrics.num_generated_tokens)
+        if metrics.time_to_first_token is not None:
+            self.ttft.labels(model).observe(metrics.time_to_first_token)
+        if metrics.queue_time is not None:
+            self.queue.labels(model).observe(metrics.queue_time)
+        if metrics.finished_time is not None:
+            self.e2e.labels(model).observe(metrics.finished_time - metrics.arrival_time)
+        itl = self.itl.labels(model)
+        for latency in metrics.inter_token_latencies:
+            itl.observe(latency)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

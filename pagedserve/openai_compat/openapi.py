@@ -1,0 +1,64 @@
+"""GET /openapi.json: the request bodies' JSON schemas, generated from the pydantic models."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from pagedserve import __version__
+from pagedserve.openai_compat.protocol import REQUEST_MODELS
+
+_REF = "#/components/schemas/{model}"
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_GET_PATHS = ("/v1/models", "/health", "/metrics", "/version")
+
+
+def _responses() -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}}
+    ok = {"description": "OK (JSON, or text/event-stream when stream is true)"}
+    return {"200": ok, "4XX": {"description": "Client error", **error}}
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict[str, Any]:
+    models = list(REQUEST_MODELS.values())
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+    schemas = {**top.get("$defs", {}), "Error": _ERROR_SCHEMA}
+    paths: dict[str, Any] = {}
+    for path, model in REQUEST_MODELS.items():
+        body = {"$ref": _REF.format(model=model.__name__)}
+        paths[path] = {
+            "post": {
+                "operationId": model.__name__,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": _responses(),
+            }
+        }
+    for path in _GET_PATHS:
+        paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "pagedserve", "version": __version__},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }

@@ -1,0 +1,206 @@
+"""Request bodies of the OpenAI-compatible API (pydantic v2 models live only here).
+
+Every model forbids unknown fields, so a typo or an unsupported feature is a 400 naming the field
+instead of being silently ignored. OpenAI fields that pagedserve does not implement are declared
+(so the OpenAPI schema shows them) and refused by `refuse_unsupported` unless they carry a value
+that changes nothing (e.g. `response_format: {"type": "text"}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_N = 128
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FieldError(ValueError):
+    """A bad value found by a validator; `param` names the field for the error envelope."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+# Unsupported OpenAI fields: the values accepted because they change nothing.
+_HARMLESS: dict[str, Callable[[Any], bool]] = {
+    "tools": lambda v: v is None or v == [],
+    "tool_choice": lambda v: v in (None, "none", "auto"),
+    "parallel_tool_calls": lambda v: True,
+    "functions": lambda v: v is None or v == [],
+    "function_call": lambda v: v in (None, "none", "auto"),
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "store": lambda v: v in (None, False),
+    "metadata": lambda v: True,
+    "service_tier": lambda v: v in (None, "auto", "default"),
+    "prompt_cache_key": lambda v: True,
+    "safety_identifier": lambda v: True,
+    "audio": _absent,
+    "modalities": lambda v: v is None or v == ["text"],
+    "prediction": _absent,
+    "reasoning_effort": _absent,
+    "web_search_options": _absent,
+    "verbosity": _absent,
+    "suffix": lambda v: v in (None, ""),
+    "best_of": lambda v: v in (None, 1),
+}
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str | None = None
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    n: int | None = Field(default=1, ge=1, le=MAX_N)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # Extensions (vLLM names).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def refuse_unsupported(self) -> _SamplingFields:
+        for name in type(self).model_fields:
+            accept = _HARMLESS.get(name)
+            if accept is not None and not accept(getattr(self, name)):
+                raise FieldError(name, "is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "is only allowed when stream is true")
+        return self
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    # Declared so the schema documents them; refused by refuse_unsupported.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+    @model_validator(mode="after")
+    def check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "requires logprobs to be true")
+        return self
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def check_max_tokens(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError("max_tokens", "may be 0 only with echo")
+        return self
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise FieldError("prompt", "give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
+"""The request body of each POST route (used by /openapi.json)."""

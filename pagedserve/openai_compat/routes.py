@@ -1,0 +1,168 @@
+"""Routes are thin: parse and validate the body, call one service method, return its response."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pagedserve import __version__
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from pagedserve.openai_compat.openapi import openapi_document
+from pagedserve.openai_compat.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedserve.openai_compat.serving_chat import render_chat
+from pagedserve.openai_compat.streaming import ClientGone, JSONResponse, error_response
+
+if TYPE_CHECKING:
+    from pagedserve.openai_compat.app import ServerState
+
+logger = logging.getLogger("pagedserve.server")
+M = TypeVar("M", bound=BaseModel)
+Endpoint = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show why
+
+
+def endpoint(fn: Endpoint) -> Endpoint:
+    """API errors become OpenAI envelopes; anything else is a logged 500."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except errors.APIError as exc:
+            return error_response(exc)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception:
+            request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+            logger.exception("request %s %s failed", request_id, request.url.path)
+            return error_response(errors.internal(request_id))
+
+    return wrapped
+
+
+async def parse(request: Request, model: type[M], limit: int) -> M:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise errors.too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise errors.too_large(limit)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise errors.invalid(f"The body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise errors.invalid("The body must be a JSON object.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise errors.from_validation_error(exc) from None
+
+
+def build_routes(state: ServerState) -> list[Route]:
+    limit = state.config.max_body_bytes
+    started = int(time.time())
+
+    @endpoint
+    async def chat(request: Request) -> Response:
+        state.ready()
+        body = await parse(request, ChatCompletionRequest, limit)
+        assert state.chat is not None  # set with ctx, which ready() checked
+        return await state.chat.create(body, request.receive)
+
+    @endpoint
+    async def completions(request: Request) -> Response:
+        state.ready()
+        body = await parse(request, CompletionRequest, limit)
+        assert state.completion is not None
+        return await state.completion.create(body, request.receive)
+
+    @endpoint
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(state, started)]})
+
+    @endpoint
+    async def model(request: Request) -> Response:
+        state.ready().check_model(request.path_params["model"])
+        return JSONResponse(_model_card(state, started))
+
+    @endpoint
+    async def tokenize(request: Request) -> Response:
+        ctx = state.ready()
+        body = await parse(request, TokenizeRequest, limit)
+        ctx.check_model(body.model)
+        tokenizer = ctx.engine.tokenizer
+        if body.messages is not None:
+            text = render_chat(ctx, body.messages, body.add_generation_prompt)
+            tokens = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            tokens = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
+        )
+
+    @endpoint
+    async def detokenize(request: Request) -> Response:
+        ctx = state.ready()
+        body = await parse(request, DetokenizeRequest, limit)
+        ctx.check_model(body.model)
+        vocab_size = ctx.engine.tokenizer.vocab_size
+        if any(not 0 <= t < vocab_size for t in body.tokens):
+            raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param="tokens")
+        return JSONResponse({"prompt": ctx.engine.tokenizer.decode(body.tokens)})
+
+    @endpoint
+    async def health(request: Request) -> Response:
+        state.ready()
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document())
+
+    return [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+
+
+def _model_card(state: ServerState, created: int) -> dict[str, Any]:
+    ctx = state.ready()
+    return {
+        "id": ctx.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "pagedserve",
+        "root": ctx.engine.model_name,
+        "parent": None,
+        "max_model_len": ctx.engine.max_model_len,
+    }

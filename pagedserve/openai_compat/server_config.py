@@ -1,0 +1,40 @@
+"""The HTTP server's own settings (the engine's live in pagedserve.core.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    """Address to listen on (0.0.0.0 for every interface)."""
+    port: int = 8000
+    """TCP port to listen on (0: any free port)."""
+    api_key: str | None = None
+    """Clients must send `Authorization: Bearer KEY` (default: env PAGEDSERVE_API_KEY). /health
+    and /metrics stay open."""
+    served_model_name: str | None = None
+    """Model name clients send and responses carry. Default: the model's own name."""
+    allowed_origins: tuple[str, ...] = ()
+    """Origins allowed by CORS (e.g. http://localhost:3000, or *). Default: none."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Largest request body accepted; larger ones get 413."""
+    graceful_timeout: float = 30.0
+    """Seconds SIGTERM waits for requests in flight before stopping."""
+    log_level: str = "info"
+    """Logging level: debug, info, warning or error."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.graceful_timeout < 0:
+            raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(
+                f"log_level must be debug, info, warning or error, got {self.log_level!r}"
+            )

@@ -1,0 +1,214 @@
+"""What chat and completions share: model check, SamplingParams, engine errors, usage, merging."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve import __version__
+from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
+from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.sampling_params import SamplingParams, SamplingParamsError
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.metrics import ServerMetrics
+from pagedserve.openai_compat.protocol import ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger("pagedserve.server")
+
+SYSTEM_FINGERPRINT = f"fp_pagedserve_{__version__}"
+
+
+@dataclass
+class ServingContext:
+    """The loaded engine plus what every response needs."""
+
+    engine: Any  # AsyncEngine (typed loosely so unit tests can pass a fake)
+    model_name: str
+    metrics: ServerMetrics
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.model_name:
+            raise errors.model_not_found(model)
+
+    def header(self, request_id: str, obj: str, created: int) -> dict[str, Any]:
+        return {
+            "id": request_id,
+            "object": obj,
+            "created": created,
+            "model": self.model_name,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+
+    def admit(self, prompt_token_ids: list[int], params: SamplingParams, param: str) -> None:
+        """Raise the client's error now, before any header is sent."""
+        vocab_size = self.engine.tokenizer.vocab_size
+        if not prompt_token_ids:
+            raise errors.invalid("The prompt is empty.", param=param)
+        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+            raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param=param)
+        with engine_errors(param):
+            self.engine.check_admission(len(prompt_token_ids), params)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class engine_errors:
+    """Context manager turning the engine's boundary errors into API errors."""
+
+    def __init__(self, param: str) -> None:
+        self.param = param
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, SamplingParamsError):
+            raise errors.from_sampling_error(exc) from exc
+        if isinstance(exc, ContextLengthError):
+            raise errors.invalid(str(exc), self.param, "context_length_exceeded") from exc
+        if isinstance(exc, QueueFullError):
+            raise errors.queue_full() from exc
+        if isinstance(exc, EngineDeadError):
+            raise errors.unavailable(str(exc)) from exc
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    vocab_size: int,
+) -> SamplingParams:
+    """OpenAI's fields (None means OpenAI's default) as SamplingParams."""
+    with engine_errors("messages"):
+        return SamplingParams(
+            n=req.n or 1,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=_logit_bias(req.logit_bias, vocab_size),
+            seed=req.seed,
+            stop=req.stop_list(),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    raise AssertionError("unreachable")  # engine_errors re-raises every exception
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise errors.invalid(
+                f"logit_bias key {key!r} is not a token id.", "logit_bias"
+            ) from None
+        if not 0 <= token_id < vocab_size:
+            raise errors.invalid(
+                f"logit_bias token {token_id} is out of the vocabulary.", "logit_bias"
+            )
+        out[token_id] = value
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
+    """Record a finished request; raise a 500 when the engine failed it."""
+    if output.error is not None:
+        logger.error("request %s failed in the engine: %s", output.request_id, output.error)
+        raise errors.internal(output.request_id)
+    if output.finished:
+        reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
+        metrics.record(output.metrics, reasons)
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several engine streams as (stream index, output); closing this closes all."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()  # cancelling a pump closes its engine stream, which aborts it
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_outputs(
+    streams: list[AsyncIterator[RequestOutput]], metrics: ServerMetrics
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """merge_streams, failing on engine errors and recording each finished request."""
+    merged = merge_streams(streams)
+    try:
+        async for index, output in merged:
+            check_output(output, metrics)
+            yield index, output
+    finally:
+        await merged.aclose()  # type: ignore[attr-defined]
+
+
+async def collect(
+    streams: list[AsyncIterator[RequestOutput]], metrics: ServerMetrics, param: str
+) -> list[RequestOutput]:
+    """Each stream's outputs merged into one whole RequestOutput, in stream order."""
+    finals: list[RequestOutput | None] = [None] * len(streams)
+    with engine_errors(param):
+        async for index, output in stream_outputs(streams, metrics):
+            held = finals[index]
+            if held is None:
+                finals[index] = output
+            else:
+                held.merge(output)
+    if any(f is None for f in finals):
+        raise RuntimeError("an engine stream ended without output")
+    return [f for f in finals if f is not None]

@@ -1,0 +1,181 @@
+"""POST /v1/completions: one engine request per prompt; choices are indexed prompt-major times n.
+
+`echo` prepends the prompt (and, with `logprobs`, its logprobs, None for the first token) as
+lm-eval's loglikelihood needs. `max_tokens: 0` with echo scores the prompt only: the engine
+still samples one token (its minimum), which is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive
+
+from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.logprobs import CompletionLogprobs, merge_completion_logprobs
+from pagedserve.openai_compat.protocol import CompletionRequest
+from pagedserve.openai_compat.serving_common import (
+    ServingContext,
+    collect,
+    engine_errors,
+    new_id,
+    now,
+    sampling_params,
+    stream_outputs,
+    usage,
+)
+from pagedserve.openai_compat.streaming import (
+    JSONResponse,
+    SSEResponse,
+    sse_frames,
+    until_disconnect,
+)
+
+
+@dataclass
+class _Job:
+    """What shaping the choices of one completions request needs."""
+
+    prompts: list[list[int]]
+    echo_texts: list[str]
+    n: int
+    echo: bool
+    score_only: bool
+    top_k: int | None
+    prompt_logprobs: dict[int, list[TokenLogprob | None]] = field(default_factory=dict)
+    builders: dict[int, CompletionLogprobs] = field(default_factory=dict)
+
+
+class CompletionService:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(self, req: CompletionRequest, receive: Receive) -> Response:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        tokenizer = ctx.engine.tokenizer
+        prompts, texts = self._prompts(req.prompt)
+        score_only = req.max_tokens == 0
+        top_k = req.logprobs
+        prompt_k = top_k if req.echo and top_k is not None else None
+        max_tokens = 1 if score_only else req.max_tokens
+        params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size)
+        for prompt in prompts:
+            ctx.admit(prompt, params, "prompt")
+        job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
+        request_id = new_id("cmpl")
+        head = ctx.header(request_id, "text_completion", now())
+        streams = [
+            ctx.engine.generate(f"{request_id}-{i}", p, params) for i, p in enumerate(prompts)
+        ]
+        if req.stream:
+            chunks = self._chunks(head, job, streams, req.include_usage())
+            return SSEResponse(sse_frames(chunks, request_id))
+        finals = await until_disconnect(receive, collect(streams, ctx.metrics, "prompt"))
+        return JSONResponse(self._response(head, job, finals))
+
+    def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> tuple:
+        """Token ids and echo text of each prompt."""
+        tokenizer = self.ctx.engine.tokenizer
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise errors.invalid("The prompt is empty.", param="prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]  # type: ignore[list-item]
+        ids: list[list[int]] = []
+        texts: list[str] = []
+        for item in prompt:
+            if isinstance(item, str):
+                ids.append(tokenizer.encode(item, add_special_tokens=True))
+                texts.append(item)
+            else:
+                ids.append(list(item))  # type: ignore[arg-type]
+                texts.append("")  # decoded lazily: only echo needs it
+        return ids, texts
+
+    def _echo_text(self, job: _Job, p: int) -> str:
+        if not job.echo_texts[p]:
+            job.echo_texts[p] = self.ctx.engine.tokenizer.decode(job.prompts[p])
+        return job.echo_texts[p]
+
+    def _piece(self, job: _Job, p: int, o: CompletionOutput, first: bool) -> tuple[str, Any, int]:
+        """(text, logprobs, num generated tokens) of one delta of choice (p, o.index)."""
+        token_ids, lps = o.token_ids, o.logprobs or []
+        text = o.text
+        if job.score_only:
+            token_ids, lps, text = [], [], ""
+        logprobs: dict[str, Any] | None = None
+        if job.top_k is not None:
+            index = p * job.n + o.index
+            builder = job.builders.setdefault(
+                index, CompletionLogprobs(self.ctx.engine.tokenizer, job.top_k)
+            )
+            if first and job.echo:  # the prompt's part first: text offsets run on from it
+                prompt_lps = job.prompt_logprobs.get(p) or [None] * len(job.prompts[p])
+                logprobs = builder.build(job.prompts[p], prompt_lps)
+            generated_lps = builder.build(token_ids, list(lps))
+            logprobs = (
+                merge_completion_logprobs(logprobs, generated_lps) if logprobs else generated_lps
+            )
+        if first and job.echo:
+            text = self._echo_text(job, p) + text
+        return text, logprobs, len(token_ids)
+
+    def _response(self, head: dict[str, Any], job: _Job, finals: list[RequestOutput]) -> dict:
+        choices = []
+        generated = 0
+        for p, out in enumerate(finals):
+            if out.prompt_logprobs is not None:
+                job.prompt_logprobs[p] = out.prompt_logprobs
+            for o in out.outputs:
+                text, logprobs, num_tokens = self._piece(job, p, o, first=True)
+                generated += num_tokens
+                reason = _finish_reason(job, o)
+                choices.append(_choice(p * job.n + o.index, text, logprobs, reason))
+        num_prompt = sum(len(p) for p in job.prompts)
+        cached = sum(f.metrics.num_cached_tokens for f in finals if f.metrics)
+        return {**head, "choices": choices, "usage": usage(num_prompt, generated, cached)}
+
+    async def _chunks(
+        self,
+        head: dict[str, Any],
+        job: _Job,
+        streams: list[AsyncIterator[RequestOutput]],
+        include_usage: bool,
+    ) -> AsyncIterator[dict[str, Any]]:
+        if include_usage:
+            head = {**head, "usage": None}
+        started: set[int] = set()
+        generated, cached = 0, 0
+        with engine_errors("prompt"):
+            async for p, out in stream_outputs(streams, self.ctx.metrics):
+                if out.prompt_logprobs is not None:
+                    job.prompt_logprobs[p] = out.prompt_logprobs
+                if out.finished and out.metrics:
+                    cached += out.metrics.num_cached_tokens
+                for o in out.outputs:
+                    index = p * job.n + o.index
+                    first = index not in started
+                    started.add(index)
+                    text, logprobs, num_tokens = self._piece(job, p, o, first)
+                    generated += num_tokens
+                    reason = _finish_reason(job, o)
+                    if text or reason or logprobs:
+                        yield {**head, "choices": [_choice(index, text, logprobs, reason)]}
+        if include_usage:
+            num_prompt = sum(len(p) for p in job.prompts)
+            yield {**head, "choices": [], "usage": usage(num_prompt, generated, cached)}
+
+
+def _choice(index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _finish_reason(job: _Job, o: CompletionOutput) -> str | None:
+    # Scoring a prompt samples one token to be dropped; whatever ended it, the limit (0) did.
+    return "length" if job.score_only and o.finish_reason else o.finish_reason
