@@ -65,7 +65,9 @@ def test_chat_stream_chunks(client: TestClient) -> None:
     assert frames[-1] == "[DONE]"
     chunks = frames[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
+        {"role": "assistant", "content": ""}
+    ] * 2
     usage = chunks[-1]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
     text = {0: "", 1: ""}
@@ -128,7 +130,10 @@ def test_echo_stream_and_logprob_offsets(client: TestClient) -> None:
         ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": []}, "messages"),
@@ -229,7 +234,9 @@ def test_api_key() -> None:
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         r = client.get("/v1/models", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
-        assert client.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert (
+            client.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        )
 
 
 def test_health_is_503_while_loading() -> None:

@@ -1,0 +1,47 @@
+"""The CLI: flags -> frozen configs, help from the config docstrings, bad values named."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedserve.cli import build_parser, configs_from_args
+from pagedserve.core.config import CacheConfig, field_docs
+
+
+def _configs(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return configs_from_args(build_parser().parse_args(["serve", *argv]), env or {})
+
+
+def test_defaults() -> None:
+    server, engine = _configs([])
+    assert (server.host, server.port, server.api_key) == ("127.0.0.1", 8000, None)
+    assert engine.model.model == "" and engine.cache.enable_prefix_caching
+
+
+def test_flags_reach_the_configs() -> None:
+    server, engine = _configs(["m.gguf", "--port", "9001", "--page-size", "32",
+        "--no-enable-prefix-caching", "--max-num-seqs", "8", "--max-waiting", "3",
+        "--allowed-origins", "http://a", "http://b", "--num-pages", "40"])  # fmt: skip
+    assert server.port == 9001 and server.allowed_origins == ("http://a", "http://b")
+    assert engine.model.model == "m.gguf"
+    assert engine.cache.page_size == 32 and not engine.cache.enable_prefix_caching
+    assert engine.cache.num_pages == 40
+    assert engine.scheduler.max_num_seqs == 8 and engine.scheduler.max_waiting == 3
+
+
+def test_api_key_from_env_and_flag_wins() -> None:
+    assert _configs([], {"PAGEDSERVE_API_KEY": "k"})[0].api_key == "k"
+    assert _configs(["--api-key", "f"], {"PAGEDSERVE_API_KEY": "k"})[0].api_key == "f"
+
+
+def test_bad_value_names_the_field() -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        _configs(["--page-size", "3"])
+
+
+def test_help_comes_from_docstrings() -> None:
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    text = serve.format_help()
+    first_words = field_docs(CacheConfig)["page_size"].split()[:3]
+    assert " ".join(first_words) in " ".join(text.split())
+    assert "--num-pages" not in text  # advanced: hidden
