@@ -28,8 +28,12 @@ uint64_t hash_page(uint64_t parent_hash, const int32_t* token_ids, int32_t page_
     return finalize(h);
 }
 
-PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size, bool enable_prefix_caching)
-    : num_pages_(num_pages), page_size_(page_size), enable_prefix_caching_(enable_prefix_caching) {
+PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size, bool enable_prefix_caching,
+                             PageHashFn hash)
+    : num_pages_(num_pages),
+      page_size_(page_size),
+      enable_prefix_caching_(enable_prefix_caching),
+      hash_(hash) {
     if (num_pages < 1) throw std::invalid_argument("num_pages must be >= 1");
     if (page_size < 1) throw std::invalid_argument("page_size must be >= 1");
     pages_.resize(num_pages);
@@ -161,7 +165,7 @@ int32_t PageAllocator::match_prefix(const int32_t* token_ids, int32_t max_pages,
     int32_t matched = 0;
     for (; matched < max_pages; ++matched) {
         const int32_t* tokens = token_ids + static_cast<size_t>(matched) * page_size_;
-        const uint64_t h = hash_page(parent_hash, tokens, page_size_);
+        const uint64_t h = hash_(parent_hash, tokens, page_size_);
         auto it = cached_.find(h);
         if (it == cached_.end() || !confirms(it->second, parent, tokens)) break;
         parent = it->second;
@@ -178,7 +182,7 @@ int32_t PageAllocator::register_page(int32_t page, int32_t parent, uint32_t pare
     if (!enable_prefix_caching_) return kNoPage;
     if (pages_[page].registered) return page;
     if (!parent_is_current(parent, parent_generation)) return kNoPage;
-    const uint64_t h = hash_page(parent == kNoPage ? 0 : pages_[parent].hash, token_ids, page_size_);
+    const uint64_t h = hash_(parent == kNoPage ? 0 : pages_[parent].hash, token_ids, page_size_);
     auto it = cached_.find(h);
     if (it != cached_.end()) {
         const int32_t owner = it->second;

@@ -12,6 +12,7 @@ namespace pagedserve {
 
 // Chained hash of one full page: (parent page hash, page_size token ids). 0 is the root's hash.
 uint64_t hash_page(uint64_t parent_hash, const int32_t* token_ids, int32_t page_size);
+using PageHashFn = uint64_t (*)(uint64_t parent_hash, const int32_t* token_ids, int32_t page_size);
 
 struct PrefixCacheCounters {
     int64_t query_tokens = 0;  // prompt tokens looked up in the prefix cache
@@ -22,7 +23,9 @@ class PageAllocator {
   public:
     static constexpr int32_t kNoPage = -1;
 
-    PageAllocator(int32_t num_pages, int32_t page_size, bool enable_prefix_caching);
+    // `hash` is replaceable so tests can force collisions; hits never depend on it being good.
+    PageAllocator(int32_t num_pages, int32_t page_size, bool enable_prefix_caching,
+                  PageHashFn hash = &hash_page);
 
     int32_t num_pages() const { return num_pages_; }
     int32_t page_size() const { return page_size_; }
@@ -92,6 +95,7 @@ class PageAllocator {
     int32_t num_pages_;
     int32_t page_size_;
     bool enable_prefix_caching_;
+    PageHashFn hash_;
     std::vector<PageInfo> pages_;
     std::vector<int32_t> free_stack_;
     std::vector<int32_t> token_store_;  // page_size token ids per registered page

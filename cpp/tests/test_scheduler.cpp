@@ -1,0 +1,156 @@
+// Unit tests of the scheduler: chunked prefill, decode, sampling rows, prefix hits, preemption
+// by recompute, abort/finish freeing pages, admission errors.
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "check.hpp"
+#include "pagedserve/scheduler.hpp"
+
+using pagedserve::AdmissionError;
+using pagedserve::Scheduler;
+using pagedserve::SchedulerConfig;
+using pagedserve::StepPlan;
+
+namespace {
+
+std::vector<int32_t> iota_tokens(int32_t n, int32_t start = 1) {
+    std::vector<int32_t> t(n);
+    std::iota(t.begin(), t.end(), start);
+    return t;
+}
+
+void add(Scheduler& s, int64_t id, const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    s.add_request(id, prompt.data(), static_cast<int32_t>(prompt.size()), max_tokens);
+}
+
+// Runs one step, sampling `token` for every request that samples.
+const StepPlan& step(Scheduler& s, int32_t token = 7) {
+    const StepPlan& p = s.schedule();
+    std::vector<int32_t> sampled(p.num_sampled, token);
+    s.update(p.step, sampled.data(), p.num_sampled);
+    return p;
+}
+
+}  // namespace
+
+TEST(chunked_prefill_then_decode) {
+    Scheduler s(SchedulerConfig{16, 4, 4, 6, 64, false});
+    add(s, 1, iota_tokens(10), 4);
+    const StepPlan& p1 = s.schedule();
+    CHECK(p1.num_reqs == 1 && p1.num_tokens == 6 && p1.num_sampled == 0);
+    CHECK(p1.positions[5] == 5 && p1.input_ids[5] == 6);
+    CHECK(p1.slot_mapping[5] == p1.page_table[1] * 4 + 1);
+    CHECK(p1.max_pages == 2);
+    s.update(p1.step, nullptr, 0);
+    const StepPlan& p2 = s.schedule();
+    CHECK(p2.num_tokens == 4 && p2.num_computed_tokens[0] == 6 && p2.seq_lens[0] == 10);
+    CHECK(p2.num_sampled == 1 && p2.logits_indices[0] == 3 && p2.sample_seq_ids[0] == 1);
+    int32_t token = 99;
+    s.update(p2.step, &token, 1);
+    const StepPlan& p3 = s.schedule();
+    CHECK(p3.num_tokens == 1 && p3.input_ids[0] == 99 && p3.positions[0] == 10);
+    CHECK(p3.num_sampled == 1);
+}
+
+TEST(decodes_first_then_waiting_fcfs) {
+    Scheduler s(SchedulerConfig{32, 4, 4, 8, 64, false});
+    add(s, 1, iota_tokens(5), 8);
+    step(s);
+    add(s, 2, iota_tokens(20), 8);
+    add(s, 3, iota_tokens(3), 8);
+    const StepPlan& p = s.schedule();
+    CHECK(p.num_reqs == 2);  // request 1 decodes, request 2 gets the other 7 tokens
+    CHECK(p.seq_ids[0] == 1 && p.num_scheduled_tokens[0] == 1);
+    CHECK(p.seq_ids[1] == 2 && p.num_scheduled_tokens[1] == 7);
+    CHECK(p.query_start_loc[2] == 8 && p.num_sampled == 1);
+    CHECK(s.num_waiting() == 1 && s.num_running() == 2);
+}
+
+TEST(max_num_seqs_caps_running) {
+    Scheduler s(SchedulerConfig{32, 4, 2, 64, 64, false});
+    for (int64_t id = 0; id < 3; ++id) add(s, id, iota_tokens(3), 4);
+    const StepPlan& p = s.schedule();
+    CHECK(p.num_reqs == 2 && s.num_waiting() == 1);
+}
+
+TEST(prefix_hit_skips_cached_pages_but_computes_last_token) {
+    Scheduler s(SchedulerConfig{16, 4, 4, 64, 64, true});
+    const std::vector<int32_t> prompt = iota_tokens(8);
+    add(s, 1, prompt, 2);
+    step(s);
+    s.finish(1);
+    add(s, 2, prompt, 2);
+    const StepPlan& p = s.schedule();
+    // Both pages are cached, but the last prompt token must run: only page 0 is a hit.
+    CHECK(p.num_computed_tokens[0] == 4 && p.num_scheduled_tokens[0] == 4);
+    CHECK(s.num_cached_tokens(2) == 4);
+    CHECK(s.stats().prefix_hit_tokens == 4 && s.stats().prefix_query_tokens == 16);
+}
+
+TEST(preemption_recomputes_newest_request) {
+    // 4 pages of 2 tokens; two requests of 3 prompt tokens each take 2 pages; the first to
+    // cross into a third page forces the newest one out.
+    Scheduler s(SchedulerConfig{4, 2, 4, 64, 16, false});
+    add(s, 1, iota_tokens(3), 6);
+    add(s, 2, iota_tokens(3, 10), 6);
+    step(s);  // prefill both: 4 pages used, 4 tokens each
+    step(s);  // decode position 3 (still page 1): 5 tokens each
+    const StepPlan& p = s.schedule();  // request 1 needs a 3rd page at position 4
+    CHECK(p.preempted_seq_ids.size() == 1 && p.preempted_seq_ids[0] == 2);
+    CHECK(p.num_reqs == 1 && p.seq_ids[0] == 1);
+    CHECK(s.num_waiting() == 1 && s.stats().num_preemptions == 1);
+    int32_t token = 5;
+    s.update(p.step, &token, 1);
+    s.abort(1);
+    const StepPlan& q = s.schedule();  // request 2 recomputes prompt + its generated token
+    CHECK(q.num_reqs == 1 && q.seq_ids[0] == 2 && q.num_scheduled_tokens[0] == 5);
+    CHECK(q.input_ids[3] == 7 && q.input_ids[4] == 7 && q.num_sampled == 1);
+}
+
+TEST(abort_and_finish_free_pages) {
+    Scheduler s(SchedulerConfig{8, 4, 4, 64, 32, false});
+    add(s, 1, iota_tokens(9), 4);
+    add(s, 2, iota_tokens(3), 4);
+    step(s);
+    CHECK(s.stats().num_used_pages == 4);
+    s.abort(1);
+    CHECK(s.stats().num_used_pages == 1);
+    s.finish(2);
+    CHECK(s.stats().num_free_pages == 8 && !s.has_unfinished());
+    s.abort(12345);  // unknown: no-op
+}
+
+TEST(abort_between_schedule_and_update_is_safe) {
+    Scheduler s(SchedulerConfig{8, 4, 4, 64, 32, false});
+    add(s, 1, iota_tokens(3), 4);
+    add(s, 2, iota_tokens(3), 4);
+    const StepPlan& p = s.schedule();
+    s.abort(1);
+    std::vector<int32_t> sampled = {3, 4};
+    s.update(p.step, sampled.data(), 2);
+    CHECK(s.num_computed_tokens(2) == 3);
+    CHECK_THROWS(std::invalid_argument, s.update(p.step, sampled.data(), 2));
+}
+
+TEST(admission_errors) {
+    Scheduler s(SchedulerConfig{4, 4, 4, 64, 32, false});
+    const std::vector<int32_t> prompt = iota_tokens(10);
+    CHECK_THROWS(AdmissionError, s.add_request(1, prompt.data(), 0, 4));
+    CHECK_THROWS(AdmissionError, s.add_request(1, prompt.data(), 10, 30));  // > max_model_len
+    CHECK_THROWS(AdmissionError, s.add_request(1, prompt.data(), 10, 8));   // 17 tokens > 4 pages
+    s.add_request(1, prompt.data(), 10, 7);  // 16 tokens of KV: exactly 4 pages
+    CHECK_THROWS(std::invalid_argument, s.add_request(1, prompt.data(), 10, 1));
+    CHECK_THROWS(std::invalid_argument, Scheduler(SchedulerConfig{0, 4, 4, 64, 32, false}));
+}
+
+TEST(length_done_request_is_not_scheduled) {
+    Scheduler s(SchedulerConfig{8, 4, 4, 64, 32, false});
+    add(s, 1, iota_tokens(3), 1);
+    step(s);
+    CHECK(s.schedule().num_reqs == 0);
+    CHECK(s.has_unfinished());  // until the engine calls finish()
+}
+
+int main() { return check::run_all_tests(); }
