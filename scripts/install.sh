@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     python3 -m pip install torch==2.13.0
 fi
-extra=""
-if [[ "${1:-}" == "test" ]]; then extra="[test]"; fi
-python3 -m pip install ".${extra}"
+if [[ "${1:-}" == "test" ]]; then
+    # Editable, so the tests (which import helpers from the source tree) and the installed
+    # package are one and the same code.
+    python3 -m pip install -e ".[test]"
+else
+    python3 -m pip install .
+fi
