@@ -1,0 +1,73 @@
+"""Over real sockets (hypercorn in a thread, fake engine): a client that leaves mid-stream, or
+before a non-streaming answer is ready, has its engine request closed (which aborts it)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+
+from pagedserve.openai_compat.app import create_app
+from pagedserve.openai_compat.server_config import ServerConfig
+from tests.openai_compat.conftest import free_port
+from tests.openai_compat.fake_engine import FakeEngine
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[tuple[str, FakeEngine]]:
+    engine = FakeEngine(token_delay=0.02)
+    engine.max_model_len = 10_000
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    app = create_app(ServerConfig(), lambda: engine)
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve(app, config, shutdown_trigger=stop.wait),)
+    )
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    _wait(lambda: httpx.get(base + "/health").status_code == 200, ignore=httpx.HTTPError)
+    yield base, engine
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(30)
+    loop.close()
+
+
+def _wait(cond, ignore: type[Exception] = Exception, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except ignore:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_stream_disconnect_aborts(live: tuple[str, FakeEngine]) -> None:
+    base, engine = live
+    body = {"prompt": "x", "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert len(engine.active) == 1
+    _wait(lambda: not engine.active)
+    assert len(engine.aborted) == 1
+
+
+def test_non_stream_disconnect_aborts(live: tuple[str, FakeEngine]) -> None:
+    base, engine = live
+    before = len(engine.aborted)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 2000}, timeout=0.5)
+    _wait(lambda: not engine.active and len(engine.aborted) == before + 1)
