@@ -1,6 +1,6 @@
 """Over real sockets (hypercorn in a thread, fake engine): shutdown drains streams in flight, and
-a client that leaves mid-stream, or
-before a non-streaming answer is ready, has its engine request closed (which aborts it)."""
+a client that leaves mid-stream, or before a non-streaming answer is ready, has its engine
+request closed (which aborts it)."""
 
 from __future__ import annotations
 
