@@ -149,14 +149,23 @@ void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::in
                        std::int64_t d_rt, float* s) {
     const std::int64_t d_len = kD ? kD : d_rt;
     for (std::int64_t c = 0; c < n; c += kChunk) {
-        float chunk[kChunk] = {};
-        for (std::int64_t d = 0; d < d_len; ++d) {
-            const float qd = q[d];
-            const float* row = k_t + d * width + c;
+        // Four partial sums break the FMA latency chain along head_size.
+        float part[4][kChunk] = {};
+        std::int64_t d = 0;
+        for (; d + 4 <= d_len; d += 4) {
+            for (int u = 0; u < 4; ++u) {
+                const float qd = q[d + u];
+                const float* row = k_t + (d + u) * width + c;
 #pragma omp simd
-            for (int j = 0; j < kChunk; ++j) chunk[j] += qd * row[j];
+                for (int j = 0; j < kChunk; ++j) part[u][j] += qd * row[j];
+            }
         }
-        std::memcpy(s + c, chunk, sizeof(chunk));
+        for (; d < d_len; ++d) {
+            const float* row = k_t + d * width + c;
+            for (int j = 0; j < kChunk; ++j) part[0][j] += q[d] * row[j];
+        }
+#pragma omp simd
+        for (int j = 0; j < kChunk; ++j) s[c + j] = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
     }
 }
 
@@ -166,6 +175,7 @@ void online_softmax_update(float* s, std::int64_t valid, const float* v, std::in
                            float& row_max, float& row_sum, float* acc) {
     const std::int64_t d_len = kD ? kD : d_rt;
     float tile_max = s[0];
+#pragma omp simd reduction(max : tile_max)
     for (std::int64_t j = 1; j < valid; ++j) tile_max = std::max(tile_max, s[j]);
     const float new_max = std::max(row_max, tile_max);
     // row_max == -inf only before the first tile, when acc and row_sum are still zero.
@@ -190,6 +200,18 @@ void online_softmax_update(float* s, std::int64_t valid, const float* v, std::in
         for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
     }
     if (kD) std::memcpy(acc, a, sizeof(float) * d_len);
+}
+
+template <typename T>
+void prefetch_tile(const T* p, std::int64_t elements) {
+#if defined(__GNUC__)
+    const char* bytes = reinterpret_cast<const char*>(p);
+    for (std::int64_t i = 0; i < elements * static_cast<std::int64_t>(sizeof(T)); i += 64)
+        __builtin_prefetch(bytes + i);
+#else
+    (void)p;
+    (void)elements;
+#endif
 }
 
 // Converts (bf16) or points at (fp32) the first n keys and values of one page and KV head.
@@ -239,6 +261,13 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
         const std::int64_t n = std::min(c.page_size, num_keys - key0);
         const std::int64_t page = a.page_table[w.req * a.page_table_stride + key0 / c.page_size];
         const std::int64_t off = page * c.page_stride() + w.kv_head * c.head_stride();
+        if (key0 + c.page_size < num_keys) {  // pages are scattered: hardware prefetch can't guess
+            const std::int64_t next = a.page_table[w.req * a.page_table_stride +
+                                                   key0 / c.page_size + 1];
+            const std::int64_t next_off = next * c.page_stride() + w.kv_head * c.head_stride();
+            prefetch_tile(cache + next_off, c.head_stride());
+            prefetch_tile(cache + c.kv_stride() + next_off, c.head_stride());
+        }
         const float *k = nullptr, *v = nullptr;
         load_tile(cache + off, cache + c.kv_stride() + off, n, d_len, transpose, sc, k, v);
         for (std::int64_t m = 0; m < m_len; ++m) {
