@@ -172,3 +172,34 @@ def default_gguf_path() -> Path:
     from pagedserve.core.models.resolve import resolve_model
 
     return resolve_model("").path
+
+
+def write_tiny_spm_gguf(path: Path, vocab_size: int = 500) -> Path:
+    """A GGUF holding only a `llama` (sentencepiece) vocabulary and one tiny tensor: enough for
+    tokenizer loaders, ours and transformers'."""
+    import gguf
+    import numpy as np
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(train_tiny_spm(vocab_size))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(8)
+    writer.add_head_count(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([p.piece for p in proto.pieces])
+    writer.add_token_scores([p.score for p in proto.pieces])
+    writer.add_token_types([p.type for p in proto.pieces])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((len(proto.pieces), 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
