@@ -139,6 +139,7 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     config.bind = [_url(server).removeprefix("http://")]
     config.graceful_timeout = server.graceful_timeout
     config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, printed once
     config.loglevel = server.log_level.upper()
     print(f"pagedserve: loading the model; {_url(server)}/health answers 200 when ready",
           file=sys.stderr, flush=True)  # fmt: skip
