@@ -150,3 +150,22 @@ def test_update_checks_its_plan() -> None:
     s.update(p, np.zeros(1, dtype=np.int32))
     with pytest.raises(ValueError, match="last schedule"):
         s.update(p, np.zeros(1, dtype=np.int32))
+
+
+def test_native_page_allocator_binding() -> None:
+    from pagedserve.core.native import core
+
+    a = core.PageAllocator(4, 2, True)
+    pages = a.allocate(2)
+    assert pages is not None and a.allocate(3) is None and a.num_used_pages == 2
+    tokens = np.array([3, 4, 5, 6], dtype=np.int32)
+    root = a.register_page(pages[0], -1, 0, tokens[:2])
+    child = a.register_page(pages[1], root, a.generation(root), tokens[2:])
+    assert (root, child) == (pages[0], pages[1])
+    for page in reversed(pages):
+        a.release(page)
+    assert a.num_cached_pages == 2
+    assert a.match_prefix(tokens, 2) == pages and a.ref_count(pages[1]) == 1
+    assert a.match_prefix(np.array([3, 4, 9, 9], dtype=np.int32), 2) == pages[:1]
+    with pytest.raises(ValueError, match="token_ids"):
+        a.match_prefix(tokens[:2], 2)
