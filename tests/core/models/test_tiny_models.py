@@ -71,9 +71,10 @@ def assert_matches_transformers(resolved: ResolvedModel, atol: float = 1e-4) -> 
         ("llama", {}),  # GQA 4:2, untied
         ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
         ("llama", {"rope_scaling": LLAMA3_SCALING}),
+        ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
         ("qwen2", {}),  # q/k/v bias
     ],
-    ids=["llama-gqa", "llama-tied-mha", "llama3-rope", "qwen2-bias"],
+    ids=["llama-gqa", "llama-tied-mha", "llama3-rope", "linear-rope", "qwen2-bias"],
 )
 def test_hf_folder_matches_transformers(tmp_path: Path, architecture: str, config: dict) -> None:
     folder = write_hf_model(tmp_path / "m", architecture, seed=1, **config)
