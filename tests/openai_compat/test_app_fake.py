@@ -258,3 +258,16 @@ def test_no_chat_template_is_400(client: TestClient, engine: FakeEngine) -> None
     engine.chat_template = None
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+
+
+def test_cors_preflight_passes_before_the_api_key() -> None:
+    config = ServerConfig(api_key="k", allowed_origins=("http://ui.example",))
+    with TestClient(create_app(config, FakeEngine)) as client:
+        _wait_ready(client)
+        r = client.options("/v1/chat/completions", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://ui.example"
+        r = client.options("/v1/chat/completions", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert r.status_code == 400
