@@ -13,6 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// Helpers the CUDA kernels call on device too.
+#if defined(__CUDACC__)
+#define PAGEDSERVE_HOST_DEVICE __host__ __device__
+#else
+#define PAGEDSERVE_HOST_DEVICE
+#endif
+
 namespace pagedserve {
 
 inline constexpr std::array<const char*, 5> kKvCacheDims = {
@@ -31,9 +38,11 @@ struct KvCacheView {
     std::int64_t head_size = 0;
 
     // Element offsets into the contiguous layout above.
-    std::int64_t page_stride() const { return num_kv_heads * page_size * head_size; }
-    std::int64_t head_stride() const { return page_size * head_size; }
-    std::int64_t kv_stride() const { return num_pages * page_stride(); }
+    PAGEDSERVE_HOST_DEVICE std::int64_t page_stride() const {
+        return num_kv_heads * page_size * head_size;
+    }
+    PAGEDSERVE_HOST_DEVICE std::int64_t head_stride() const { return page_size * head_size; }
+    PAGEDSERVE_HOST_DEVICE std::int64_t kv_stride() const { return num_pages * page_stride(); }
 };
 
 // A [rows, heads, head_size] activation whose last dimension is contiguous; the two outer
