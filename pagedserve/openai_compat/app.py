@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
-from pagedserve.openai_compat.routes import build_routes
+from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.serving_chat import ChatService
 from pagedserve.openai_compat.serving_common import ServingContext
@@ -40,6 +41,7 @@ class ServerState:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        self.started = int(time.time())
         self.engine: Any = None
         self.ctx: ServingContext | None = None
         self.chat: ChatService | None = None
@@ -122,6 +124,19 @@ def create_app(
             if state.engine is not None:
                 await state.engine.shutdown()
 
+    middleware = _middleware(config)
+    app = Starlette(
+        routes=ROUTES,
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    return app
+
+
+def _middleware(config: ServerConfig) -> list[Middleware]:
+    """CORS outermost, so browsers' preflight requests are answered before the key check."""
     middleware = []
     if config.allowed_origins:
         middleware.append(
@@ -134,11 +149,4 @@ def create_app(
         )
     if config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
-    app = Starlette(
-        routes=build_routes(state),
-        middleware=middleware,
-        exception_handlers={HTTPException: _http_error},
-        lifespan=lifespan,
-    )
-    app.state.server = state
-    return app
+    return middleware

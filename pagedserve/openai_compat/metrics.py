@@ -9,13 +9,14 @@ histograms are recorded when a request finishes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pagedserve.core.outputs import RequestMetrics
+from pagedserve.core.outputs import EngineStats, RequestMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,20 +37,23 @@ class EngineStatsCollector(Collector):
         engine = self._get_engine()
         if engine is None:
             return
-        stats = engine.stats()
-        label = ["model_name"]
-        values = [self._model_name]
+        yield from self._gauges(engine.stats())
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "KV cache configuration (block_size is the page size).",
+            labels=["block_size", "num_gpu_blocks", "model_name"],
+        )
+        info.add_metric([str(engine.page_size), str(engine.num_pages), self._model_name], 1.0)
+        yield info
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=label)
-            family.add_metric(values, value)
-            return family
+    def _family(self, kind: type, name: str, doc: str, value: float) -> Metric:
+        family = kind(name, doc, labels=["model_name"])
+        family.add_metric([self._model_name], value)
+        return family
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=label)
-            family.add_metric(values, value)
-            return family
-
+    def _gauges(self, stats: EngineStats) -> Iterator[Metric]:
+        gauge = partial(self._family, GaugeMetricFamily)
+        counter = partial(self._family, CounterMetricFamily)
         yield gauge(
             "vllm:num_requests_running", "Requests in the running batch.", stats.num_running
         )
@@ -62,13 +66,6 @@ class EngineStatsCollector(Collector):
             "Free pages kept for prefix reuse.",
             stats.num_cached_pages,
         )
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "KV cache configuration (block_size is the page size).",
-            labels=["block_size", "num_gpu_blocks", "model_name"],
-        )
-        info.add_metric([str(engine.page_size), str(engine.num_pages), self._model_name], 1.0)
-        yield info
         yield counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
             stats.prefix_query_tokens,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -75,92 +74,107 @@ async def parse(request: Request, model: type[M], limit: int) -> M:
         raise errors.from_validation_error(exc) from None
 
 
-def build_routes(state: ServerState) -> list[Route]:
-    limit = state.config.max_body_bytes
-    started = int(time.time())
-
-    @endpoint
-    async def chat(request: Request) -> Response:
-        state.ready()
-        body = await parse(request, ChatCompletionRequest, limit)
-        assert state.chat is not None  # set with ctx, which ready() checked
-        return await state.chat.create(body, request.receive)
-
-    @endpoint
-    async def completions(request: Request) -> Response:
-        state.ready()
-        body = await parse(request, CompletionRequest, limit)
-        assert state.completion is not None
-        return await state.completion.create(body, request.receive)
-
-    @endpoint
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(state, started)]})
-
-    @endpoint
-    async def model(request: Request) -> Response:
-        state.ready().check_model(request.path_params["model"])
-        return JSONResponse(_model_card(state, started))
-
-    @endpoint
-    async def tokenize(request: Request) -> Response:
-        ctx = state.ready()
-        body = await parse(request, TokenizeRequest, limit)
-        ctx.check_model(body.model)
-        tokenizer = ctx.engine.tokenizer
-        if body.messages is not None:
-            text = render_chat(ctx, body.messages, body.add_generation_prompt)
-            tokens = tokenizer.encode(text, add_special_tokens=False)
-        else:
-            tokens = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
-        return JSONResponse(
-            {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
-        )
-
-    @endpoint
-    async def detokenize(request: Request) -> Response:
-        ctx = state.ready()
-        body = await parse(request, DetokenizeRequest, limit)
-        ctx.check_model(body.model)
-        vocab_size = ctx.engine.tokenizer.vocab_size
-        if any(not 0 <= t < vocab_size for t in body.tokens):
-            raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param="tokens")
-        return JSONResponse({"prompt": ctx.engine.tokenizer.decode(body.tokens)})
-
-    @endpoint
-    async def health(request: Request) -> Response:
-        state.ready()
-        return JSONResponse({"status": "ok"})
-
-    async def metrics(request: Request) -> Response:
-        return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
-    async def version(request: Request) -> Response:
-        return JSONResponse({"version": __version__})
-
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document())
-
-    return [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-    ]
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
 
 
-def _model_card(state: ServerState, created: int) -> dict[str, Any]:
+@endpoint
+async def chat(request: Request) -> Response:
+    state = _state(request)
+    state.ready()
+    body = await parse(request, ChatCompletionRequest, state.config.max_body_bytes)
+    assert state.chat is not None  # set with ctx, which ready() checked
+    return await state.chat.create(body, request.receive)
+
+
+@endpoint
+async def completions(request: Request) -> Response:
+    state = _state(request)
+    state.ready()
+    body = await parse(request, CompletionRequest, state.config.max_body_bytes)
+    assert state.completion is not None
+    return await state.completion.create(body, request.receive)
+
+
+@endpoint
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(_state(request))]})
+
+
+@endpoint
+async def model(request: Request) -> Response:
+    state = _state(request)
+    state.ready().check_model(request.path_params["model"])
+    return JSONResponse(_model_card(state))
+
+
+@endpoint
+async def tokenize(request: Request) -> Response:
+    state = _state(request)
+    ctx = state.ready()
+    body = await parse(request, TokenizeRequest, state.config.max_body_bytes)
+    ctx.check_model(body.model)
+    tokenizer = ctx.engine.tokenizer
+    if body.messages is not None:
+        text = render_chat(ctx, body.messages, body.add_generation_prompt)
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        tokens = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+    max_len = ctx.engine.max_model_len
+    return JSONResponse({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
+
+
+@endpoint
+async def detokenize(request: Request) -> Response:
+    state = _state(request)
+    ctx = state.ready()
+    body = await parse(request, DetokenizeRequest, state.config.max_body_bytes)
+    ctx.check_model(body.model)
+    vocab_size = ctx.engine.tokenizer.vocab_size
+    if any(not 0 <= t < vocab_size for t in body.tokens):
+        raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param="tokens")
+    return JSONResponse({"prompt": ctx.engine.tokenizer.decode(body.tokens)})
+
+
+@endpoint
+async def health(request: Request) -> Response:
+    _state(request).ready()
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/version", version, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]
+"""Every route reads the app's ServerState from `request.app.state.server`."""
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
     ctx = state.ready()
     return {
         "id": ctx.model_name,
         "object": "model",
-        "created": created,
+        "created": state.started,
         "owned_by": "pagedserve",
         "root": ctx.engine.model_name,
         "parent": None,
