@@ -1,0 +1,361 @@
+"""The batched sampler against slow, obvious per-row references."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from pagedserve.core.outputs import TokenLogprob
+from pagedserve.core.sampler import (
+    Sampler,
+    SamplingBatch,
+    SamplingRow,
+    apply_edits,
+    prompt_logprobs,
+)
+from pagedserve.core.sampling import kernels
+from pagedserve.core.sampling_params import SamplingParams
+
+V = 700  # > 2 chunks of kernels.CHUNK, with a partial last chunk
+EOS = frozenset({0, 3})
+CPU = torch.device("cpu")
+
+
+def build(rows: list[SamplingRow], vocab_size: int = V) -> SamplingBatch:
+    return SamplingBatch.build(rows, vocab_size=vocab_size, eos_token_ids=EOS, device=CPU)
+
+
+def row(params: SamplingParams, prompt=(1, 2), output=(), seed: int | None = None) -> SamplingRow:
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    return SamplingRow(params, list(prompt), list(output), generator)
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]):
+    return Sampler()(logits.clone(), build(rows, logits.shape[1]))
+
+
+# ---- slow references ------------------------------------------------------------------------
+
+
+def reference_edit(x: torch.Tensor, r: SamplingRow) -> torch.Tensor:
+    """The documented formulas, token by token, on one row of float32 logits."""
+    x = x.clone()
+    p = r.params
+    for token, bias in p.logit_bias.items():
+        if 0 <= token < x.shape[0]:
+            x[token] += bias
+    if len(r.output_token_ids) < p.min_tokens:
+        for token in EOS | set(p.stop_token_ids):
+            if token < x.shape[0]:
+                x[token] = float("-inf")
+    for token in set(r.prompt_token_ids) | set(r.output_token_ids):
+        rp = torch.tensor(p.repetition_penalty, dtype=torch.float32)
+        x[token] = x[token] / rp if x[token] > 0 else x[token] * rp
+    for token in set(r.output_token_ids):
+        count = r.output_token_ids.count(token)
+        x[token] = x[token] - torch.tensor(p.frequency_penalty) * count
+        x[token] = x[token] - torch.tensor(p.presence_penalty)
+    return x
+
+
+def reference_distribution(x: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, then min_p and top_k, then top_p (sorted, per row)."""
+    probs = torch.softmax(x / torch.tensor(p.temperature), dim=-1)
+    order = sorted(range(probs.shape[0]), key=lambda t: -probs[t].item())
+    k = p.top_k if p.top_k > 0 else probs.shape[0]
+    floor = torch.tensor(p.min_p) * probs.max()
+    kept = [t for t in order[:k] if probs[t] >= floor]
+    total = sum(probs[t].item() for t in kept)
+    nucleus, cum = [], 0.0
+    for t in kept:  # smallest prefix whose mass reaches top_p of the kept mass
+        if cum >= p.top_p * total:
+            break
+        nucleus.append(t)
+        cum += probs[t].item()
+    out = torch.zeros_like(probs, dtype=torch.float64)
+    for t in nucleus:
+        out[t] = probs[t].item()
+    return out / out.sum()
+
+
+def assert_matches(counts: torch.Tensor, expected: torch.Tensor) -> None:
+    """Sampled tokens lie in the support, and a chi-square test accepts the frequencies."""
+    draws = int(counts.sum())
+    outside = counts[expected == 0].sum().item()
+    assert outside == 0, f"{outside} draws outside the allowed set"
+    big = expected * draws >= 5  # merge the rare tokens into one bin
+    obs = torch.cat([counts[big].double(), counts[~big].sum().double()[None]])
+    exp = torch.cat([expected[big] * draws, (expected[~big].sum() * draws)[None]])
+    mask = exp > 0
+    chi2 = (((obs - exp) ** 2)[mask] / exp[mask]).sum().item()
+    df = max(int(mask.sum()) - 1, 1)
+    assert chi2 < df + 6 * math.sqrt(2 * df), f"chi2 {chi2:.1f} with {df} degrees of freedom"
+
+
+def draw_counts(x: torch.Tensor, params: SamplingParams, draws: int) -> torch.Tensor:
+    logits = x.expand(draws, -1).contiguous()
+    tokens = sample(logits, [row(params) for _ in range(draws)]).token_ids
+    return torch.bincount(tokens, minlength=x.shape[0])
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(1234)
+    random.seed(1234)
+
+
+def peaked_logits(vocab: int = V) -> torch.Tensor:
+    """A distribution with a head of a few dozen likely tokens and a long tail."""
+    return torch.randn(vocab) * 2.5
+
+
+# ---- greedy ---------------------------------------------------------------------------------
+
+
+def test_greedy_is_argmax_with_first_index_on_ties() -> None:
+    logits = torch.randn(9, V)
+    logits[1, [5, 400, 690]] = 50.0  # ties across chunks and in the partial last chunk
+    logits[2, [699, 698]] = 50.0
+    logits[3] = 0.0
+    out = sample(logits, [row(SamplingParams(temperature=0)) for _ in range(9)])
+    assert out.token_ids.dtype == torch.int64 and out.token_ids.device.type == "cpu"
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+    assert out.logprobs is None
+
+
+def test_argmax_rows_matches_torch_for_many_shapes() -> None:
+    for vocab in (3, 511, 512, 513, 1000, 4096):
+        x = torch.randint(-3, 3, (7, vocab)).float()  # many ties
+        assert torch.equal(kernels.argmax_rows(x), x.argmax(-1)), vocab
+
+
+def test_argmax_only_fast_path_is_taken_only_without_controls() -> None:
+    assert build([row(SamplingParams(temperature=0))]).argmax_only
+    for params in (
+        SamplingParams(temperature=0, logprobs=0),
+        SamplingParams(temperature=0, presence_penalty=0.5),
+        SamplingParams(temperature=0, logit_bias={7: 1.0}),
+        SamplingParams(temperature=0, min_tokens=2),
+        SamplingParams(temperature=0.5),
+    ):
+        assert not build([row(params, output=[7])]).argmax_only, params
+
+
+def test_greedy_uses_edited_logits() -> None:
+    logits = torch.randn(2, V)
+    params = SamplingParams(temperature=0, logit_bias={42: 100.0})
+    out = sample(logits, [row(params), row(SamplingParams(temperature=0))])
+    assert out.token_ids.tolist() == [42, logits[1].argmax().item()]
+
+
+# ---- sampling controls against the reference distribution ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.6),
+        SamplingParams(temperature=1.3, top_k=12),
+        SamplingParams(temperature=0.9, top_p=0.6),
+        SamplingParams(temperature=1.0, top_p=0.15),
+        SamplingParams(temperature=1.0, min_p=0.08),
+        SamplingParams(temperature=0.8, top_k=30, top_p=0.7, min_p=0.02),
+        SamplingParams(temperature=1.2, top_p=0.8, min_p=0.05),
+        SamplingParams(temperature=1.0, top_k=1),
+    ],
+    ids=["t1", "t0.6", "top_k", "top_p", "top_p_small", "min_p", "k_p_minp", "p_minp", "k1"],
+)
+def test_distribution_matches_reference(params: SamplingParams) -> None:
+    x = peaked_logits()
+    counts = draw_counts(x, params, draws=3000)
+    assert_matches(counts, reference_distribution(x, params))
+
+
+def test_min_p_one_keeps_exactly_the_most_likely_tokens() -> None:
+    x = peaked_logits()
+    x[[10, 650]] = x.max() + 1.0  # a tie for the top, in different chunks
+    for top_k in (0, 50):  # the whole-vocabulary path and the top-k path
+        counts = draw_counts(x, SamplingParams(min_p=1.0, top_k=top_k), draws=400)
+        assert set(counts.nonzero()[:, 0].tolist()) == {10, 650}, top_k
+
+
+def test_nucleus_by_rejection_over_a_flat_tail() -> None:
+    # A head of 3 tokens holding 30% and a flat tail: top_p 0.3 forces many rejections.
+    x = torch.zeros(V)
+    x[:3] = torch.tensor([6.2, 6.0, 5.8])
+    params = SamplingParams(top_p=0.3)
+    counts = draw_counts(x, params, draws=2000)
+    expected = reference_distribution(x, params)
+    assert int((expected > 0).sum()) >= 2
+    assert_matches(counts, expected)
+
+
+def test_sample_from_never_picks_zero_weight_tokens() -> None:
+    q = torch.zeros(4, V)
+    q[0, 0] = 1.0
+    q[1, V - 1] = 1.0
+    q[2, [300, 301]] = torch.tensor([1e-30, 1.0])
+    q[3, ::7] = 1.0
+    for u in (0.0, 0.5, 1.0 - 1e-16, 1.0):  # 1.0: the top edge that rounding can reach
+        picked = kernels.sample_from(q, torch.full((4,), u, dtype=torch.float64))
+        assert (q.gather(1, picked[:, None]) > 0).all(), (u, picked)
+
+
+def test_mixed_batch_each_row_keeps_its_own_controls() -> None:
+    x = peaked_logits()
+    allowed = {
+        "k": SamplingParams(top_k=5),
+        "p": SamplingParams(top_p=0.4),
+        "m": SamplingParams(min_p=0.3),
+        "g": SamplingParams(temperature=0),
+    }
+    names = [random.choice(list(allowed)) for _ in range(400)]
+    out = sample(x.expand(len(names), -1).contiguous(), [row(allowed[n]) for n in names])
+    support = {n: reference_distribution(x, p) > 0 for n, p in allowed.items() if n != "g"}
+    for name, token in zip(names, out.token_ids.tolist(), strict=True):
+        if name == "g":
+            assert token == x.argmax().item()
+        else:
+            assert support[name][token], (name, token)
+
+
+# ---- seeds ----------------------------------------------------------------------------------
+
+
+SEEDED = [
+    SamplingParams(seed=1, temperature=0.9),
+    SamplingParams(seed=2, top_k=20),
+    SamplingParams(seed=3, top_p=0.5),
+    SamplingParams(seed=4, min_p=0.05, top_p=0.9),
+]
+
+
+def run_seeded(target: SamplingParams, x: torch.Tensor, others: int, position: int) -> list[int]:
+    generator = torch.Generator().manual_seed(target.seed or 0)
+    tokens = []
+    for _ in range(5):  # several steps: the generator's state carries over
+        rows = [
+            row(SamplingParams(temperature=1.0, top_k=random.choice([0, 5]))) for _ in range(others)
+        ]
+        logits = [torch.randn(V) for _ in range(others)]
+        rows.insert(position, SamplingRow(target, [1], [], generator))
+        logits.insert(position, x)
+        tokens.append(sample(torch.stack(logits), rows).token_ids[position].item())
+    return tokens
+
+
+@pytest.mark.parametrize("params", SEEDED, ids=["temp", "top_k", "top_p", "min_p"])
+def test_seeded_row_ignores_the_rest_of_the_batch(params: SamplingParams) -> None:
+    x = peaked_logits()
+    alone = run_seeded(params, x, others=0, position=0)
+    assert run_seeded(params, x, others=6, position=3) == alone
+    assert run_seeded(params, x, others=3, position=3) == alone
+    assert len(set(run_seeded(SamplingParams(seed=99, temperature=1.5), x, 2, 1))) > 1
+
+
+# ---- logits edits ---------------------------------------------------------------------------
+
+
+def test_edits_follow_the_formulas_exactly() -> None:
+    rows = [
+        row(SamplingParams(repetition_penalty=1.3), prompt=[5, 6, 5], output=[7, 6]),
+        row(SamplingParams(frequency_penalty=0.7, presence_penalty=-0.4), output=[9, 9, 9, 10]),
+        row(
+            SamplingParams(
+                repetition_penalty=0.8,
+                frequency_penalty=-1.1,
+                presence_penalty=1.5,
+                logit_bias={11: 2.5, 12: -100.0, 5000: 1.0, -2: 3.0},
+            ),
+            prompt=[11, 12, 13],
+            output=[13, 14, 14],
+        ),
+        row(SamplingParams(min_tokens=3, stop_token_ids=(20, 9999)), output=[1, 2]),
+        row(SamplingParams(min_tokens=2, stop_token_ids=(20,)), output=[1, 2]),
+        row(SamplingParams(ignore_eos=True)),
+    ]
+    logits = torch.randn(len(rows), V) * 3
+    edited = logits.clone()
+    batch = build(rows)
+    assert batch.edits is not None
+    apply_edits(edited, batch.edits)
+    for i, r in enumerate(rows):
+        assert torch.equal(edited[i], reference_edit(logits[i], r)), i
+    assert torch.isinf(edited[3, [0, 3, 20]]).all() and not torch.isinf(edited[4]).any()
+
+
+def test_out_of_vocabulary_ids_are_ignored() -> None:
+    r = row(
+        SamplingParams(repetition_penalty=2.0, presence_penalty=1.0, logit_bias={V: 5.0}),
+        prompt=[V, V + 5, -1],
+        output=[V + 1],
+    )
+    batch = build([r])
+    assert batch.edits is None
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
+    x = torch.full((V,), -5.0)
+    x[[0, 3, 20]] = 10.0  # EOS ids and a stop id dominate
+    params = SamplingParams(min_tokens=2, stop_token_ids=(20,))
+    early = sample(x.expand(200, -1).contiguous(), [row(params, output=[4]) for _ in range(200)])
+    assert not set(early.token_ids.tolist()) & {0, 3, 20}
+    late = sample(x.expand(200, -1).contiguous(), [row(params, output=[4, 4]) for _ in range(200)])
+    assert set(late.token_ids.tolist()) <= {0, 3, 20}
+    greedy = SamplingParams(temperature=0, min_tokens=1, ignore_eos=True)
+    assert sample(x[None], [row(greedy)]).token_ids.item() not in {0, 3}
+
+
+# ---- logprobs -------------------------------------------------------------------------------
+
+
+def reference_logprob(x: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    lp = torch.log_softmax(x, dim=-1)
+    order = sorted(range(x.shape[0]), key=lambda t: -lp[t].item())
+    rank = 1 + sum(1 for t in range(x.shape[0]) if lp[t] > lp[token])
+    return TokenLogprob(token, lp[token].item(), rank, [(t, lp[t].item()) for t in order[:k]])
+
+
+def test_logprobs_are_raw_log_softmax_with_rank_and_top_k() -> None:
+    logits = torch.randn(5, V) * 2
+    rows = [
+        row(SamplingParams(temperature=0, logprobs=3)),
+        row(SamplingParams(temperature=0.7, top_k=4, logprobs=5, presence_penalty=2.0), output=[1]),
+        row(SamplingParams(temperature=1.0)),
+        row(SamplingParams(temperature=1.0, logprobs=0, logit_bias={8: 30.0})),
+        row(SamplingParams(temperature=0, repetition_penalty=3.0, logprobs=20), output=[2]),
+    ]
+    out = sample(logits, rows)
+    assert out.logprobs is not None and out.logprobs[2] is None
+    assert out.token_ids[3].item() == 8  # the bias steers the draw, not the reported logprob
+    for i in (0, 1, 3, 4):
+        got = out.logprobs[i]
+        assert got is not None
+        want = reference_logprob(logits[i], int(out.token_ids[i]), rows[i].params.logprobs or 0)
+        assert (got.token_id, got.rank) == (want.token_id, want.rank)
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+        assert [t for t, _ in got.top] == [t for t, _ in want.top]
+        assert [v for _, v in got.top] == pytest.approx([v for _, v in want.top], abs=1e-5)
+
+
+def test_prompt_logprobs_match_manual_computation() -> None:
+    logits = torch.randn(300, 50)  # more rows than one internal chunk
+    next_ids = torch.randint(0, 50, (300,))
+    got = prompt_logprobs(logits, next_ids, k=2)
+    assert len(got) == 300
+    for i in (0, 1, 255, 256, 299):
+        want = reference_logprob(logits[i], int(next_ids[i]), 2)
+        assert (got[i].token_id, got[i].rank) == (want.token_id, want.rank)
+        assert got[i].logprob == pytest.approx(want.logprob, abs=1e-5)
+        assert [t for t, _ in got[i].top] == [t for t, _ in want.top]
+    with pytest.raises(ValueError, match="next_token_ids"):
+        prompt_logprobs(logits, next_ids[:-1], k=0)
+
+
+def test_wrong_logits_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="logits"):
+        Sampler()(torch.randn(2, V), build([row(SamplingParams())]))
