@@ -359,3 +359,48 @@ def test_prompt_logprobs_match_manual_computation() -> None:
 def test_wrong_logits_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="logits"):
         Sampler()(torch.randn(2, V), build([row(SamplingParams())]))
+
+
+def test_rank_with_masked_vocabulary_entries() -> None:
+    logits = torch.randn(2, 60)
+    logits[:, 50:] = float("-inf")  # padded vocabulary rows, as some models emit
+    got = prompt_logprobs(logits, torch.tensor([55, 7]), k=1)
+    assert got[0].logprob == float("-inf") and got[0].rank == 51
+    assert got[1].rank == reference_logprob(logits[1], 7, 1).rank
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rows_match_their_controls_and_seeds() -> None:
+    device = torch.device("cuda")
+    x = peaked_logits()
+    params = [
+        SamplingParams(temperature=0, logprobs=2),
+        SamplingParams(top_k=5, seed=7),
+        SamplingParams(top_p=0.4, min_p=0.01, seed=8, presence_penalty=1.0),
+        SamplingParams(min_p=0.3, logit_bias={1: -5.0}),
+    ]
+
+    def run() -> list[int]:
+        rows = [
+            SamplingRow(p, [1], [2], torch.Generator(device).manual_seed(p.seed))
+            if p.seed is not None
+            else SamplingRow(p, [1], [2])
+            for p in params * 50
+        ]
+        batch = SamplingBatch.build(rows, vocab_size=V, eos_token_ids=EOS, device=device)
+        logits = x.to(device).expand(len(rows), -1).contiguous()
+        out = Sampler()(logits, batch)
+        assert out.token_ids.device.type == "cpu" and out.logprobs is not None
+        return out.token_ids.tolist()
+
+    tokens = run()
+    for i, token in enumerate(tokens):
+        p = params[i % 4]
+        if p.greedy:
+            assert token == x.argmax().item()
+        else:
+            assert reference_distribution(reference_edit(x, row(p, [1], [2])), p)[token] > 0
+    again = run()
+    seeded = [i for i in range(len(tokens)) if params[i % 4].seed is not None]
+    assert [again[i] for i in seeded] == [tokens[i] for i in seeded]

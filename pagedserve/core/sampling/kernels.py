@@ -90,7 +90,7 @@ def sample_top_k(
 
 
 def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) -> torch.Tensor:
-    """Draw from q [n, v] >= 0 restricted to its top-p nucleus, by rejection (no sort).
+    """Draw from q [n, v] >= 0 (overwritten) restricted to its top-p nucleus, by rejection.
 
     A token j is in the nucleus iff the weight of the tokens strictly more likely than j is
     < top_p * total. Draw from the current weights; accept if j is in the nucleus, otherwise
@@ -100,21 +100,22 @@ def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) ->
     n = q.shape[0]
     tokens = torch.empty(n, dtype=torch.long, device=q.device)
     active = torch.arange(n, device=q.device)
-    limit = top_p.double() * chunk_sums(q).sum(-1)
+    sums = chunk_sums(q)
+    limit = top_p.double() * sums.sum(-1)
     scale = torch.ones(n, dtype=torch.float64, device=q.device)  # original q = current q * scale
     for _ in range(MAX_NUCLEUS_ROUNDS):
-        picked = sample_from(q, draw(active))
+        picked = sample_from(q, draw(active), sums)
         value = q.gather(1, picked[:, None])
         # q / value > 1.0 exactly when q > value (no float32 quotient of q > value rounds to 1).
-        above = torch.nn.functional.threshold_(q / value, 1.0, 0.0)
-        above_sums = chunk_sums(above)
-        accepted = above_sums.sum(-1) * value[:, 0].double() * scale < limit
+        above = torch.nn.functional.threshold_(q.div_(value), 1.0, 0.0)
+        sums = chunk_sums(above)
+        accepted = sums.sum(-1) * value[:, 0].double() * scale < limit
         tokens[active[accepted]] = picked[accepted]
         rejected = ~accepted
         if not bool(rejected.any()):
             return tokens
         scale = scale[rejected] * value[rejected, 0].double()
-        q, limit, active = above[rejected], limit[rejected], active[rejected]
+        q, sums, limit, active = above[rejected], sums[rejected], limit[rejected], active[rejected]
     # Practically unreachable; the most likely remaining token is always in the nucleus.
     tokens[active] = argmax_rows(q)
     return tokens
