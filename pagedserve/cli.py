@@ -144,6 +144,12 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     print(f"pagedserve: loading the model; {_url(server)}/health answers 200 when ready",
           file=sys.stderr, flush=True)  # fmt: skip
     await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    if app.state.server.engine is None:
+        # Stopped while the model was loading (or after a failed load): the loading thread is
+        # inside native code and cannot be interrupted, so leave without waiting for it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     return exit_code
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -103,7 +104,7 @@ def create_app(
 
     async def load() -> None:
         try:
-            engine = await asyncio.to_thread(load_engine)
+            engine = await _in_daemon_thread(load_engine)
         except Exception as exc:
             logger.exception("loading the model failed")
             if on_fatal is not None:
@@ -120,7 +121,7 @@ def create_app(
             yield
         finally:
             if not task.done():
-                task.cancel()  # the loading thread cannot be stopped; it ends with the process
+                task.cancel()  # the loading thread cannot be stopped; it dies with the process
             if state.engine is not None:
                 await state.engine.shutdown()
 
@@ -150,3 +151,29 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
     if config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
     return middleware
+
+
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Like asyncio.to_thread, but a daemon thread: SIGTERM while a model loads does not wait
+    for the load to finish before the process exits."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="pagedserve-load", daemon=True).start()
+    return await future

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pagedserve.cli import build_parser, configs_from_args
 from pagedserve.core.config import CacheConfig, field_docs
+from tests.openai_compat.conftest import free_port
 
 
 def _configs(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -45,3 +50,11 @@ def test_help_comes_from_docstrings() -> None:
     first_words = field_docs(CacheConfig)["page_size"].split()[:3]
     assert " ".join(first_words) in " ".join(text.split())
     assert "--num-pages" not in text  # advanced: hidden
+
+
+def test_serve_exits_1_when_the_model_cannot_load(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.gguf")
+    cmd = [sys.executable, "-m", "pagedserve", "serve", missing, "--port", str(free_port())]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "missing.gguf" in done.stderr
