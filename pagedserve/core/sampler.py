@@ -66,7 +66,7 @@ class Sampler:
             apply_edits(logits, batch.edits)
         tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)
         if batch.greedy_rows.numel():
-            tokens[batch.greedy_rows] = kernels.argmax_rows(logits[batch.greedy_rows])
+            tokens[batch.greedy_rows] = kernels.argmax_rows(_take(logits, batch.greedy_rows))
         if batch.random is not None:
             tokens[batch.random.rows] = _sample(logits, batch.random)
         return SamplerOutput(tokens.cpu(), _logprobs(raw_logprobs, tokens, batch))

@@ -61,7 +61,7 @@ def sample_from(q: torch.Tensor, u: torch.Tensor, sums: torch.Tensor | None = No
 def filter_below(q: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     """q / floor with every entry below floor set to 0 (rows rescaled, in place): [n, v], [n]."""
     q.div_(floor[:, None])
-    return torch.nn.functional.threshold_(q, BELOW_ONE, 0.0)
+    return torch.threshold_(q, BELOW_ONE, 0.0)
 
 
 def sample_top_k(
@@ -107,7 +107,7 @@ def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) ->
         picked = sample_from(q, draw(active), sums)
         value = q.gather(1, picked[:, None])
         # q / value > 1.0 exactly when q > value (no float32 quotient of q > value rounds to 1).
-        above = torch.nn.functional.threshold_(q.div_(value), 1.0, 0.0)
+        above = torch.threshold_(q.div_(value), 1.0, 0.0)
         sums = chunk_sums(above)
         accepted = sums.sum(-1) * value[:, 0].double() * scale < limit
         tokens[active[accepted]] = picked[accepted]
