@@ -49,11 +49,12 @@ class LlamaDecoderLayer(nn.Module):
         qk = apply_rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
         v = qkv[:, qk_size:].view(n, kv_heads, -1)
         attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
-        hidden = hidden + self.o_proj(attn.reshape(n, -1))
+        # addmm folds each residual add into its matmul: one op instead of two.
+        hidden = torch.addmm(hidden, attn.reshape(n, -1), self.o_proj.weight.t())
         x = F.rms_norm(hidden, hidden.shape[-1:], self.post_attention_layernorm, self.eps)
         gate_up = self.gate_up_proj(x)  # [n, 2 * intermediate_size]
         mlp = F.silu(gate_up[:, : self.intermediate_size]) * gate_up[:, self.intermediate_size :]
-        return hidden + self.down_proj(mlp)
+        return torch.addmm(hidden, mlp, self.down_proj.weight.t())
 
 
 class LlamaForCausalLM(nn.Module):

@@ -6,6 +6,7 @@ yielded, so at most one dequantized tensor beyond the model's own weights is ali
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +150,13 @@ def iter_gguf_weights(reader: GGUFReader, arch: ArchConfig) -> Iterator[tuple[st
         yield name, weight
 
 
+@functools.lru_cache(maxsize=4)
+def gguf_reader(path: Path) -> GGUFReader:
+    """A read-only, memory-mapped reader, shared: parsing the metadata of a 49k-token
+    vocabulary takes seconds, so the model and tokenizer loaders should parse it once."""
+    return GGUFReader(path, "r")
+
+
 def open_gguf(path: Path) -> tuple[ArchConfig, GGUFReader]:
-    reader = GGUFReader(path, "r")
+    reader = gguf_reader(Path(path).resolve())
     return arch_from_gguf(reader), reader
