@@ -73,20 +73,26 @@ inline void store_row(const float* src, Bf16* dst, std::int64_t n) {
 }
 
 constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-512 register)
-constexpr int kTargetRows = 64;   // query vectors (rows x group heads) per work item
+constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at least one
+constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
 constexpr int kDotMaxRows = 8;    // below this many query vectors, a dot per key beats transposing
 
 struct WorkItem {
     std::int64_t req, kv_head, row0, rows;
 };
 
-// Per-thread buffers, sized once per call.
+std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
+
+// Per-thread buffers, sized once per call. A key block is pages_per_block whole pages.
 struct Scratch {
-    std::vector<float> q, acc, row_max, row_sum, k, k_t, v, p;
+    std::int64_t pages_per_block, block_keys, width;
+    std::vector<float> q, acc, row_max, row_sum, k, k_t, v, s;
+    std::vector<const float*> k_pages, v_pages;
     Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
-        : q(m * d), acc(m * d), row_max(m), row_sum(m), k(page_size * d),
-          k_t(d * round_up(page_size)), v(page_size * d), p(round_up(page_size)) {}
-    static std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
+        : pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
+          block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
+          acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width),
+          v(block_keys * d), s(width), k_pages(pages_per_block), v_pages(pages_per_block) {}
 };
 
 void check(bool ok, const std::string& message) {
@@ -169,16 +175,17 @@ void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::in
     }
 }
 
-// Folds `valid` scores s[0, valid) of one query vector into its running max, sum and acc.
+// Folds scores s[0, valid) of one query vector into its running max, sum and acc; key j's
+// value row is v_pages[j / page_size][j % page_size].
 template <int kD>
-void online_softmax_update(float* s, std::int64_t valid, const float* v, std::int64_t d_rt,
-                           float& row_max, float& row_sum, float* acc) {
+void online_softmax_update(float* s, std::int64_t valid, const Scratch& sc, std::int64_t page_size,
+                           std::int64_t d_rt, float& row_max, float& row_sum, float* acc) {
     const std::int64_t d_len = kD ? kD : d_rt;
     float tile_max = s[0];
 #pragma omp simd reduction(max : tile_max)
     for (std::int64_t j = 1; j < valid; ++j) tile_max = std::max(tile_max, s[j]);
     const float new_max = std::max(row_max, tile_max);
-    // row_max == -inf only before the first tile, when acc and row_sum are still zero.
+    // row_max == -inf only before the first block, when acc and row_sum are still zero.
     const float alpha = row_max == -std::numeric_limits<float>::infinity()
                             ? 0.0f : exp_nonpositive(row_max - new_max);
     float tile_sum = 0.0f;
@@ -193,11 +200,16 @@ void online_softmax_update(float* s, std::int64_t valid, const float* v, std::in
     float* out = kD ? a : acc;  // a register-sized copy when head_size is known
 #pragma omp simd
     for (std::int64_t d = 0; d < d_len; ++d) out[d] = acc[d] * alpha;
-    for (std::int64_t j = 0; j < valid; ++j) {
-        const float pj = s[j];
-        const float* vr = v + j * d_len;
+    for (std::int64_t p = 0; p * page_size < valid; ++p) {
+        const std::int64_t n = std::min(page_size, valid - p * page_size);
+        const float* pv = sc.v_pages[p];
+        const float* ps = s + p * page_size;
+        for (std::int64_t j = 0; j < n; ++j) {
+            const float pj = ps[j];
+            const float* vr = pv + j * d_len;
 #pragma omp simd
-        for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+            for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+        }
     }
     if (kD) std::memcpy(acc, a, sizeof(float) * d_len);
 }
@@ -214,23 +226,59 @@ void prefetch_tile(const T* p, std::int64_t elements) {
 #endif
 }
 
-// Converts (bf16) or points at (fp32) the first n keys and values of one page and KV head.
+// Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
+// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t when asked.
+// Returns the number of keys in the block.
 template <typename T>
-void load_tile(const T* k_src, const T* v_src, std::int64_t n, std::int64_t d_len,
-               bool transpose, Scratch& sc, const float*& k, const float*& v) {
-    if constexpr (std::is_same_v<T, float>) {
-        k = k_src;
-        v = v_src;
-    } else {
-        load_row(k_src, sc.k.data(), n * d_len);
-        load_row(v_src, sc.v.data(), n * d_len);
-        k = sc.k.data();
-        v = sc.v.data();
+std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
+                        std::int64_t num_keys, std::int64_t d_len, bool transpose, Scratch& sc) {
+    const KvCacheView& c = a.cache;
+    const T* cache = static_cast<const T*>(c.data);
+    const std::int32_t* row = a.page_table + w.req * a.page_table_stride;
+    std::int64_t n = 0;
+    for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
+        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
+        const std::int64_t index = (key0 + n) / c.page_size;
+        const std::int64_t off = row[index] * c.page_stride() + w.kv_head * c.head_stride();
+        const std::int64_t ahead = index + sc.pages_per_block;  // scattered pages: no HW prefetch
+        if (ahead * c.page_size < num_keys) {
+            const std::int64_t next = row[ahead] * c.page_stride() + w.kv_head * c.head_stride();
+            prefetch_tile(cache + next, c.head_stride());
+            prefetch_tile(cache + c.kv_stride() + next, c.head_stride());
+        }
+        if constexpr (std::is_same_v<T, float>) {
+            sc.k_pages[p] = cache + off;
+            sc.v_pages[p] = cache + c.kv_stride() + off;
+        } else {
+            load_row(cache + off, sc.k.data() + n * d_len, np * d_len);
+            load_row(cache + c.kv_stride() + off, sc.v.data() + n * d_len, np * d_len);
+            sc.k_pages[p] = sc.k.data() + n * d_len;
+            sc.v_pages[p] = sc.v.data() + n * d_len;
+        }
+        if (transpose) {
+            const float* k = sc.k_pages[p];
+            for (std::int64_t j = 0; j < np; ++j)
+                for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
+        }
+        n += np;
     }
-    if (transpose) {
-        const std::int64_t width = static_cast<std::int64_t>(sc.p.size());
-        for (std::int64_t j = 0; j < n; ++j)
-            for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * width + j] = k[j * d_len + d];
+    return n;
+}
+
+template <typename T, int kD>
+void load_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
+    const std::int64_t d_len = kD ? kD : a.cache.head_size;
+    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
+    const T* query = static_cast<const T*>(a.query.data);
+    for (std::int64_t m = 0; m < w.rows * group; ++m) {  // m = row * group + head in group
+        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
+        const std::int64_t head = w.kv_head * group + m % group;
+        float* q = sc.q.data() + m * d_len;
+        load_row(query + tok * a.query.token_stride + head * a.query.head_stride, q, d_len);
+        for (std::int64_t d = 0; d < d_len; ++d) q[d] *= a.scale;
+        std::fill(sc.acc.begin() + m * d_len, sc.acc.begin() + (m + 1) * d_len, 0.0f);
+        sc.row_max[m] = -std::numeric_limits<float>::infinity();
+        sc.row_sum[m] = 0.0f;
     }
 }
 
@@ -239,53 +287,33 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const std::int64_t d_len = kD ? kD : c.head_size;
     const std::int64_t group = a.num_heads / c.num_kv_heads;
-    const std::int64_t m_len = w.rows * group;  // query vectors: m = row * group + head
-    const std::int64_t q_start = a.query_start_loc[w.req];
-    const std::int64_t q_len = a.query_start_loc[w.req + 1] - q_start;
+    const std::int64_t m_len = w.rows * group;
+    const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
-    const T* query = static_cast<const T*>(a.query.data);
-    for (std::int64_t m = 0; m < m_len; ++m) {
-        const std::int64_t tok = q_start + w.row0 + m / group;
-        const std::int64_t head = w.kv_head * group + m % group;
-        load_row(query + tok * a.query.token_stride + head * a.query.head_stride,
-                 sc.q.data() + m * d_len, d_len);
-        for (std::int64_t d = 0; d < d_len; ++d) sc.q[m * d_len + d] *= a.scale;
-    }
-    std::fill(sc.acc.begin(), sc.acc.begin() + m_len * d_len, 0.0f);
-    std::fill(sc.row_max.begin(), sc.row_max.end(), -std::numeric_limits<float>::infinity());
-    std::fill(sc.row_sum.begin(), sc.row_sum.end(), 0.0f);
+    load_queries<T, kD>(a, w, sc);
     const bool transpose = m_len >= kDotMaxRows;
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    const T* cache = static_cast<const T*>(c.data);
-    for (std::int64_t key0 = 0; key0 < num_keys; key0 += c.page_size) {
-        const std::int64_t n = std::min(c.page_size, num_keys - key0);
-        const std::int64_t page = a.page_table[w.req * a.page_table_stride + key0 / c.page_size];
-        const std::int64_t off = page * c.page_stride() + w.kv_head * c.head_stride();
-        if (key0 + c.page_size < num_keys) {  // pages are scattered: hardware prefetch can't guess
-            const std::int64_t next = a.page_table[w.req * a.page_table_stride +
-                                                   key0 / c.page_size + 1];
-            const std::int64_t next_off = next * c.page_stride() + w.kv_head * c.head_stride();
-            prefetch_tile(cache + next_off, c.head_stride());
-            prefetch_tile(cache + c.kv_stride() + next_off, c.head_stride());
-        }
-        const float *k = nullptr, *v = nullptr;
-        load_tile(cache + off, cache + c.kv_stride() + off, n, d_len, transpose, sc, k, v);
+    for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
+        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, transpose, sc);
         for (std::int64_t m = 0; m < m_len; ++m) {
             const std::int64_t valid = std::min(n, first_pos + m / group - key0 + 1);
-            if (valid <= 0) continue;  // this tile lies wholly in the row's future
+            if (valid <= 0) continue;  // this block lies wholly in the row's future
             const float* q = sc.q.data() + m * d_len;
             if (transpose) {
-                scores_transposed<kD>(q, sc.k_t.data(), n, sc.p.size(), d_len, sc.p.data());
+                scores_transposed<kD>(q, sc.k_t.data(), valid, sc.width, d_len, sc.s.data());
             } else {
-                scores_dot<kD>(q, k, valid, d_len, sc.p.data());
+                for (std::int64_t p = 0; p * c.page_size < valid; ++p) {
+                    scores_dot<kD>(q, sc.k_pages[p], std::min(c.page_size, valid - p * c.page_size),
+                                   d_len, sc.s.data() + p * c.page_size);
+                }
             }
-            online_softmax_update<kD>(sc.p.data(), valid, v, d_len, sc.row_max[m], sc.row_sum[m],
-                                      sc.acc.data() + m * d_len);
+            online_softmax_update<kD>(sc.s.data(), valid, sc, c.page_size, d_len, sc.row_max[m],
+                                      sc.row_sum[m], sc.acc.data() + m * d_len);
         }
     }
     T* out = static_cast<T*>(a.out);
     for (std::int64_t m = 0; m < m_len; ++m) {
-        const std::int64_t tok = q_start + w.row0 + m / group;
+        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
         const std::int64_t head = w.kv_head * group + m % group;
         float* acc = sc.acc.data() + m * d_len;
         const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least key 0

@@ -53,7 +53,9 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
 def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
     """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
     _require(t.dim() == 3, f"{name} must be [num_tokens, heads, head_size], got {tuple(t.shape)}")
-    _require(t.dtype == kv_cache.dtype, f"{name} dtype {t.dtype} must match kv_cache {kv_cache.dtype}")
+    _require(
+        t.dtype == kv_cache.dtype, f"{name} dtype {t.dtype} must match kv_cache {kv_cache.dtype}"
+    )
     _require(t.device == kv_cache.device, f"{name} is on {t.device}, kv_cache on {kv_cache.device}")
     _require(t.shape[2] == kv_cache.shape[4], f"{name} head_size {t.shape[2]} != kv_cache's")
     _require(t.stride(2) == 1 or t.shape[2] == 1, f"{name} must be contiguous in its last dim")
@@ -61,8 +63,9 @@ def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int |
         _require(t.shape[1] == heads, f"{name} has {t.shape[1]} heads, kv_cache has {heads}")
 
 
-def _check_index(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...],
-                 device: torch.device) -> None:
+def _check_index(
+    name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
+) -> None:
     _require(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
     _require(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
     _require(t.device == device, f"{name} is on {t.device}, kv_cache on {device}")
@@ -71,8 +74,9 @@ def _check_index(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[in
         _require(t.is_contiguous(), f"{name} must be contiguous")
 
 
-def _check_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+def _check_write(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     _check_cache(kv_cache)
     _check_rows("key", key, kv_cache, kv_cache.shape[2])
     _check_rows("value", value, kv_cache, kv_cache.shape[2])
@@ -80,10 +84,17 @@ def _check_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     _check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
 
 
-def _check_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
-                     page_table: torch.Tensor, seq_lens: torch.Tensor,
-                     query_start_loc: torch.Tensor, max_query_len: int, max_seq_len: int,
-                     scale: float) -> None:
+def _check_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
     num_kv_heads = kv_cache.shape[2]
@@ -142,21 +153,30 @@ def reshape_and_cache(
     args.num_tokens = key.shape[0]
     args.dtype = _DTYPES[kv_cache.dtype]
     if kv_cache.is_cuda:
-        _cuda_module().reshape_and_cache(args, _stream(kv_cache))
+        with torch.cuda.device(kv_cache.device):  # kernels launch on the current device
+            _cuda_module().reshape_and_cache(args, _stream(kv_cache))
     else:
         _core.reshape_and_cache(args, torch.get_num_threads())
 
 
 @reshape_and_cache.register_fake
-def _(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-      slot_mapping: torch.Tensor) -> None:
+def _(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     _check_write(key, value, kv_cache, slot_mapping)
 
 
-def _attention_args(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
-                    page_table: torch.Tensor, seq_lens: torch.Tensor,
-                    query_start_loc: torch.Tensor, max_query_len: int, max_seq_len: int,
-                    scale: float) -> _core.AttentionArgs:
+def _attention_args(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> _core.AttentionArgs:
     args = _core.AttentionArgs()
     args.out = out.data_ptr()
     args.out_token_stride, args.out_head_stride = out.stride(0), out.stride(1)
@@ -198,19 +218,46 @@ def paged_attention(
     max_seq_len: int,
     scale: float,
 ) -> None:
-    params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-              max_seq_len, scale)
+    params = (
+        out,
+        query,
+        kv_cache,
+        page_table,
+        seq_lens,
+        query_start_loc,
+        max_query_len,
+        max_seq_len,
+        scale,
+    )
     _check_attention(*params)
     args = _attention_args(*params)
     if kv_cache.is_cuda:
-        _cuda_attention(args, query)
+        with torch.cuda.device(kv_cache.device):
+            _cuda_attention(args, query)
     else:
         _core.paged_attention(args, torch.get_num_threads())
 
 
 @paged_attention.register_fake
-def _(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
-      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int,
-      max_seq_len: int, scale: float) -> None:
-    _check_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-                     max_seq_len, scale)
+def _(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> None:
+    _check_attention(
+        out,
+        query,
+        kv_cache,
+        page_table,
+        seq_lens,
+        query_start_loc,
+        max_query_len,
+        max_seq_len,
+        scale,
+    )

@@ -55,9 +55,13 @@ def test_attention_matches_reference(device: str, page_size: int, head_size: int
 
 
 @pytest.mark.parametrize("device", devices())
-def test_long_prefill_and_long_decode(device: str) -> None:
-    # Many query blocks per request on CPU; many context splits per decode on CUDA.
-    b = make_batch([300, 1], [300, 3000], num_kv_heads=3, group=3, device=device, seed=3)
+@pytest.mark.parametrize(
+    ("q_lens", "seq_lens"),
+    [([300, 1], [300, 3000]),  # many query blocks per request (a long decode rides along)
+     ([1, 1, 1], [3000, 700, 512])],  # pure decode: several context splits per row on CUDA
+)
+def test_long_contexts(device: str, q_lens: list[int], seq_lens: list[int]) -> None:
+    b = make_batch(q_lens, seq_lens, num_kv_heads=3, group=3, device=device, seed=3)
     assert_close(run_native(b), run_reference(b), torch.float32)
 
 
