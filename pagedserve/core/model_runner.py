@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -114,8 +113,5 @@ class ModelRunner:
         )
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        # Copy: the plan's views are reused by the next schedule().
-        t = torch.from_numpy(np.ascontiguousarray(array))
-        if self.device.type == "cpu":
-            return t.to(dtype=dtype, copy=True)
-        return t.to(device=self.device, dtype=dtype, non_blocking=False)
+        # A copy: the plan's (read-only) views are reused by the next schedule().
+        return torch.tensor(array, dtype=dtype, device=self.device)

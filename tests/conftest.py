@@ -1,0 +1,35 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    torch.set_num_threads(2)  # CI has 2 cores; more threads only oversubscribe
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(request: pytest.FixtureRequest) -> Path:
+    """Where the bundled default GGUF is cached between runs (pytest's cache folder)."""
+    return Path(request.config.cache.mkdir("pagedserve-models"))
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_dir: Path) -> ResolvedModel:
+    """The bundled default model (SmolLM2-135M-Instruct Q4_1 GGUF), fetched once."""
+    return resolve_model("", cache_dir=default_model_dir)

@@ -1,0 +1,178 @@
+"""The engine end to end on the default model: token-exact against transformers (fp32), and
+the same greedy tokens whatever the batch, the chunking, the preemptions or the cache hits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.core.models.resolve import ResolvedModel
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three colors:\n1.",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+
+def make_llm(model: ResolvedModel, **kwargs: object) -> LLM:
+    options: dict[str, object] = {"dtype": "float32", "max_model_len": 1024, "num_pages": 512}
+    options.update(kwargs)
+    return LLM(str(model.path), **options)
+
+
+@pytest.fixture(scope="module")
+def llm(default_model: ResolvedModel) -> LLM:
+    return make_llm(default_model)
+
+
+def token_lists(outputs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_greedy_tokens_equal_transformers(llm: LLM, default_model: ResolvedModel) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
+    ).eval()
+    ours = token_lists(llm.generate(PROMPTS, GREEDY))
+    for prompt, got in zip(PROMPTS, ours):
+        ids = torch.tensor([llm.tokenizer.encode(prompt)])
+        with torch.no_grad():
+            out = hf.generate(
+                ids, do_sample=False, max_new_tokens=64, min_new_tokens=64, eos_token_id=None
+            )
+        assert got == out[0, ids.shape[1] :].tolist(), prompt
+
+
+def test_text_matches_tokens(llm: LLM) -> None:
+    out = llm.generate(PROMPTS[:1], GREEDY)[0].outputs[0]
+    assert out.text == llm.tokenizer.decode(out.token_ids)
+    assert out.finish_reason == "length" and len(out.token_ids) == 64
+
+
+def mixed_prompts(llm: LLM, count: int) -> list[list[int]]:
+    """count prompts of varied lengths (8..~300 tokens) built from a fixed text."""
+    base = llm.tokenizer.encode(
+        "In the beginning the engine scheduled every request it could, decoding first and "
+        "filling the rest of its budget with prefill chunks, page by page. " * 12
+    )
+    return [base[(7 * i) % 40 : (7 * i) % 40 + 8 + (37 * i) % 290] for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def batch_reference(llm: LLM) -> tuple[list[list[int]], list[list[int]]]:
+    """32 mixed prompts and their greedy outputs in one big batch."""
+    prompts = mixed_prompts(llm, 32)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return prompts, token_lists(llm.generate(prompts, params))
+
+
+def test_alone_equals_in_a_batch_of_32(llm: LLM, batch_reference) -> None:
+    prompts, batched = batch_reference
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for i in (0, 5, 17, 31):
+        assert token_lists(llm.generate([prompts[i]], params)) == [batched[i]], i
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_num_batched_tokens": 32},  # chunked prefill
+        {"num_pages": 48, "page_size": 16, "max_model_len": 512},  # preemption
+        {"enable_prefix_caching": False},
+        {"max_num_seqs": 5},
+    ],
+    ids=["chunked-prefill", "preemption", "no-prefix-cache", "few-seats"],
+)
+def test_batch_invariance(default_model: ResolvedModel, batch_reference, options) -> None:
+    prompts, expected = batch_reference
+    llm = make_llm(default_model, **options)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert token_lists(llm.generate(prompts, params)) == expected
+    stats = llm.engine.stats()
+    assert stats.num_used_pages == 0 and stats.num_running == 0 and stats.num_waiting == 0
+    if "num_pages" in options:
+        assert stats.num_preemptions > 0
+
+
+def test_prefix_cache_hits_give_the_same_tokens(llm: LLM, batch_reference) -> None:
+    prompts, expected = batch_reference
+    before = llm.engine.stats().prefix_hit_tokens
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    # The same prompts again: their full pages are cached from the earlier run.
+    assert token_lists(llm.generate(prompts[:8], params)) == expected[:8]
+    assert llm.engine.stats().prefix_hit_tokens > before
+
+
+def test_seeded_sampling_reproduces_across_batches(llm: LLM) -> None:
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    alone = llm.generate(PROMPTS[:1], seeded)[0].outputs[0].token_ids
+    mixed = llm.generate([PROMPTS[1], PROMPTS[0], PROMPTS[3]], [other, seeded, other])
+    reordered = llm.generate([PROMPTS[0], PROMPTS[2]], [seeded, other])
+    assert mixed[1].outputs[0].token_ids == alone
+    assert reordered[0].outputs[0].token_ids == alone
+
+
+def test_n_outputs_share_the_prompt_pages(llm: LLM) -> None:
+    prompt = mixed_prompts(llm, 32)[31]  # long enough to fill several pages
+    before = llm.engine.stats().prefix_hit_tokens
+    out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))[0]
+    assert sorted(o.index for o in out.outputs) == [0, 1, 2]
+    assert all(len(o.token_ids) >= 1 for o in out.outputs)
+    page_size = llm.engine.parts.kv_layout.spec.page_size
+    shared = (len(prompt) - 1) // page_size * page_size
+    assert llm.engine.stats().prefix_hit_tokens - before >= 2 * shared
+
+
+def test_stop_string_and_stop_token(llm: LLM) -> None:
+    full = llm.generate(PROMPTS[2:3], GREEDY)[0].outputs[0]
+    # a stop string that spans the boundary between two generated tokens
+    pieces = [llm.tokenizer.decode(full.token_ids[: i + 1]) for i in range(len(full.token_ids))]
+    cut = next(i for i in range(3, len(pieces)) if len(pieces[i]) - len(pieces[i - 1]) >= 2)
+    stop = pieces[cut][len(pieces[cut - 1]) - 1 : len(pieces[cut - 1]) + 1]
+    params = SamplingParams(temperature=0, max_tokens=64, stop=(stop,), ignore_eos=True)
+    out = llm.generate(PROMPTS[2:3], params)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert stop not in out.text and full.text.startswith(out.text)
+    assert full.text.find(stop) == len(out.text)
+
+    token = full.token_ids[5]
+    params = SamplingParams(temperature=0, max_tokens=64, stop_token_ids=(token,), ignore_eos=True)
+    out = llm.generate(PROMPTS[2:3], params)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == token
+    assert out.token_ids == full.token_ids[: full.token_ids.index(token) + 1]
+
+
+def test_logprobs_and_prompt_logprobs(llm: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=3, prompt_logprobs=2)
+    out = llm.generate(PROMPTS[:1], params)[0]
+    prompt_len = len(out.prompt_token_ids)
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == prompt_len
+    assert out.prompt_logprobs[0] is None
+    for token_id, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        assert entry is not None and entry.token_id == token_id and entry.logprob <= 0
+        assert len(entry.top) == 2
+    lps = out.outputs[0].logprobs
+    assert lps is not None and len(lps) == 4
+    for token_id, entry in zip(out.outputs[0].token_ids, lps):
+        assert entry.token_id == token_id and entry.rank == 1  # greedy picks the top token
+        assert entry.top[0][0] == token_id and len(entry.top) == 3
+
+
+def test_engine_fault_fails_the_step_and_frees_pages(llm: LLM, monkeypatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(llm.engine.model_runner, "execute", broken)
+    out = llm.generate(PROMPTS[:2], GREEDY)
+    assert all(o.error and "injected fault" in o.error for o in out)
+    assert all(o.outputs[0].finish_reason == "error" for o in out)
+    assert llm.engine.stats().num_used_pages == 0
+    monkeypatch.undo()
+    assert len(llm.generate(PROMPTS[:1], GREEDY)[0].outputs[0].token_ids) == 64
