@@ -61,7 +61,7 @@ class Sampler:
         raw_logprobs = None
         if batch.logprob_rows:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
-            raw_logprobs = torch.log_softmax(logits[rows], dim=-1)
+            raw_logprobs = torch.log_softmax(logits.index_select(0, rows), dim=-1)
         if batch.edits is not None:
             apply_edits(logits, batch.edits)
         tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)
@@ -107,7 +107,7 @@ def _sample_vocabulary(
         if sel.numel() == q.shape[0]:
             kernels.filter_below(q, floor)
         else:
-            q[sel] = kernels.filter_below(q[sel], floor)
+            q.index_copy_(0, sel, kernels.filter_below(q.index_select(0, sel), floor))
     tokens = torch.empty(q.shape[0], dtype=torch.long, device=q.device)
     with_p = top_p < 1.0
     if not bool(with_p.all()):
@@ -123,8 +123,10 @@ def _sample_vocabulary(
 
 
 def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x[rows], without the copy when rows (sorted, unique) is every row: x itself."""
-    return x if rows.numel() == x.shape[0] else x[rows]
+    """x[rows], without the copy when rows (sorted, unique) is every row: x itself.
+
+    index_select copies whole rows; x[rows] (aten::index) is ~10x slower on the CPU here."""
+    return x if rows.numel() == x.shape[0] else x.index_select(0, rows)
 
 
 class _UniformDraw:

@@ -404,3 +404,12 @@ def test_cuda_rows_match_their_controls_and_seeds() -> None:
     again = run()
     seeded = [i for i in range(len(tokens)) if params[i % 4].seed is not None]
     assert [again[i] for i in seeded] == [tokens[i] for i in seeded]
+
+
+def test_top_k_candidates_match_topk() -> None:
+    for vocab, k in ((V, 1), (V, 3), (4099, 20), (4099, 40), (100, 7)):
+        x = torch.randn(5, vocab)
+        x[0, -1] = 99.0  # in the partial last chunk
+        vals, idx = kernels.top_k_candidates(x, k)
+        want_vals, want_idx = x.topk(k, dim=-1)
+        assert torch.equal(vals, want_vals) and torch.equal(idx, want_idx), (vocab, k)

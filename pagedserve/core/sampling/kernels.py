@@ -21,6 +21,8 @@ BELOW_ONE = 1.0 - 2.0**-24
 """The float32 just below 1.0: `x > BELOW_ONE` is `x >= 1.0`, exactly."""
 UniformSource = Callable[[torch.Tensor], torch.Tensor]
 """Positions of rows -> float64 uniforms in [0, 1), one per row, each from that row's RNG."""
+TOP_K_CHUNK = 64
+"""Tokens per chunk when narrowing top-k candidates by chunk maxima."""
 MAX_NUCLEUS_ROUNDS = 32
 """Rejection rounds for top-p; each shrinks the rejected tail by a uniform factor on average."""
 
@@ -75,7 +77,7 @@ def sample_top_k(
 
     probs [n, v] (softmax after temperature); top_k [n] in [1, v]; top_p, min_p [n]; u [n].
     """
-    vals, idx = probs.topk(int(top_k.max()), dim=-1)  # sorted, most likely first
+    vals, idx = top_k_candidates(probs, int(top_k.max()))  # sorted, most likely first
     floor = min_p * vals[:, 0]
     keep = torch.arange(vals.shape[1], device=vals.device) < top_k[:, None]
     keep &= vals >= floor[:, None]
@@ -87,6 +89,27 @@ def sample_top_k(
     pos = (cum <= (u * cum[:, -1])[:, None]).sum(-1)
     pos = torch.minimum(pos, keep.sum(-1) - 1)  # keep is a prefix of the sorted columns
     return idx.gather(1, pos[:, None]).squeeze(1)
+
+
+def top_k_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k) (values, indices), searched only in the k chunks with the largest maxima.
+
+    Each of the k largest entries lies in one of those chunks: a chunk outside them has k
+    chunks whose maxima (k other entries) are at least its own maximum.
+    """
+    n, v = x.shape
+    num_chunks = -(-v // TOP_K_CHUNK)
+    if 2 * k >= num_chunks:  # no saving: most of the vocabulary would be gathered
+        return x.topk(k, dim=-1)
+    maxima = _chunk_reduce(x, "amax", TOP_K_CHUNK)
+    chunks = maxima.topk(k, dim=-1).indices
+    cols = (chunks[:, :, None] * TOP_K_CHUNK + torch.arange(TOP_K_CHUNK, device=x.device)).flatten(
+        1
+    )
+    valid = cols < v
+    candidates = x.gather(1, cols.clamp_(max=v - 1)).masked_fill_(~valid, float("-inf"))
+    vals, pos = candidates.topk(k, dim=-1)
+    return vals, cols.gather(1, pos)
 
 
 def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) -> torch.Tensor:
@@ -111,20 +134,21 @@ def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) ->
         sums = chunk_sums(above)
         accepted = sums.sum(-1) * value[:, 0].double() * scale < limit
         tokens[active[accepted]] = picked[accepted]
-        rejected = ~accepted
-        if not bool(rejected.any()):
+        rejected = (~accepted).nonzero()[:, 0]
+        if rejected.numel() == 0:
             return tokens
         scale = scale[rejected] * value[rejected, 0].double()
-        q, sums, limit, active = above[rejected], sums[rejected], limit[rejected], active[rejected]
+        q = above.index_select(0, rejected)  # whole-row copies, unlike above[rejected]
+        sums, limit, active = sums[rejected], limit[rejected], active[rejected]
     # Practically unreachable; the most likely remaining token is always in the nucleus.
     tokens[active] = argmax_rows(q)
     return tokens
 
 
-def _chunk_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
+def _chunk_reduce(x: torch.Tensor, op: str, size: int = CHUNK) -> torch.Tensor:
     n, v = x.shape
-    full = v // CHUNK * CHUNK
-    body = x[:, :full].unflatten(1, (full // CHUNK, CHUNK))
+    full = v // size * size
+    body = x[:, :full].unflatten(1, (full // size, size))
     parts = [_reduce(body, op)]
     if full < v:
         parts.append(_reduce(x[:, full:].unsqueeze(1), op))
