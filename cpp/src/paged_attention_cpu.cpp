@@ -75,6 +75,7 @@ inline void store_row(const float* src, Bf16* dst, std::int64_t n) {
 constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-512 register)
 constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at least one
 constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
+constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
 constexpr int kDotMaxRows = 8;    // below this many query vectors, a dot per key beats transposing
 
 struct WorkItem {
@@ -328,7 +329,15 @@ void run_attention(const AttentionArgs& a, int num_threads) {
     const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
     const std::int64_t max_m = std::max<std::int64_t>(1, kTargetRows / group) * group;
     const std::int64_t num_items = static_cast<std::int64_t>(items.size());
-#pragma omp parallel num_threads(num_threads)
+    // Waking a thread team costs microseconds (far more on a busy machine): small steps stay
+    // on the calling thread. Work counts (query vector, key) pairs.
+    std::int64_t work = 0;
+    for (const WorkItem& w : items) {
+        const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
+        work += w.rows * group * (a.seq_lens[w.req] - q_len + w.row0 + w.rows);
+    }
+    const int threads = work < kMinParallelWork ? 1 : std::min<std::int64_t>(num_threads, num_items);
+#pragma omp parallel num_threads(threads)
     {
         Scratch sc(max_m, a.cache.head_size, a.cache.page_size);
 #pragma omp for schedule(dynamic, 1)

@@ -7,6 +7,9 @@ dispatches by device. Fake implementations let torch.compile and opcheck trace t
     torch.ops.pagedserve.reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
     torch.ops.pagedserve.paged_attention(out, query, kv_cache, page_table, seq_lens,
                                          query_start_loc, max_query_len, max_seq_len, scale)
+
+Each op's body is also a plain function (`*_eager`) for eager callers: the same checks without
+the dispatcher's overhead.
 """
 
 from __future__ import annotations
@@ -26,52 +29,48 @@ _DTYPES = {
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _require(ok: bool, message: str) -> None:
+def _require(ok: bool, template: str, *args: object) -> None:
+    # The message is formatted only on failure: these checks run twice per layer and step.
     if not ok:
-        raise ValueError(message)
+        raise ValueError(template.format(*args))
 
 
 def _check_cache(kv_cache: torch.Tensor) -> None:
-    _require(
-        kv_cache.dim() == 5 and kv_cache.shape[0] == 2,
-        f"kv_cache must be [2, num_pages, num_kv_heads, page_size, head_size], got "
-        f"{tuple(kv_cache.shape)}",
-    )
+    shape = kv_cache.shape
+    _require(len(shape) == 5 and shape[0] == 2,
+             "kv_cache must be [2, num_pages, num_kv_heads, page_size, head_size], got {}",
+             tuple(shape))  # fmt: skip
     _require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
-    allowed = _CPU_DTYPES if kv_cache.device.type == "cpu" else tuple(_DTYPES)
-    _require(
-        kv_cache.device.type in ("cpu", "cuda"),
-        f"kv_cache must be on cpu or cuda, got {kv_cache.device}",
-    )
-    _require(
-        kv_cache.dtype in allowed,
-        f"kv_cache dtype {kv_cache.dtype} is not supported on {kv_cache.device.type} "
-        f"(supported: {', '.join(str(d) for d in allowed)})",
-    )
+    device = kv_cache.device.type
+    _require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
+    allowed = _CPU_DTYPES if device == "cpu" else tuple(_DTYPES)
+    _require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
+             kv_cache.dtype, device, allowed)  # fmt: skip
 
 
 def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
     """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
-    _require(t.dim() == 3, f"{name} must be [num_tokens, heads, head_size], got {tuple(t.shape)}")
-    _require(
-        t.dtype == kv_cache.dtype, f"{name} dtype {t.dtype} must match kv_cache {kv_cache.dtype}"
-    )
-    _require(t.device == kv_cache.device, f"{name} is on {t.device}, kv_cache on {kv_cache.device}")
-    _require(t.shape[2] == kv_cache.shape[4], f"{name} head_size {t.shape[2]} != kv_cache's")
-    _require(t.stride(2) == 1 or t.shape[2] == 1, f"{name} must be contiguous in its last dim")
+    shape = t.shape
+    _require(len(shape) == 3, "{} must be [num_tokens, heads, head_size], got {}", name,
+             tuple(shape))  # fmt: skip
+    _require(t.dtype == kv_cache.dtype, "{} dtype {} must match kv_cache {}", name, t.dtype,
+             kv_cache.dtype)  # fmt: skip
+    _require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
+             kv_cache.device)  # fmt: skip
+    _require(shape[2] == kv_cache.shape[4], "{} head_size {} != kv_cache's", name, shape[2])
+    _require(t.stride(2) == 1 or shape[2] == 1, "{} must be contiguous in its last dim", name)
     if heads is not None:
-        _require(t.shape[1] == heads, f"{name} has {t.shape[1]} heads, kv_cache has {heads}")
+        _require(shape[1] == heads, "{} has {} heads, kv_cache has {}", name, shape[1], heads)
 
 
 def _check_index(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> None:
-    _require(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    _require(tuple(t.shape) == shape, f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    _require(t.device == device, f"{name} is on {t.device}, kv_cache on {device}")
-    _require(t.stride(-1) == 1 or t.shape[-1] <= 1, f"{name} must be contiguous in its last dim")
-    if t.dim() == 1:
-        _require(t.is_contiguous(), f"{name} must be contiguous")
+    _require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
+    _require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
+    _require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)
+    _require(t.stride(-1) == 1 or t.shape[-1] <= 1, "{} must be contiguous in its last dim", name)
+    _require(t.dim() != 1 or t.is_contiguous(), "{} must be contiguous", name)
 
 
 def _check_write(
@@ -97,21 +96,21 @@ def _check_attention(
 ) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
-    num_kv_heads = kv_cache.shape[2]
-    _require(
-        query.shape[1] % num_kv_heads == 0,
-        f"query heads ({query.shape[1]}) must be a multiple of kv_cache heads ({num_kv_heads})",
-    )
+    num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
+    _require(num_heads % num_kv_heads == 0,
+             "query heads ({}) must be a multiple of kv_cache heads ({})", num_heads,
+             num_kv_heads)  # fmt: skip
     _check_rows("out", out, kv_cache, None)
-    _require(out.shape == query.shape, f"out shape {tuple(out.shape)} != query's")
-    _require(page_table.dim() == 2, f"page_table must be 2-D, got {tuple(page_table.shape)}")
+    _require(out.shape == query.shape, "out shape {} != query's", tuple(out.shape))
+    _require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
     num_reqs = page_table.shape[0]
-    _check_index("page_table", page_table, torch.int32, tuple(page_table.shape), kv_cache.device)
-    _check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), kv_cache.device)
-    _check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), kv_cache.device)
-    _require(max_query_len >= 0, f"max_query_len must be >= 0, got {max_query_len}")
+    device = kv_cache.device
+    _check_index("page_table", page_table, torch.int32, page_table.shape, device)
+    _check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), device)
+    _check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), device)
+    _require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
     _require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
-    _require(math.isfinite(scale), f"scale must be finite, got {scale}")
+    _require(math.isfinite(scale), "scale must be finite, got {}", scale)
 
 
 def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:
@@ -138,13 +137,14 @@ def _cuda_module():  # noqa: ANN202 - a compiled module
     return native.cuda
 
 
-@torch.library.custom_op("pagedserve::reshape_and_cache", mutates_args=("kv_cache",))
-def reshape_and_cache(
+def reshape_and_cache_eager(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
     kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
+    """The op's body, called straight: it skips the dispatcher (~100 us per call on CPU), so
+    eager code uses it; traced code (torch.compile) must call the op."""
     _check_write(key, value, kv_cache, slot_mapping)
     args = _core.CacheWriteArgs()
     args.key, args.value = _token_tensor(key), _token_tensor(value)
@@ -157,6 +157,13 @@ def reshape_and_cache(
             _cuda_module().reshape_and_cache(args, _stream(kv_cache))
     else:
         _core.reshape_and_cache(args, torch.get_num_threads())
+
+
+@torch.library.custom_op("pagedserve::reshape_and_cache", mutates_args=("kv_cache",))
+def reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    reshape_and_cache_eager(key, value, kv_cache, slot_mapping)
 
 
 @reshape_and_cache.register_fake
@@ -206,8 +213,7 @@ def _cuda_attention(args: _core.AttentionArgs, query: torch.Tensor) -> None:
     cuda.paged_attention(args, workspace_ptr, splits, _stream(query))
 
 
-@torch.library.custom_op("pagedserve::paged_attention", mutates_args=("out",))
-def paged_attention(
+def paged_attention_eager(
     out: torch.Tensor,  # [num_tokens, num_heads, head_size]
     query: torch.Tensor,  # [num_tokens, num_heads, head_size]
     kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
@@ -218,17 +224,9 @@ def paged_attention(
     max_seq_len: int,
     scale: float,
 ) -> None:
-    params = (
-        out,
-        query,
-        kv_cache,
-        page_table,
-        seq_lens,
-        query_start_loc,
-        max_query_len,
-        max_seq_len,
-        scale,
-    )
+    """The op's body, called straight (see reshape_and_cache_eager)."""
+    params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
+              max_seq_len, scale)  # fmt: skip
     _check_attention(*params)
     args = _attention_args(*params)
     if kv_cache.is_cuda:
@@ -236,6 +234,22 @@ def paged_attention(
             _cuda_attention(args, query)
     else:
         _core.paged_attention(args, torch.get_num_threads())
+
+
+@torch.library.custom_op("pagedserve::paged_attention", mutates_args=("out",))
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+) -> None:
+    paged_attention_eager(out, query, kv_cache, page_table, seq_lens, query_start_loc,
+                          max_query_len, max_seq_len, scale)  # fmt: skip
 
 
 @paged_attention.register_fake
@@ -250,14 +264,5 @@ def _(
     max_seq_len: int,
     scale: float,
 ) -> None:
-    _check_attention(
-        out,
-        query,
-        kv_cache,
-        page_table,
-        seq_lens,
-        query_start_loc,
-        max_query_len,
-        max_seq_len,
-        scale,
-    )
+    _check_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc,
+                     max_query_len, max_seq_len, scale)  # fmt: skip
