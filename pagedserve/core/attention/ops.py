@@ -159,18 +159,11 @@ def reshape_and_cache_eager(
         _core.reshape_and_cache(args, torch.get_num_threads())
 
 
-@torch.library.custom_op("pagedserve::reshape_and_cache", mutates_args=("kv_cache",))
-def reshape_and_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    reshape_and_cache_eager(key, value, kv_cache, slot_mapping)
-
-
-@reshape_and_cache.register_fake
-def _(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    _check_write(key, value, kv_cache, slot_mapping)
+# The registered op runs the same body; the fake (meta) version only checks the arguments.
+reshape_and_cache = torch.library.custom_op(
+    "pagedserve::reshape_and_cache", reshape_and_cache_eager, mutates_args=("kv_cache",)
+)
+reshape_and_cache.register_fake(_check_write)
 
 
 def _attention_args(
@@ -236,33 +229,7 @@ def paged_attention_eager(
         _core.paged_attention(args, torch.get_num_threads())
 
 
-@torch.library.custom_op("pagedserve::paged_attention", mutates_args=("out",))
-def paged_attention(
-    out: torch.Tensor,
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-) -> None:
-    paged_attention_eager(out, query, kv_cache, page_table, seq_lens, query_start_loc,
-                          max_query_len, max_seq_len, scale)  # fmt: skip
-
-
-@paged_attention.register_fake
-def _(
-    out: torch.Tensor,
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-) -> None:
-    _check_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc,
-                     max_query_len, max_seq_len, scale)  # fmt: skip
+paged_attention = torch.library.custom_op(
+    "pagedserve::paged_attention", paged_attention_eager, mutates_args=("out",)
+)
+paged_attention.register_fake(_check_attention)
