@@ -81,3 +81,18 @@ def test_bad_cache_write_inputs_raise_value_error() -> None:
         ops.reshape_and_cache(b.key, b.value, b.kv_cache, b.meta.slot_mapping + 10_000)
     with pytest.raises(ValueError, match="value has 1 heads"):
         ops.reshape_and_cache(b.key, b.value[:, :1], b.kv_cache, b.meta.slot_mapping)
+
+
+def test_native_backend_traces_under_torch_compile() -> None:
+    b = make_batch([4, 1], [9, 30], group=2)
+    want_cache = b.kv_cache.clone()
+    backend = get_attention_backend("native")
+    want = backend.forward(b.query, b.key, b.value, want_cache, b.meta, b.scale)
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor):
+        return backend.forward(q, k, v, cache, b.meta, b.scale) * 2
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)  # graph breaks would raise
+    got = compiled(b.query, b.key, b.value, b.kv_cache)
+    assert torch.equal(b.kv_cache, want_cache)
+    torch.testing.assert_close(got, want * 2)
