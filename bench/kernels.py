@@ -1,6 +1,6 @@
 """Paged-attention kernel benchmark: native ops vs the torch reference, side by side, one run.
 
-    python bench/kernels.py                      # CPU: decode 32 x 1024, prefill 4 x 512
+    python bench/kernels.py [--threads 1]        # CPU: decode 32 x 1024, prefill 4 x 512
     python bench/kernels.py --device cuda        # + decode 64 x 4096 bandwidth vs the device peak
 
 Prints one JSON object: per case the median milliseconds of each implementation, native's
@@ -116,10 +116,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--peak-gb-per-s", type=float, default=4800.0,
                         help="device memory bandwidth for the decode efficiency figure (H200)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     rows = []
     for model in MODELS:
         for dtype_name in args.dtypes.split(","):

@@ -129,7 +129,8 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
     for (std::int64_t r = 0; r < a.num_reqs; ++r) {
         const std::int64_t q_len = a.query_start_loc[r + 1] - a.query_start_loc[r];
         // Later query blocks see more keys: list them first so dynamic scheduling balances.
-        for (std::int64_t row0 = (q_len - 1) / block * block; row0 >= 0; row0 -= block) {
+        for (std::int64_t row0 = q_len > 0 ? (q_len - 1) / block * block : -1; row0 >= 0;
+             row0 -= block) {
             for (std::int64_t g = 0; g < a.cache.num_kv_heads; ++g) {
                 items.push_back({r, g, row0, std::min(block, q_len - row0)});
             }

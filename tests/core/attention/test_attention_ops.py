@@ -10,9 +10,9 @@ from attention_batches import devices, make_batch
 
 from pagedserve.core.attention import ops, reference
 
-# A mixed batch: a one-token prompt, decodes at and across page boundaries, a prefill chunk
-# that starts mid-page and spans pages, and a fresh prompt.
-MIXED = ([1, 1, 1, 19, 33], [1, 17, 64, 70, 33])
+# A mixed batch: a one-token prompt, a request with no query this step, decodes at and across
+# page boundaries, a prefill chunk that starts mid-page and spans pages, and a fresh prompt.
+MIXED = ([1, 0, 1, 1, 19, 33], [1, 8, 17, 64, 70, 33])
 DECODE = ([1, 1, 1], [5, 100, 257])
 GRID = list(itertools.product((8, 16, 32), (64, 128), (1, 3, 4)))
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
