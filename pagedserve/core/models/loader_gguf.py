@@ -6,7 +6,6 @@ yielded, so at most one dequantized tensor beyond the model's own weights is ali
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.gguf_reader import gguf_reader
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset(
@@ -150,13 +150,6 @@ def iter_gguf_weights(reader: GGUFReader, arch: ArchConfig) -> Iterator[tuple[st
         yield name, weight
 
 
-@functools.lru_cache(maxsize=4)
-def gguf_reader(path: Path) -> GGUFReader:
-    """A read-only, memory-mapped reader, shared: parsing the metadata of a 49k-token
-    vocabulary takes seconds, so the model and tokenizer loaders should parse it once."""
-    return GGUFReader(path, "r")
-
-
 def open_gguf(path: Path) -> tuple[ArchConfig, GGUFReader]:
-    reader = gguf_reader(Path(path).resolve())
+    reader = gguf_reader(path)
     return arch_from_gguf(reader), reader

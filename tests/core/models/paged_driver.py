@@ -31,7 +31,9 @@ class PagedBatch:
         self.model, self.page_size = model, page_size
         pages_per_req = -(-max_len // page_size)
         pages = torch.arange(num_reqs * pages_per_req).view(pages_per_req, num_reqs).T
-        self.page_table = pages.flip(1).contiguous().int()  # [num_reqs, pages_per_req]
+        # Rebuilt from a list: a [1, n] view can carry stride(0) == 1, which kernels reading
+        # stride(0) as the row pitch would misread.
+        self.page_table = torch.tensor(pages.flip(1).tolist(), dtype=torch.int32)
         self.kv_caches = kv_caches_for(arch, num_reqs * pages_per_req, page_size, dtype)
         self.seq_lens = [0] * num_reqs
 

@@ -20,8 +20,19 @@ TEXT_PROMPT = [504, 273, 2450, 659, 70, 13842, 7821, 8889, 284, 2396, 281, 6450,
                588, 338]  # fmt: skip
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Batch-1 decode is dozens of tiny ops per layer; on a shared 2-core machine every
+    multithreaded tiny op can wait milliseconds at its barrier, so one thread is both faster
+    and steadier here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
-def models(default_model: ResolvedModel):
+def models(default_model: ResolvedModel, one_thread):
     from transformers import AutoModelForCausalLM
 
     ours, arch = load_model(
