@@ -1,0 +1,103 @@
+"""bench/serving.py against a live pagedserve: a few requests, and the JSON it prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.openai_compat.conftest import API_KEY, Server, start_server, stop_server
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serving.py"
+PERCENTILE_FIELDS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
+
+
+def load_serving() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    flags = ["--api-key", API_KEY, "--max-model-len", "256", "--num-pages", "64",
+             "--max-num-seqs", "8"]  # fmt: skip
+    srv = start_server(tmp_path_factory.mktemp("bench_server"), *flags)
+    yield srv
+    assert stop_server(srv) == 0, srv.log()
+
+
+def run_bench(server: Server, *args: str) -> dict:
+    cmd = [sys.executable, str(SCRIPT), "--base-url", server.base_url + "/v1",
+           "--api-key", API_KEY, "--server-kind", "pagedserve",
+           "--pid", str(server.process.pid), *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def check_percentiles(report: dict) -> None:
+    for name in PERCENTILE_FIELDS:
+        stats = report[name]
+        assert set(stats) == {"p50", "p90", "p99", "mean"}, name
+        assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"], (name, stats)
+    assert report["ttft_s"]["p50"] <= report["e2e_s"]["p50"]
+
+
+def test_fixed_concurrency_completions(server: Server) -> None:
+    report = run_bench(server, "--concurrency", "2", "--num-requests", "4",
+                       "--prompt-tokens", "40", "--output-tokens", "8")  # fmt: skip
+    assert (report["completed"], report["failed"], report["not_finished"]) == (4, 0, 0)
+    assert report["errors"] == []
+    assert report["model"] == server.model
+    # ignore_eos + min_tokens pin every output at exactly 8 tokens.
+    assert report["output_tokens_total"] == 32
+    # Calibrated against the server's own usage.prompt_tokens.
+    assert abs(report["prompt_tokens"]["p50"] - 40) <= 2, report["prompt_tokens"]
+    check_percentiles(report)
+    assert report["output_tok_per_s"] > 0 and report["requests_per_s"] > 0
+    memory = report["server_memory"]
+    assert memory["pid"] == server.process.pid
+    assert 0 < memory["peak_rss_mib"] <= memory["vm_hwm_mib"]
+
+
+def test_poisson_chat_shared_prefix(server: Server) -> None:
+    report = run_bench(server, "--endpoint", "chat", "--request-rate", "20",
+                       "--concurrency", "0", "--num-requests", "3", "--shared-prefix",
+                       "--prompt-tokens", "48", "--output-tokens", "4")  # fmt: skip
+    assert (report["completed"], report["failed"]) == (3, 0)
+    assert report["endpoint"] == "chat" and report["request_rate"] == 20
+    assert report["output_tokens_per_request"]["p50"] == 4
+    # One shared prompt: every request reports the same length.
+    assert report["prompt_tokens"]["p50"] == report["prompt_tokens"]["p99"]
+    check_percentiles(report)
+
+
+def test_refuses_non_loopback_and_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    serving = load_serving()
+    assert serving.main(["--base-url", "http://192.0.2.1:8000/v1"]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    assert serving.main(["--num-requests", "0"]) == 2
+    assert "--num-requests" in capsys.readouterr().err
+
+
+def test_frame_parsing_and_percentiles() -> None:
+    serving = load_serving()
+    assert serving.parse_frame("data: [DONE]") is None
+    assert serving.parse_frame(": keep-alive") is None
+    chat = serving.parse_frame('data: {"choices": [{"delta": {"content": "hi"}}]}')
+    assert serving.frame_text(chat) == "hi"
+    assert serving.frame_text({"choices": [{"text": "yo"}]}) == "yo"
+    assert serving.frame_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    stats = serving.percentiles([float(v) for v in range(1, 101)])
+    assert stats == {"p50": 50.5, "p90": 90.1, "p99": 99.01, "mean": 50.5}
+    assert serving.percentiles([]) is None
