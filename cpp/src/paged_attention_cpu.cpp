@@ -76,6 +76,7 @@ constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-51
 constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at least one
 constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
 constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
+constexpr int kGroupRows = 4;     // query vectors scored together (shared key loads)
 constexpr int kDotMaxRows = 8;    // below this many query vectors, a dot per key beats transposing
 
 struct WorkItem {
@@ -93,7 +94,7 @@ struct Scratch {
         : pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
           acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width),
-          v(block_keys * d), s(width), k_pages(pages_per_block), v_pages(pages_per_block) {}
+          v(block_keys * d), s(kGroupRows * width), k_pages(pages_per_block), v_pages(pages_per_block) {}
 };
 
 void check(bool ok, const std::string& message) {
@@ -139,7 +140,7 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
     return items;
 }
 
-// Scores of query vector q against keys [0, n) of a tile.
+// Scores of query vector q against keys [0, n) stored as rows (k: [n][head_size]).
 template <int kD>
 void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_rt, float* s) {
     const std::int64_t d_len = kD ? kD : d_rt;
@@ -151,37 +152,32 @@ void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_r
     }
 }
 
-// Same scores from the transposed tile k_t [head_size][width], 16 keys per register.
-template <int kD>
+// Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
+// 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
+// hide the FMA latency and share each loaded k_t row.
+template <int kD, int kR>
 void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::int64_t width,
                        std::int64_t d_rt, float* s) {
     const std::int64_t d_len = kD ? kD : d_rt;
     for (std::int64_t c = 0; c < n; c += kChunk) {
-        // Four partial sums break the FMA latency chain along head_size.
-        float part[4][kChunk] = {};
-        std::int64_t d = 0;
-        for (; d + 4 <= d_len; d += 4) {
-            for (int u = 0; u < 4; ++u) {
-                const float qd = q[d + u];
-                const float* row = k_t + (d + u) * width + c;
+        float part[kR][kChunk] = {};
+        for (std::int64_t d = 0; d < d_len; ++d) {
+            const float* row = k_t + d * width + c;
+            for (int r = 0; r < kR; ++r) {
+                const float qd = q[r * d_len + d];
 #pragma omp simd
-                for (int j = 0; j < kChunk; ++j) part[u][j] += qd * row[j];
+                for (int j = 0; j < kChunk; ++j) part[r][j] += qd * row[j];
             }
         }
-        for (; d < d_len; ++d) {
-            const float* row = k_t + d * width + c;
-            for (int j = 0; j < kChunk; ++j) part[0][j] += q[d] * row[j];
-        }
-#pragma omp simd
-        for (int j = 0; j < kChunk; ++j) s[c + j] = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+        for (int r = 0; r < kR; ++r) std::memcpy(s + r * width + c, part[r], sizeof(part[r]));
     }
 }
 
-// Folds scores s[0, valid) of one query vector into its running max, sum and acc; key j's
-// value row is v_pages[j / page_size][j % page_size].
+// Turns scores s[0, valid) of one query vector into weights against its running max (and
+// zeroes s[valid, n), keys in the row's future), updates its running sum, rescales its acc.
 template <int kD>
-void online_softmax_update(float* s, std::int64_t valid, const Scratch& sc, std::int64_t page_size,
-                           std::int64_t d_rt, float& row_max, float& row_sum, float* acc) {
+void softmax_step(float* s, std::int64_t valid, std::int64_t n, std::int64_t d_rt,
+                  float& row_max, float& row_sum, float* acc) {
     const std::int64_t d_len = kD ? kD : d_rt;
     float tile_max = s[0];
 #pragma omp simd reduction(max : tile_max)
@@ -196,24 +192,42 @@ void online_softmax_update(float* s, std::int64_t valid, const Scratch& sc, std:
         s[j] = exp_nonpositive(s[j] - new_max);
         tile_sum += s[j];
     }
+    std::fill(s + valid, s + n, 0.0f);
     row_sum = row_sum * alpha + tile_sum;
     row_max = new_max;
-    float a[kD ? kD : 1];
-    float* out = kD ? a : acc;  // a register-sized copy when head_size is known
+    if (alpha != 1.0f) {
 #pragma omp simd
-    for (std::int64_t d = 0; d < d_len; ++d) out[d] = acc[d] * alpha;
-    for (std::int64_t p = 0; p * page_size < valid; ++p) {
-        const std::int64_t n = std::min(page_size, valid - p * page_size);
-        const float* pv = sc.v_pages[p];
-        const float* ps = s + p * page_size;
-        for (std::int64_t j = 0; j < n; ++j) {
-            const float pj = ps[j];
-            const float* vr = pv + j * d_len;
+        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= alpha;
+    }
+}
+
+// acc rows += weights . V over keys [0, n) for kR query vectors (rows of s, stride s_stride;
+// rows of acc): each loaded value row feeds kR accumulators held in registers.
+template <int kD, int kR>
+void accumulate_values(const float* s, std::int64_t s_stride, std::int64_t n, const Scratch& sc,
+                       std::int64_t page_size, std::int64_t d_rt, float* acc) {
+    const std::int64_t d_len = kD ? kD : d_rt;
+    float a[kR][kD ? kD : 1];
+    float* rows[kR];
+    for (int r = 0; r < kR; ++r) {
+        rows[r] = kD ? a[r] : acc + r * d_len;
+        if (kD) std::memcpy(a[r], acc + r * d_len, sizeof(float) * d_len);
+    }
+    for (std::int64_t key0 = 0, p = 0; key0 < n; key0 += page_size, ++p) {
+        const std::int64_t page_keys = std::min(page_size, n - key0);
+        for (std::int64_t j = 0; j < page_keys; ++j) {
+            const float* vr = sc.v_pages[p] + j * d_len;
+            for (int r = 0; r < kR; ++r) {
+                const float pj = s[r * s_stride + key0 + j];
+                float* out = kD ? a[r] : rows[r];
 #pragma omp simd
-            for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+                for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+            }
         }
     }
-    if (kD) std::memcpy(acc, a, sizeof(float) * d_len);
+    if (kD) {
+        for (int r = 0; r < kR; ++r) std::memcpy(acc + r * d_len, a[r], sizeof(float) * d_len);
+    }
 }
 
 template <typename T>
@@ -284,6 +298,44 @@ void load_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     }
 }
 
+// Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
+template <int kD, int kR>
+void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
+                 std::int64_t n, std::int64_t first_pos, bool transpose) {
+    const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
+    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
+    std::int64_t valid[kR], n_max = 0;
+    for (int r = 0; r < kR; ++r) {  // each vector's causal horizon inside this block
+        valid[r] = std::min(n, first_pos + (m + r) / group - key0 + 1);
+        n_max = std::max(n_max, valid[r]);
+    }
+    if (n_max <= 0) return;  // the block lies wholly in these rows' future
+    float* s = sc.s.data();
+    const float* q = sc.q.data() + m * d_len;
+    if (transpose) {
+        scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
+    } else {
+        for (int r = 0; r < kR; ++r)
+            for (std::int64_t p = 0; p * ps < n_max; ++p)
+                scores_dot<kD>(q + r * d_len, sc.k_pages[p], std::min(ps, n_max - p * ps), d_len,
+                               s + r * sc.width + p * ps);
+    }
+    for (int r = 0; r < kR; ++r) {
+        float* sr = s + r * sc.width;
+        if (valid[r] <= 0) {
+            std::fill(sr, sr + n_max, 0.0f);
+        } else {
+            softmax_step<kD>(sr, valid[r], n_max, d_len, sc.row_max[m + r], sc.row_sum[m + r],
+                             sc.acc.data() + (m + r) * d_len);
+        }
+    }
+    // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.
+    constexpr int kPv = std::min(kR, kD == 0 ? 1 : (kD <= 64 ? 4 : 2));
+    for (int r = 0; r < kR; r += kPv)
+        accumulate_values<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps, d_len,
+                                   sc.acc.data() + (m + r) * d_len);
+}
+
 template <typename T, int kD>
 void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const KvCacheView& c = a.cache;
@@ -297,21 +349,12 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
     for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
         const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, transpose, sc);
-        for (std::int64_t m = 0; m < m_len; ++m) {
-            const std::int64_t valid = std::min(n, first_pos + m / group - key0 + 1);
-            if (valid <= 0) continue;  // this block lies wholly in the row's future
-            const float* q = sc.q.data() + m * d_len;
-            if (transpose) {
-                scores_transposed<kD>(q, sc.k_t.data(), valid, sc.width, d_len, sc.s.data());
-            } else {
-                for (std::int64_t p = 0; p * c.page_size < valid; ++p) {
-                    scores_dot<kD>(q, sc.k_pages[p], std::min(c.page_size, valid - p * c.page_size),
-                                   d_len, sc.s.data() + p * c.page_size);
-                }
-            }
-            online_softmax_update<kD>(sc.s.data(), valid, sc, c.page_size, d_len, sc.row_max[m],
-                                      sc.row_sum[m], sc.acc.data() + m * d_len);
+        std::int64_t m = 0;
+        if (transpose) {
+            for (; m + kGroupRows <= m_len; m += kGroupRows)
+                attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos, transpose);
         }
+        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos, transpose);
     }
     T* out = static_cast<T*>(a.out);
     for (std::int64_t m = 0; m < m_len; ++m) {
