@@ -2,7 +2,7 @@
 # One GPU check, for a lent NVIDIA machine with the repo copied and $OUT set: build pagedserve
 # with its CUDA kernels (editable, against the CUDA torch already installed there; nothing is
 # downloaded), run the CUDA tests, then the kernel benchmark (incl. decode bandwidth for
-# 64 requests x 4k context vs the device peak). Everything lands under $OUT; about 5 minutes.
+# 64 requests x 4k context vs the device peak). Everything lands under $OUT; each step has a time limit, under 10 minutes together.
 #     OUT=/some/folder bench/gpu_check.sh [cuda arch, default 90]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,16 +28,16 @@ step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs to $OUT/N
     >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
-step build 300 python3 -m pip install --no-build-isolation --no-deps -q \
+step build 270 python3 -m pip install --no-build-isolation --no-deps -q \
     -Cbuild-dir=build/gpu -Ccmake.define.PAGEDSERVE_CUDA=ON \
     -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" -e . || exit 1
 
 # --noconftest: the suite's conftest imports modules whose dependencies the GPU image may lack;
 # the attention tests need none of it.
-step pytest_cuda 180 python3 -m pytest -q -m cuda --noconftest -p no:cacheprovider \
+step pytest_cuda 150 python3 -m pytest -q -m cuda --noconftest -p no:cacheprovider \
     --junitxml="$OUT/pytest_cuda.xml" tests/core/attention
 
-step bench_kernels 240 python3 bench/kernels.py --device cuda --repeats 20 \
+step bench_kernels 150 python3 bench/kernels.py --device cuda --repeats 20 \
     --dtypes float32,bfloat16,float16
 grep -v '^ ' "$OUT/bench_kernels.log" | grep '^{' >"$OUT/kernels_cuda.jsonl" || true
 exit $status
