@@ -2,7 +2,8 @@
 # One GPU check, for a lent NVIDIA machine with the repo copied and $OUT set: build pagedserve
 # with its CUDA kernels (editable, against the CUDA torch already installed there; nothing is
 # downloaded), run the CUDA tests, then the kernel benchmark (incl. decode bandwidth for
-# 64 requests x 4k context vs the device peak). Everything lands under $OUT; each step has a time limit, under 10 minutes together.
+# 64 requests x 4k context vs the device peak). Everything lands under $OUT; the steps' time
+# limits add up to under 10 minutes.
 #     OUT=/some/folder bench/gpu_check.sh [cuda arch, default 90]
 set -uo pipefail
 cd "$(dirname "$0")/.."
