@@ -1,8 +1,9 @@
 """Tiny random Llama-family models written to a folder, for tests anywhere in the suite.
 
 - write_hf_model: an HF folder (config.json + model.safetensors) via transformers.
-- write_gguf_llama: the same kind of model as a GGUF file (F32 or Q8_0), with Q/K rows permuted
-  the way llama.cpp's converter does and a small gpt2-style BPE vocabulary trained on the fly.
+- write_gguf_model / write_gguf_llama: the same kind of model as a GGUF file (F32 or Q8_0), Llama
+  Q/K rows permuted the way llama.cpp's converter does, with the tiny ChatML BPE vocabulary of
+  tests/tiny_tokenizers.py and its chat template.
 Tokenizer files for the HF folder are not written here.
 """
 
@@ -14,7 +15,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
+
+from tests.tiny_tokenizers import BPE_SPECIAL_TOKENS, CHATML_TEMPLATE, train_tiny_bpe
 
 TINY_SHAPE = dict(
     hidden_size=64,
@@ -25,26 +28,6 @@ TINY_SHAPE = dict(
     max_position_embeddings=256,
     rms_norm_eps=1e-5,
 )
-_CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "pack my box with five dozen liquor jugs",
-    "hello world, this is a tiny model for tests",
-    "sphinx of black quartz, judge my vow 0123456789",
-] * 8
-
-
-def train_bpe(vocab_size: int = 300) -> Tokenizer:
-    """A byte-level BPE (gpt2 style) with <s> = 0, </s> = 1."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
-    return tokenizer
 
 
 def randomize_(model: torch.nn.Module, seed: int, std: float = 0.08) -> None:
@@ -56,7 +39,7 @@ def randomize_(model: torch.nn.Module, seed: int, std: float = 0.08) -> None:
             p.copy_(1.0 + noise if "norm" in name else noise)
 
 
-def make_hf_model(architecture: str = "llama", *, seed: int = 0, vocab_size: int = 300, **config):
+def make_hf_model(architecture: str = "llama", *, seed: int = 0, vocab_size: int = 400, **config):
     """A random transformers model (fp32, eval mode): "llama" or "qwen2"."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -121,32 +104,38 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg, tokenizer: Tokenizer) -> None:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([tok for tok, _ in vocab])
-    writer.add_token_types([3 if tok in ("<s>", "</s>") else 1 for tok, _ in vocab])
+    specials = set(BPE_SPECIAL_TOKENS)
+    writer.add_token_types([3 if tok in specials else 1 for tok, _ in vocab])
     merges = json.loads(tokenizer.to_str())["model"]["merges"]  # [[left, right], ...]
     writer.add_token_merges([" ".join(m) for m in merges])
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
+    writer.add_bos_token_id(1)  # <|im_start|>
+    writer.add_eos_token_id(2)  # <|im_end|>
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
 
 
-def write_gguf_llama(path: Path, *, qtype: str = "F32", seed: int = 0, tie: bool = False):
-    """A tiny random Llama as a GGUF file (qtype "F32" or "Q8_0" for 2-D weights).
+def write_gguf_model(
+    path: Path, architecture: str = "llama", *, qtype: str = "F32", seed: int = 0, tie: bool = False
+):
+    """A tiny random "llama" or "qwen2" as a GGUF file (qtype "F32" or "Q8_0" for 2-D weights).
 
     Returns the transformers model the file was made from (its weights before quantization)."""
-    tokenizer = train_bpe()
+    tokenizer = train_tiny_bpe()
     model = make_hf_model(
-        "llama", seed=seed, vocab_size=tokenizer.get_vocab_size(), tie_word_embeddings=tie
+        architecture, seed=seed, vocab_size=tokenizer.get_vocab_size(), tie_word_embeddings=tie
     )
     cfg = model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     _add_metadata(writer, cfg, tokenizer)
     quant = gguf.GGMLQuantizationType[qtype]
+    permuted = architecture == "llama"  # llama.cpp's converter permutes Llama Q/K only
     for name, tensor in model.state_dict().items():
         if tie and name == "lm_head.weight":
             continue
         data = tensor.float().numpy()
-        if name.endswith("q_proj.weight"):
+        if permuted and ".q_proj." in name:
             data = permute_rotary(data, cfg.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and ".k_proj." in name:
             data = permute_rotary(data, cfg.num_key_value_heads)
         if data.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(_gguf_name(name), gguf.quants.quantize(data, quant), raw_dtype=quant)
@@ -157,3 +146,8 @@ def write_gguf_llama(path: Path, *, qtype: str = "F32", seed: int = 0, tie: bool
     writer.write_tensors_to_file()
     writer.close()
     return model
+
+
+def write_gguf_llama(path: Path, *, qtype: str = "F32", seed: int = 0, tie: bool = False):
+    """write_gguf_model for a Llama (Q/K permuted as llama.cpp stores them)."""
+    return write_gguf_model(path, "llama", qtype=qtype, seed=seed, tie=tie)

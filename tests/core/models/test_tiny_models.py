@@ -11,7 +11,7 @@ from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from tests.core.models.paged_driver import PagedBatch
-from tests.tiny_models import write_gguf_llama, write_hf_model
+from tests.tiny_models import write_gguf_llama, write_gguf_model, write_hf_model
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 64, 128, 5, 77, 31]
 LLAMA3_SCALING = {
@@ -91,6 +91,15 @@ def test_gguf_matches_transformers(tmp_path: Path, qtype: str, tie: bool) -> Non
     resolved = resolve_model(str(path))
     model, arch = load(resolved)
     assert arch.tie_word_embeddings == tie
+    assert_matches_transformers(resolved)
+
+
+def test_qwen2_gguf_with_bias_matches_transformers(tmp_path: Path) -> None:
+    path = tmp_path / "qwen2.gguf"
+    write_gguf_model(path, "qwen2", qtype="Q8_0", seed=7)
+    resolved = resolve_model(str(path))
+    _, arch = load(resolved)
+    assert (arch.architecture, arch.attention_bias) == ("qwen2", True)
     assert_matches_transformers(resolved)
 
 
