@@ -65,6 +65,7 @@ class Options:
     prompt_tokens: int
     output_tokens: int
     prompts_jsonl: str
+    dump_prompts: str
     shared_prefix: bool
     pid: int
     seed: int
@@ -358,6 +359,9 @@ async def run(opts: Options) -> dict[str, Any]:
         if not opts.model:
             opts = Options(**{**opts.__dict__, "model": await served_model(client, opts.base_url)})
         prompts = await make_prompts(client, opts)
+        if opts.dump_prompts:
+            lines = (json.dumps({"prompt": prompt}) + "\n" for prompt in prompts)
+            Path(opts.dump_prompts).write_text("".join(lines))
         records: list[Record] = []
 
         async def send(i: int) -> None:
@@ -394,6 +398,7 @@ FLAGS: dict[str, tuple[type, Any, str]] = {
     "--prompt-tokens": (int, 128, "synthetic prompt length, as the server counts it"),
     "--output-tokens": (int, 128, "output tokens per request"),
     "--prompts-jsonl": (str, "", 'lines of {"prompt": "..."} instead of synthetic prompts'),
+    "--dump-prompts": (str, "", "write the prompts sent as JSONL (for an offline replay)"),
     "--pid": (int, 0, "the server's PID, for its peak RSS"),
     "--seed": (int, 0, "first synthetic prompt's seed (request i uses seed + i)"),
     "--temperature": (float, 0.0, "sampling temperature"),
