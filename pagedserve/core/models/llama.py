@@ -81,6 +81,8 @@ class LlamaForCausalLM(nn.Module):
         cos, signed_sin = rope_tables(
             inv_freq, max_positions or arch.max_position_embeddings, dtype, device
         )
+        self.rope_cos: torch.Tensor  # [max_positions, head_size]
+        self.rope_signed_sin: torch.Tensor
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
 

@@ -83,6 +83,8 @@ def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
     num_heads = int(_field(reader, f"{arch}.attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = _field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    if vocab is None:
+        raise ValueError(f"GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     return ArchConfig(
         architecture=arch,
         vocab_size=int(vocab),
