@@ -183,7 +183,10 @@ def _attention_args(
     args.query = _token_tensor(query)
     args.cache = _cache_view(kv_cache)
     args.page_table = page_table.data_ptr()
-    args.page_table_stride = page_table.stride(0)
+    # A single row's stride is arbitrary (e.g. a transposed view); the kernel reads it as the
+    # row's capacity, which is then its width.
+    rows, width = page_table.shape
+    args.page_table_stride = page_table.stride(0) if rows > 1 else width
     args.seq_lens = seq_lens.data_ptr()
     args.query_start_loc = query_start_loc.data_ptr()
     args.num_reqs, args.num_tokens, args.num_heads = page_table.shape[0], *query.shape[:2]

@@ -107,3 +107,24 @@ def test_opcheck(device: str) -> None:
         torch.ops.pagedserve.paged_attention.default,
         (out, b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
          m.max_query_len, m.max_seq_len, b.scale))
+
+
+def test_single_row_page_table_with_an_odd_stride() -> None:
+    """A [1, n] page table sliced from a transposed tensor has stride(0) == 1; rows beyond the
+    first are never read, so only its width bounds the request."""
+    torch.manual_seed(0)
+    page_size, num_kv_heads, head_size, seq_len = 8, 2, 64, 20
+    kv_cache = torch.randn(2, 6, num_kv_heads, page_size, head_size)
+    page_table = torch.tensor([[4], [1], [5]], dtype=torch.int32).t()  # [1, 3], strides (1, 1)
+    assert page_table.stride(0) == 1
+    query = torch.randn(1, 4, head_size)
+    out = torch.empty_like(query)
+    seq_lens = torch.tensor([seq_len], dtype=torch.int32)
+    query_start_loc = torch.tensor([0, 1], dtype=torch.int32)
+    torch.ops.pagedserve.paged_attention(
+        out, query, kv_cache, page_table, seq_lens, query_start_loc, 1, seq_len, 0.125
+    )
+    expected = reference.paged_attention_reference(
+        query, kv_cache, page_table.contiguous(), seq_lens, query_start_loc, 0.125
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
