@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+
+from pagedserve.core.models.gguf_reader import gguf_reader
 import numpy as np
 import tokenizers
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
@@ -42,7 +44,7 @@ _KEYS = (
 
 def read_gguf_vocab(path: Path) -> dict[str, Any]:
     """The `tokenizer.*` metadata of a GGUF file, keyed without the `tokenizer.ggml.` prefix."""
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
     out: dict[str, Any] = {}
     for key in _KEYS:
         field = reader.fields.get(f"tokenizer.ggml.{key}")
