@@ -36,7 +36,7 @@ def load_runs(run_dir: Path) -> Runs:
 
 
 def stat(run: dict[str, Any] | None, key: str, q: str = "p50") -> float | None:
-    if not run or run.get("completed", 0) == 0:
+    if not run or run.get("completed", 1) == 0:  # the offline report has no "completed"
         return None
     value = run.get(key)
     return value.get(q) if isinstance(value, dict) else value

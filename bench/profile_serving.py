@@ -5,8 +5,8 @@
     python bench/profile_serving.py --summarize RAW    # re-read a kept py-spy raw file
 
 Starts `pagedserve serve` on a free loopback port, drives it with bench/serving.py, attaches
-`py-spy record --format raw --threads` once the load is steady, and writes to bench/profiles/:
-the raw collapsed stacks and a text summary that sorts every sample into model forward,
+`py-spy record --format raw --threads` once the load is steady, and writes to bench/profiles/
+a text summary (the raw collapsed stacks stay in bench/.work/) that sorts every sample into model forward,
 attention, sampling, scheduling, detokenization, engine bookkeeping, and HTTP/SSE (+ event loop),
 per thread, with the hottest leaf functions. A sample's category is the deepest frame that
 matches a rule (attention inside the model counts as attention, not model forward).
@@ -38,6 +38,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("attention", ("core/attention/",)),
     ("sampling", ("core/sampler.py", "core/sampling/")),
     ("detokenization", ("detokenizer.py", "core/tokenizer", "tokenizers/")),
+    ("model loading", ("loader_", "models/registry.py", "gguf/", "importlib")),
 ]
 IDLE_LEAVES = ("select (selectors.py", "_run_once (asyncio", "wait (threading.py", "poll (")
 
@@ -104,23 +105,25 @@ def start_server(port: int, log: Path, flags: list[str]) -> subprocess.Popen[byt
 
 def profile(a: argparse.Namespace) -> Path:
     PROFILES.mkdir(exist_ok=True)
-    raw = PROFILES / f"{a.name}.raw.txt"
+    work = BENCH / ".work"  # git-ignored: the raw stacks and the server log
+    work.mkdir(exist_ok=True)
+    raw = work / f"{a.name}.raw.txt"
     port = free_port()
-    server = start_server(port, PROFILES / f"{a.name}.server.log", a.server_flags.split())
+    server = start_server(port, work / f"{a.name}.server.log", a.server_flags.split())
     load_cmd = [sys.executable, str(BENCH / "serving.py"), "--base-url",
                 f"http://127.0.0.1:{port}/v1", "--server-kind", "pagedserve",
                 "--concurrency", str(a.concurrency), "--num-requests", str(a.num_requests),
                 "--prompt-tokens", str(a.prompt_tokens), "--output-tokens", str(a.output_tokens),
                 "--pid", str(server.pid)]  # fmt: skip
+    load = subprocess.Popen(load_cmd, stdout=subprocess.DEVNULL)
     try:
-        load = subprocess.Popen(load_cmd, stdout=subprocess.PIPE, text=True)
         time.sleep(a.warmup)  # past calibration and the first prefills: steady decode
         subprocess.run(["py-spy", "record", "--pid", str(server.pid), "--duration",
                         str(a.seconds), "--rate", str(a.rate), "--format", "raw", "--threads",
                         "--nonblocking", "--output", str(raw)], check=True)  # fmt: skip
-        report, _ = load.communicate(timeout=3600)
-        (PROFILES / f"{a.name}.load.json").write_text(report)
     finally:
+        load.terminate()  # the samples are what we came for; the rest of the load is moot
+        load.wait(60)
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     return raw

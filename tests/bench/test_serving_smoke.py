@@ -18,11 +18,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serving.py"
 PERCENTILE_FIELDS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 
 
-def load_serving() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
+def load_bench_module(name: str) -> ModuleType:
+    path = SCRIPT.with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -83,7 +84,7 @@ def test_poisson_chat_shared_prefix(server: Server) -> None:
 
 
 def test_refuses_non_loopback_and_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
-    serving = load_serving()
+    serving = load_bench_module("serving")
     assert serving.main(["--base-url", "http://192.0.2.1:8000/v1"]) == 2
     assert "not a loopback address" in capsys.readouterr().err
     assert serving.main(["--num-requests", "0"]) == 2
@@ -91,7 +92,7 @@ def test_refuses_non_loopback_and_bad_values(capsys: pytest.CaptureFixture[str])
 
 
 def test_frame_parsing_and_percentiles() -> None:
-    serving = load_serving()
+    serving = load_bench_module("serving")
     assert serving.parse_frame("data: [DONE]") is None
     assert serving.parse_frame(": keep-alive") is None
     chat = serving.parse_frame('data: {"choices": [{"delta": {"content": "hi"}}]}')
@@ -101,3 +102,39 @@ def test_frame_parsing_and_percentiles() -> None:
     stats = serving.percentiles([float(v) for v in range(1, 101)])
     assert stats == {"p50": 50.5, "p90": 90.1, "p99": 99.01, "mean": 50.5}
     assert serving.percentiles([]) is None
+
+
+def test_report_writes_only_its_section(tmp_path: Path) -> None:
+    report = load_bench_module("compare_report")
+    results = tmp_path / "RESULTS.md"
+    before = "# Results\n\n## Offline throughput (issue 3)\n\nfigures\n"
+    after = "## Later (issue 9)\n\nmore\n"
+    results.write_text(before)
+    report.write_section("### run 1\n\n| a |\n", results)  # absent: created at the end
+    assert results.read_text().startswith(before)
+    results.write_text(results.read_text() + "\n" + after)
+    report.write_section("### run 2\n\n| b |\n", results)  # present: appended inside it
+    text = results.read_text()
+    ours = text[text.index(report.SECTION) : text.index(after)]
+    assert ours.index("### run 1") < ours.index("### run 2")
+    # Everything around our section is kept byte for byte (blank separator lines aside).
+    assert text.startswith(before) and text.endswith(after)
+    assert text.replace(ours, "").replace("\n", "") == (before + after).replace("\n", "")
+
+
+def test_report_ratios(tmp_path: Path) -> None:
+    report = load_bench_module("compare_report")
+
+    def run(tok_s: float, ttft: float) -> str:
+        stats = {"p50": ttft, "p90": ttft, "p99": ttft, "mean": ttft}
+        return json.dumps({"completed": 4, "failed": 0, "output_tok_per_s": tok_s,
+                           "requests_per_s": 1.0, "ttft_s": stats, "itl_s": stats,
+                           "tpot_s": stats, "e2e_s": stats, "prompt_tokens": stats})  # fmt: skip
+
+    (tmp_path / "pagedserve__c32.json").write_text(run(300.0, 0.5))
+    (tmp_path / "llama-q4_1__c32.json").write_text(run(150.0, 2.0))
+    (tmp_path / "offline__c32.json").write_text(json.dumps({"output_tok_per_s": 400.0}))
+    (tmp_path / "meta.json").write_text(json.dumps({"date": "2026-01-01 00:00"}))
+    text = report.render(tmp_path)
+    assert "| c32 output tok/s | 300.00 | 150.00 | 2.00x | - | - | >= 2x |" in text
+    assert "300.0 / 400.0 = 0.75x" in text
