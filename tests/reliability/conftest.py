@@ -1,0 +1,131 @@
+"""A real server for the reliability tests, and the checks they share.
+
+One session-wide server (started with a chat template that tries to reach Python internals on
+trigger words, so the sandbox can be tested without a second process) serves the fuzzing,
+bad-input and load tests. Its flags match what a client mistake should meet in production:
+a 2 MiB body limit, a small context and KV cache so that load tests finish quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.openai_compat.conftest import Server, start_server, stop_server
+
+NUM_PAGES = 512
+MAX_MODEL_LEN = 1024
+BODY_LIMIT = 2 * 1024 * 1024
+
+# A ChatML template with three classic server-side template injection attempts, each taken only
+# when the first message is its trigger word; any other message renders normally.
+EVIL_TEMPLATE = """\
+{%- if messages[0]['content'] == 'reach-mro' -%}
+{{ ''.__class__.__mro__[1].__subclasses__() }}
+{%- elif messages[0]['content'] == 'reach-globals' -%}
+{{ cycler.__init__.__globals__.os.popen('id').read() }}
+{%- elif messages[0]['content'] == 'reach-format' -%}
+{{ '{0.__class__.__init__.__globals__}'.format(messages) }}
+{%- endif -%}
+{%- for m in messages -%}
+<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}
+"""
+TEMPLATE_TRIGGERS = ("reach-mro", "reach-globals", "reach-format")
+
+
+@pytest.fixture(scope="session")
+def rserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp_dir = tmp_path_factory.mktemp("reliability")
+    template = tmp_dir / "evil.jinja"
+    template.write_text(EVIL_TEMPLATE)
+    flags = ["--max-model-len", str(MAX_MODEL_LEN), "--num-pages", str(NUM_PAGES),
+             "--max-num-seqs", "64", "--chat-template", str(template),
+             "--max-body-bytes", str(BODY_LIMIT)]  # fmt: skip
+    srv = start_server(tmp_dir, *flags)
+    yield srv
+    code = stop_server(srv)
+    assert code == 0, srv.log()
+
+
+def assert_envelope(response: httpx.Response) -> dict[str, Any]:
+    """A 4xx in OpenAI's error envelope; returns the inner error object."""
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and error["type"], error
+    assert error["param"] is None or isinstance(error["param"], str), error
+    assert error["code"] is None or isinstance(error["code"], str), error
+    return error
+
+
+def parse_sse(raw: bytes) -> list[Any]:
+    """SSE body -> payloads; "[DONE]" stays a string. Fails on any frame that is not
+    `data: <json>` followed by a blank line."""
+    text = raw.decode("utf-8")
+    assert text.endswith("\n\n"), text[-200:]
+    frames = text[:-2].split("\n\n")
+    payloads: list[Any] = []
+    for frame in frames:
+        assert frame.startswith("data: ") and "\n" not in frame, frame[:200]
+        data = frame.removeprefix("data: ")
+        payloads.append(data if data == "[DONE]" else orjson.loads(data))
+    return payloads
+
+
+def check_completion_stream(payloads: list[Any], max_tokens: int) -> str:
+    """A well-formed /v1/completions stream with usage: one id, text deltas, exactly one
+    finish_reason on the last choice chunk, usage, then [DONE]. Returns the text."""
+    assert payloads[-1] == "[DONE]", payloads[-3:]
+    chunks, usage = payloads[:-2], payloads[-2]
+    assert not any("error" in c for c in payloads[:-1]), payloads
+    assert usage["choices"] == [] and 1 <= usage["usage"]["completion_tokens"] <= max_tokens
+    assert chunks and len({c["id"] for c in payloads[:-1]}) == 1
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), reasons
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
+    """Poll /metrics until no page is used and nothing runs or waits (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = {
+            name: server.metric(name)
+            for name in (
+                "pagedserve:kv_pages_used",
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+            )  # fmt: skip
+        }
+        if not any(busy.values()) or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.2)
+
+
+async def stream_completion(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> list[Any]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "temperature": 0, "stream_options": {"include_usage": True}}  # fmt: skip
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        raw = await response.aread()
+    assert response.status_code == 200, raw[:500]
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return parse_sse(raw)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
