@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -190,26 +191,39 @@ def run_once(engine: Engine, prompts: list[list[int]], long: list[int], plan: Pl
     return {"offline": offline, "prefill": prefill, "decode": n / seconds}
 
 
-def measure_dtype(dtype: str, plan: Plan, gguf: Path) -> dict[str, Any]:
-    """Loads both engines in dtype and runs the three figures, interleaved per repeat."""
-    ours = Ours(dtype, plan)
-    engines: dict[str, Engine] = {"pagedserve": ours}
-    if plan.hf:
-        engines["transformers"] = Theirs(gguf, dtype, plan.hf_batch)
+def load_engines(plan: Plan, gguf: Path) -> dict[tuple[str, str], Engine]:
+    engines: dict[tuple[str, str], Engine] = {}
+    for dtype in plan.dtypes:
+        engines[dtype, "pagedserve"] = Ours(dtype, plan)
+        if plan.hf:
+            engines[dtype, "transformers"] = Theirs(gguf, dtype, plan.hf_batch)
+    return engines
+
+
+def measure(plan: Plan, gguf: Path) -> dict[str, Any]:
+    """Every (dtype, engine) loaded at once and run in turn within each repeat, so that the load
+    of a shared machine falls on all alike. Each repeat's figures go to stderr as they come."""
+    engines = load_engines(plan, gguf)
+    ours = engines[plan.dtypes[0], "pagedserve"]
+    assert isinstance(ours, Ours)
     prompts = make_prompts(lambda s: list(ours.llm.tokenizer.encode(s)), plan.num_prompts)
     for engine in engines.values():  # warm-up: both shapes, untimed
         engine.generate(prompts[:4], 4)
         engine.generate([long_prompt(plan.prefill_len, -1)], 1)
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+    samples: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in engines}
     for rep in range(plan.repeats):
         long = long_prompt(plan.prefill_len, rep)  # a fresh prompt per repeat
-        for name, engine in engines.items():
-            samples[name].append(run_once(engine, prompts, long, plan))
-    result: dict[str, Any] = {
-        name: {fig: summary([s[fig] for s in runs]) for fig in runs[0]}
-        for name, runs in samples.items()
-    }
-    result["pagedserve"]["weight_bytes_per_token"] = weight_bytes_per_token(ours.model)
+        for (dtype, name), engine in engines.items():
+            figs = run_once(engine, prompts, long, plan)
+            samples[dtype, name].append(figs)
+            progress = {"repeat": rep, "dtype": dtype, "engine": name, "load": os.getloadavg()}
+            print(json.dumps(progress | {k: round(v, 1) for k, v in figs.items()}), file=sys.stderr)
+    result: dict[str, Any] = {}
+    for (dtype, name), runs in samples.items():
+        figures = {fig: summary([s[fig] for s in runs]) for fig in FIGURES}
+        result.setdefault(dtype, {})[name] = figures
+        if isinstance(model_owner := engines[dtype, name], Ours):
+            figures["weight_bytes_per_token"] = weight_bytes_per_token(model_owner.model)
     return result
 
 
@@ -247,6 +261,7 @@ def llama_bench(gguf: Path, plan: Plan) -> dict[str, Any] | None:
         key = "prefill" if t["n_gen"] == 0 else "decode"
         out[key] = summary(t["samples_ts"])
         out["build"] = f"{t['build_commit']} ({t['cpu_info']})"
+    print(json.dumps({"llama_cpp": out}), file=sys.stderr)
     return out
 
 
@@ -425,8 +440,8 @@ def main() -> None:
         "model": gguf.name,
         "plan": asdict(plan),
         "gguf_bytes_per_token": gguf_bytes_per_token(gguf),
-        "dtypes": {d: measure_dtype(d, plan, gguf) for d in plan.dtypes},
         "llama_cpp": llama_bench(gguf, plan),
+        "dtypes": measure(plan, gguf),
     }
     report["load_avg_after"] = os.getloadavg()
     add_ratios(report)
