@@ -1,0 +1,80 @@
+"""The long schemathesis run (issue 6): 10,000 generated requests against a pagedserve server.
+
+Same contract as tests/reliability/test_fuzz_schema.py (no 5xx, no server-error frame in a 200
+stream, every 4xx in OpenAI's error envelope, /health 200 after), with random (not
+derandomized) generation. Kept out of CI: it takes hours on 2 CPU cores. Prints one JSON line.
+
+    python bench/fuzz_long.py                         # starts its own server, 10,000 cases
+    python bench/fuzz_long.py --url http://127.0.0.1:8000 --cases 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
+
+from schemathesis import GenerationMode  # noqa: E402
+
+from tests.openai_compat.conftest import start_server, stop_server  # noqa: E402
+from tests.reliability.schema_fuzz import (  # noqa: E402
+    FuzzReport,
+    fuzz_operation,
+    load_schema,
+    post_operations,
+)
+
+
+def fuzz(base_url: str, cases: int) -> dict:
+    ops = post_operations(load_schema(base_url))
+    modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    per_run = max(1, cases // (len(ops) * len(modes)))
+    report = FuzzReport()
+    start = time.monotonic()
+    for op in ops:
+        for mode in modes:
+            fuzz_operation(op, base_url, mode, per_run, report, derandomize=False)
+    health = httpx.get(base_url + "/health", timeout=30).status_code
+    by_status: dict[str, int] = {}
+    for (label, mode, status), count in sorted(report.statuses.items()):
+        key = f"{label} {mode} {status}"
+        by_status[key] = by_status.get(key, 0) + count
+    return {
+        "cases": report.num_cases,
+        "seconds": round(time.monotonic() - start, 1),
+        "problems": report.problems,
+        "schema_gaps": report.schema_gaps,
+        "coerced": len(report.coerced),
+        "health_after": health,
+        "statuses": by_status,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (default: start one)")
+    parser.add_argument("--cases", type=int, default=10_000)
+    args = parser.parse_args()
+    server = None
+    if args.url is None:
+        flags = ["--max-model-len", "1024", "--num-pages", "512", "--max-body-bytes", "2097152"]
+        server = start_server(Path(tempfile.mkdtemp(prefix="fuzz_long-")), *flags)
+    try:
+        result = fuzz(args.url or server.base_url, args.cases)
+    finally:
+        if server is not None:
+            result_code = stop_server(server)
+            print(f"server exit code {result_code}", file=sys.stderr)
+    print(json.dumps(result))
+    return 0 if not result["problems"] and result["health_after"] == 200 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
