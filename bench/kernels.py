@@ -27,8 +27,9 @@ PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def make_case(num_reqs: int, q_len: int, ctx: int, model: str, dtype: torch.dtype,
-              device: str) -> dict:
+def make_case(
+    num_reqs: int, q_len: int, ctx: int, model: str, dtype: torch.dtype, device: str
+) -> dict:
     heads, kv_heads, d = MODELS[model]
     pages_per_req = -(-ctx // PAGE_SIZE)
     num_pages = num_reqs * pages_per_req
@@ -48,14 +49,29 @@ def make_case(num_reqs: int, q_len: int, ctx: int, model: str, dtype: torch.dtyp
 
 def run_native(c: dict) -> Callable[[], object]:
     out = torch.empty_like(c["query"])
-    args = (out, c["query"], c["kv_cache"], c["page_table"], c["seq_lens"],
-            c["query_start_loc"], c["q_len"], c["ctx"], c["scale"])
+    args = (
+        out,
+        c["query"],
+        c["kv_cache"],
+        c["page_table"],
+        c["seq_lens"],
+        c["query_start_loc"],
+        c["q_len"],
+        c["ctx"],
+        c["scale"],
+    )
     return lambda: ops.paged_attention(*args)
 
 
 def run_reference(c: dict) -> Callable[[], object]:
-    args = (c["query"], c["kv_cache"], c["page_table"], c["seq_lens"], c["query_start_loc"],
-            c["scale"])
+    args = (
+        c["query"],
+        c["kv_cache"],
+        c["page_table"],
+        c["seq_lens"],
+        c["query_start_loc"],
+        c["scale"],
+    )
     return lambda: paged_attention_reference(*args)
 
 
@@ -71,8 +87,9 @@ def run_sdpa(c: dict) -> Callable[[], object]:
         if c["q_len"] > 1:  # causal, with the query at the end of the context
             pos = torch.arange(c["ctx"], device=q.device)
             mask = pos[None, :] <= pos[c["ctx"] - c["q_len"] :, None]
-        return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask,
-                                              scale=c["scale"], enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, kv[0], kv[1], attn_mask=mask, scale=c["scale"], enable_gqa=True
+        )
 
     return step
 
@@ -117,8 +134,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    parser.add_argument("--peak-gb-per-s", type=float, default=4800.0,
-                        help="device memory bandwidth for the decode efficiency figure (H200)")
+    parser.add_argument(
+        "--peak-gb-per-s",
+        type=float,
+        default=4800.0,
+        help="device memory bandwidth for the decode efficiency figure (H200)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.threads > 0:

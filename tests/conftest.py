@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,3 +34,15 @@ def default_model_dir(request: pytest.FixtureRequest) -> Path:
 def default_model(default_model_dir: Path) -> ResolvedModel:
     """The bundled default model (SmolLM2-135M-Instruct Q4_1 GGUF), fetched once."""
     return resolve_model("", cache_dir=default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_default_model(default_model: ResolvedModel) -> Any:
+    """The oracle: transformers' own load of the same GGUF, in fp32 (loaded once: ~30 s)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
+    ).eval()
+    model.generation_config.eos_token_id = None  # always generate the full length
+    return model

@@ -265,7 +265,9 @@ class LLMEngine:
         metrics.last_token_time = now
         metrics.num_generated_tokens += 1
 
-    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool) -> None:
+    def _finish(
+        self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool
+    ) -> None:
         delta = seq.pending()
         if flush:
             delta.text += seq.detokenizer.flush()

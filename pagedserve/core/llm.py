@@ -59,7 +59,7 @@ class LLM:
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params: give one, or one per prompt")
         ids = []
-        for prompt, p in zip(prompt_list, params_list):
+        for prompt, p in zip(prompt_list, params_list, strict=True):
             request_id = f"offline-{next(self._ids)}"
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             self.engine.add_request(request_id, token_ids, p)

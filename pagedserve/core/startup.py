@@ -97,7 +97,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     logger.info(
         "model %s (%s) on %s in %s, attention %s; %s",
-        resolved.name, arch.architecture, device, dtype, attention.name, layout.describe(),
+        resolved.name,
+        arch.architecture,
+        device,
+        dtype,
+        attention.name,
+        layout.describe(),
     )
     return EngineParts(
         resolved, tokenizer, chat_template, arch, runner, scheduler, max_model_len, layout

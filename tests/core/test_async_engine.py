@@ -38,7 +38,9 @@ def test_mailbox_merges_deltas_when_the_consumer_lags() -> None:
     async def scenario() -> RequestOutput:
         stream = RequestStream()
         stream.put(RequestOutput("r", [1], [CompletionOutput(0, "a", [5])]))
-        stream.put(RequestOutput("r", [1], [CompletionOutput(0, "b", [6], finish_reason="stop")], True))
+        stream.put(
+            RequestOutput("r", [1], [CompletionOutput(0, "b", [6], finish_reason="stop")], True)
+        )
         return await stream.get()
 
     merged = run(scenario())

@@ -33,14 +33,10 @@ def token_lists(outputs: list) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_greedy_tokens_equal_transformers(llm: LLM, default_model: ResolvedModel) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
-    ).eval()
+def test_greedy_tokens_equal_transformers(llm: LLM, hf_default_model) -> None:
+    hf = hf_default_model
     ours = token_lists(llm.generate(PROMPTS, GREEDY))
-    for prompt, got in zip(PROMPTS, ours):
+    for prompt, got in zip(PROMPTS, ours, strict=True):
         ids = torch.tensor([llm.tokenizer.encode(prompt)])
         with torch.no_grad():
             out = hf.generate(
@@ -155,12 +151,12 @@ def test_logprobs_and_prompt_logprobs(llm: LLM) -> None:
     prompt_len = len(out.prompt_token_ids)
     assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == prompt_len
     assert out.prompt_logprobs[0] is None
-    for token_id, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+    for token_id, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:], strict=True):
         assert entry is not None and entry.token_id == token_id and entry.logprob <= 0
         assert len(entry.top) == 2
     lps = out.outputs[0].logprobs
     assert lps is not None and len(lps) == 4
-    for token_id, entry in zip(out.outputs[0].token_ids, lps):
+    for token_id, entry in zip(out.outputs[0].token_ids, lps, strict=True):
         assert entry.token_id == token_id and entry.rank == 1  # greedy picks the top token
         assert entry.top[0][0] == token_id and len(entry.top) == 3
 

@@ -33,7 +33,11 @@ def gather_kv(
     num_pages = (seq_len + page_size - 1) // page_size
     pages = page_row[:num_pages].long()
     # [2, n, kv_heads, page_size, d] -> [2, n * page_size, kv_heads, d]
-    kv = kv_cache[:, pages].transpose(2, 3).reshape(2, num_pages * page_size, *kv_cache.shape[2:3], -1)
+    kv = (
+        kv_cache[:, pages]
+        .transpose(2, 3)
+        .reshape(2, num_pages * page_size, *kv_cache.shape[2:3], -1)
+    )
     return kv[0, :seq_len], kv[1, :seq_len]
 
 

@@ -72,7 +72,7 @@ def make_batch(
 
 
 def devices() -> list:
-    """"cpu", plus "cuda" (marked, skipped without a GPU)."""
+    """ "cpu", plus "cuda" (marked, skipped without a GPU)."""
     import pytest
 
     cuda = pytest.param(

@@ -21,15 +21,25 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 def run_native(b) -> torch.Tensor:
     out = torch.full_like(b.query, float("nan"))
     m = b.meta
-    ops.paged_attention(out, b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
-                        m.max_query_len, m.max_seq_len, b.scale)
+    ops.paged_attention(
+        out,
+        b.query,
+        b.kv_cache,
+        m.page_table,
+        m.seq_lens,
+        m.query_start_loc,
+        m.max_query_len,
+        m.max_seq_len,
+        b.scale,
+    )
     return out
 
 
 def run_reference(b) -> torch.Tensor:
     m = b.meta
     return reference.paged_attention_reference(
-        b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc, b.scale)
+        b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc, b.scale
+    )
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -45,20 +55,31 @@ def dtypes_for(device: str) -> list[torch.dtype]:
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize(("page_size", "head_size", "group"), GRID)
-def test_attention_matches_reference(device: str, page_size: int, head_size: int,
-                                     group: int) -> None:
+def test_attention_matches_reference(
+    device: str, page_size: int, head_size: int, group: int
+) -> None:
     for i, dtype in enumerate(dtypes_for(device)):
         for q_lens, seq_lens in (MIXED, DECODE):
-            b = make_batch(q_lens, seq_lens, group=group, head_size=head_size,
-                           page_size=page_size, dtype=dtype, device=device, seed=i)
+            b = make_batch(
+                q_lens,
+                seq_lens,
+                group=group,
+                head_size=head_size,
+                page_size=page_size,
+                dtype=dtype,
+                device=device,
+                seed=i,
+            )
             assert_close(run_native(b), run_reference(b), dtype)
 
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize(
     ("q_lens", "seq_lens"),
-    [([300, 1], [300, 3000]),  # many query blocks per request (a long decode rides along)
-     ([1, 1, 1], [3000, 700, 512])],  # pure decode: several context splits per row on CUDA
+    [
+        ([300, 1], [300, 3000]),  # many query blocks per request (a long decode rides along)
+        ([1, 1, 1], [3000, 700, 512]),
+    ],  # pure decode: several context splits per row on CUDA
 )
 def test_long_contexts(device: str, q_lens: list[int], seq_lens: list[int]) -> None:
     b = make_batch(q_lens, seq_lens, num_kv_heads=3, group=3, device=device, seed=3)
@@ -88,8 +109,17 @@ def test_strided_views_of_a_fused_projection(device: str) -> None:
     want_cache = b.kv_cache.clone()
     out = torch.empty(num_tokens, 8, d, device=device)[:, ::2]  # strided output too
     m = b.meta
-    ops.paged_attention(out, q, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
-                        m.max_query_len, m.max_seq_len, b.scale)
+    ops.paged_attention(
+        out,
+        q,
+        b.kv_cache,
+        m.page_table,
+        m.seq_lens,
+        m.query_start_loc,
+        m.max_query_len,
+        m.max_seq_len,
+        b.scale,
+    )
     b.query = q.contiguous()
     assert torch.equal(b.kv_cache, want_cache)
     assert_close(out, run_reference(b), torch.float32)
@@ -100,13 +130,23 @@ def test_opcheck(device: str) -> None:
     b = make_batch([3, 1], [3, 20], group=2, device=device)
     m = b.meta
     torch.library.opcheck(
-        torch.ops.pagedserve.reshape_and_cache.default,
-        (b.key, b.value, b.kv_cache, m.slot_mapping))
+        torch.ops.pagedserve.reshape_and_cache.default, (b.key, b.value, b.kv_cache, m.slot_mapping)
+    )
     out = torch.empty_like(b.query)
     torch.library.opcheck(
         torch.ops.pagedserve.paged_attention.default,
-        (out, b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc,
-         m.max_query_len, m.max_seq_len, b.scale))
+        (
+            out,
+            b.query,
+            b.kv_cache,
+            m.page_table,
+            m.seq_lens,
+            m.query_start_loc,
+            m.max_query_len,
+            m.max_seq_len,
+            b.scale,
+        ),
+    )
 
 
 def test_single_row_page_table_with_an_odd_stride() -> None:

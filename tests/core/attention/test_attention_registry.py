@@ -20,8 +20,11 @@ def test_kv_layout_is_defined_once() -> None:
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("auto", NativeAttentionBackend), ("native", NativeAttentionBackend),
-     ("torch", TorchReferenceBackend)],
+    [
+        ("auto", NativeAttentionBackend),
+        ("native", NativeAttentionBackend),
+        ("torch", TorchReferenceBackend),
+    ],
 )
 def test_registry(name: str, kind: type) -> None:
     assert type(get_attention_backend(name)) is kind
@@ -44,9 +47,17 @@ def test_native_backend_matches_torch_backend() -> None:
 
 def attention_call(b, **changes) -> None:
     m = b.meta
-    kw = dict(out=torch.empty_like(b.query), query=b.query, kv_cache=b.kv_cache,
-              page_table=m.page_table, seq_lens=m.seq_lens, query_start_loc=m.query_start_loc,
-              max_query_len=m.max_query_len, max_seq_len=m.max_seq_len, scale=b.scale)
+    kw = dict(
+        out=torch.empty_like(b.query),
+        query=b.query,
+        kv_cache=b.kv_cache,
+        page_table=m.page_table,
+        seq_lens=m.seq_lens,
+        query_start_loc=m.query_start_loc,
+        max_query_len=m.max_query_len,
+        max_seq_len=m.max_seq_len,
+        scale=b.scale,
+    )
     kw.update(changes)
     ops.paged_attention(**kw)
 

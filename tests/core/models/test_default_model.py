@@ -32,9 +32,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def models(default_model: ResolvedModel, one_thread):
-    from transformers import AutoModelForCausalLM
-
+def models(default_model: ResolvedModel, hf_default_model, one_thread):
     ours, arch = load_model(
         default_model,
         dtype=torch.float32,
@@ -42,11 +40,7 @@ def models(default_model: ResolvedModel, one_thread):
         attention=TorchReferenceBackend(),
         progress=False,
     )
-    theirs = AutoModelForCausalLM.from_pretrained(
-        default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
-    ).eval()
-    theirs.generation_config.eos_token_id = None  # always generate the full length
-    return ours, arch, theirs
+    return ours, arch, hf_default_model
 
 
 def test_default_model_resolves(default_model: ResolvedModel) -> None:
