@@ -38,16 +38,17 @@ def post_operations(schema: Any) -> list[Any]:
 
 def clamp(body: Any) -> Any:
     """Bound the engine work of a generated body without changing its validity: positive
-    sizes are lowered to small positive sizes, absent max_tokens get a small one."""
+    sizes are lowered to small positive sizes, absent or null max_tokens get a small one."""
     if not isinstance(body, dict):
         return body
     body = dict(body)
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
-        if type(value) is int and value > MAX_TOKENS_CAP:
+        if type(value) in (int, float) and value > MAX_TOKENS_CAP:
             body[name] = MAX_TOKENS_CAP
     if "prompt" in body or "messages" in body:
-        if "max_tokens" not in body and "max_completion_tokens" not in body:
+        # Absent or null means "up to the context length": ~1000 tokens, minutes on a CPU.
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_TOKENS_CAP
     if type(body.get("n")) is int and body["n"] > N_CAP:
         body["n"] = N_CAP

@@ -18,7 +18,7 @@ from tests.reliability.conftest import check_completion_stream, stream_completio
 
 NUM_STREAMS = 256
 NUM_WAVES = 3
-WAVE_MAX_TOKENS = 4
+WAVE_MAX_TOKENS = 2
 NUM_LEAVING = 100
 NUM_STAYING = 28
 LEAVING_MAX_TOKENS = 64
