@@ -56,6 +56,11 @@ int32_t PageAllocator::ref_count(int32_t page) const {
     return pages_[page].ref;
 }
 
+uint32_t PageAllocator::generation(int32_t page) const {
+    check_page(page);
+    return pages_[page].generation;
+}
+
 bool PageAllocator::allocate(int32_t n, std::vector<int32_t>& out) {
     if (n < 0) throw std::invalid_argument("cannot allocate a negative number of pages");
     if (n > num_available_pages()) return false;

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagedserve.core.config import EngineConfig
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
-class RequestStream:
+class Mailbox:
     """A request's mailbox; touched only on its event loop's thread."""
 
     def __init__(self) -> None:
@@ -46,6 +46,48 @@ class RequestStream:
         output, self._pending = self._pending, None
         assert output is not None
         return output
+
+
+class OutputStream:
+    """The outputs of one admitted request, as an async iterator of deltas.
+
+    Every exit path frees the request: when the last output arrives it is done; closing it
+    early (aclose, a cancelled read, or dropping it unread) aborts it in the engine.
+    """
+
+    def __init__(self, engine: AsyncEngine, request_id: str, mailbox: Mailbox) -> None:
+        self.request_id = request_id
+        self._engine: AsyncEngine | None = engine
+        self._mailbox = mailbox
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._engine is None:
+            raise StopAsyncIteration
+        try:
+            output = await self._mailbox.get()
+        except BaseException:  # cancelled: the reader is gone
+            self.close()
+            raise
+        if output.finished:
+            self._release(abort=False)
+        return output
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._release(abort=True)
+
+    def _release(self, abort: bool) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine._forget(self.request_id, abort)
+
+    def __del__(self) -> None:
+        self.close()  # a stream dropped unread must not leave its request running
 
 
 @dataclass
@@ -76,7 +118,7 @@ class AsyncEngine:
         self.num_pages = engine.parts.kv_layout.num_pages
         self.kv_layout = engine.parts.kv_layout
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
+        self._mailboxes: dict[str, Mailbox] = {}
         self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)
         self._errored: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first generate()
@@ -103,29 +145,33 @@ class AsyncEngine:
         if self._stats.num_waiting + self._num_queued_adds >= self.max_waiting:
             raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> OutputStream:
+        """Admits the request now and returns the stream of its outputs.
+
+        Admission is synchronous on purpose: ContextLengthError, QueueFullError and
+        EngineDeadError reach the caller before it starts a response, and a burst of requests
+        arriving together is counted one by one (no await between check and enqueue).
+        """
         self.check_admission(len(prompt_token_ids), params)
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
             raise RuntimeError("an AsyncEngine serves one event loop")
-        stream = RequestStream()
-        self._streams[request_id] = stream
+        if request_id in self._mailboxes:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        mailbox = Mailbox()
+        self._mailboxes[request_id] = mailbox
         self._num_queued_adds += 1
         self._commands.put(_Add(request_id, list(prompt_token_ids), params))
-        finished = False
-        try:
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
-                yield output
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self._commands.put(_Abort(request_id))
+        return OutputStream(self, request_id, mailbox)
+
+    def _forget(self, request_id: str, abort: bool) -> None:
+        self._mailboxes.pop(request_id, None)
+        if abort:
+            self._commands.put(_Abort(request_id))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -190,7 +236,7 @@ class AsyncEngine:
         ids = self.engine.all_request_ids()
         outputs = self.engine.fail_requests(ids, reason)
         self._deliver(outputs)
-        for request_id in list(self._streams):
+        for request_id in list(self._mailboxes):
             if request_id not in ids:
                 self._deliver([_error_output(request_id, [], reason)])
 
@@ -205,7 +251,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            stream = self._streams.get(output.request_id)
+            stream = self._mailboxes.get(output.request_id)
             if stream is not None:
                 stream.put(output)
 

@@ -9,15 +9,25 @@ that changes nothing (e.g. `response_format: {"type": "text"}`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 128
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types as OpenAI takes them ("5" is not an int, 0.0 not a bool); an int is
+    # still a valid float.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _no_nul(value: Any) -> Any:
+    """A NUL character is never meaningful text; refuse it rather than feed it to the model."""
+    texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if any(isinstance(t, str) and "\x00" in t for t in texts):
+        raise ValueError("must not contain NUL characters (\\u0000)")
+    return value
 
 
 class StreamOptions(_Strict):
@@ -27,12 +37,12 @@ class StreamOptions(_Strict):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Annotated[str, AfterValidator(_no_nul)]
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -89,7 +99,7 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, AfterValidator(_no_nul)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
@@ -164,7 +174,7 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Prompt
+    prompt: Annotated[Prompt, AfterValidator(_no_nul)]
     max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False

@@ -62,7 +62,7 @@ class ChatService:
         ctx.admit(prompt_ids, params, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
-        stream = ctx.engine.generate(request_id, prompt_ids, params)
+        [stream] = ctx.start(request_id, [prompt_ids], params, "messages")
         if req.stream:
             chunks = self._chunks(head, stream, params.n, top_k, req.include_usage())
             return SSEResponse(sse_frames(chunks, request_id))

@@ -54,6 +54,26 @@ class ServingContext:
         with engine_errors(param):
             self.engine.check_admission(len(prompt_token_ids), params)
 
+    def start(
+        self, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """Hand every prompt to the engine now, before any header is sent: the engine admits
+        synchronously, so a full queue is this request's 429, never a 200 then an error frame.
+        All or nothing: a refusal closes the streams already started (which aborts them)."""
+        streams: list[AsyncIterator[RequestOutput]] = []
+        try:
+            with engine_errors(param):
+                for i, prompt in enumerate(prompts):
+                    sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                    streams.append(self.engine.generate(sub_id, prompt, params))
+        except BaseException:
+            for stream in streams:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            raise
+        return streams
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"

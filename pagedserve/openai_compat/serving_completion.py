@@ -69,9 +69,7 @@ class CompletionService:
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
         request_id = new_id("cmpl")
         head = ctx.header(request_id, "text_completion", now())
-        streams = [
-            ctx.engine.generate(f"{request_id}-{i}", p, params) for i, p in enumerate(prompts)
-        ]
+        streams = ctx.start(request_id, prompts, params, "prompt")
         if req.stream:
             chunks = self._chunks(head, job, streams, req.include_usage())
             return SSEResponse(sse_frames(chunks, request_id))

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pagedserve.core.async_engine import AsyncEngine, RequestStream
+from pagedserve.core.async_engine import AsyncEngine, Mailbox
 from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
@@ -36,7 +36,7 @@ async def collect(engine: AsyncEngine, request_id: str, params: SamplingParams) 
 
 def test_mailbox_merges_deltas_when_the_consumer_lags() -> None:
     async def scenario() -> RequestOutput:
-        stream = RequestStream()
+        stream = Mailbox()
         stream.put(RequestOutput("r", [1], [CompletionOutput(0, "a", [5])]))
         stream.put(
             RequestOutput("r", [1], [CompletionOutput(0, "b", [6], finish_reason="stop")], True)
@@ -98,6 +98,47 @@ def test_admission_errors_come_before_the_first_output(engine: LLMEngine) -> Non
             await async_engine.shutdown()
 
     run(scenario())
+
+
+def test_a_burst_is_admitted_one_by_one(engine: LLMEngine) -> None:
+    """No await between the queue check and the enqueue: of a burst larger than the waiting
+    limit, the excess is refused at once, before anything is streamed."""
+
+    async def scenario() -> tuple[int, int]:
+        async_engine = AsyncEngine(engine, max_waiting=4)
+        prompt = engine.tokenizer.encode("Hello")
+        params = SamplingParams(max_tokens=2)
+        streams, refused = [], 0
+        for i in range(10):
+            try:
+                streams.append(async_engine.generate(f"burst-{i}", prompt, params))
+            except QueueFullError:
+                refused += 1
+        for stream in streams:
+            [o async for o in stream]
+        await async_engine.shutdown()
+        return len(streams), refused
+
+    assert run(scenario()) == (4, 6)
+
+
+def test_a_stream_dropped_unread_is_aborted(engine: LLMEngine) -> None:
+    async def scenario() -> tuple[bool, int]:
+        async_engine = AsyncEngine(engine, max_waiting=4)
+        prompt = engine.tokenizer.encode("Count from one to a thousand:")
+        params = SamplingParams(max_tokens=400, ignore_eos=True)
+        stream = async_engine.generate("dropped", prompt, params)
+        del stream  # never read: the request must not run on to 400 tokens
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if async_engine._num_queued_adds == 0 and not engine.has_unfinished():
+                break
+        running = engine.has_unfinished()  # before shutdown, which would fail it anyway
+        pages = engine.scheduler.stats().num_used_pages
+        await async_engine.shutdown()
+        return running, pages
+
+    assert run(scenario()) == (False, 0)
 
 
 def test_a_dead_engine_fails_requests_and_refuses_new_ones(engine: LLMEngine, monkeypatch) -> None:

@@ -105,11 +105,6 @@ def test_wrong_types_and_fields(client: httpx.Client, fields: dict, param: str) 
     assert param.split("[")[0] in error["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol.py validates in pydantic's lax mode: '5' -> 5, 'yes' -> True, 0.0 -> False "
-    "(OpenAI refuses these; fix: ConfigDict(strict=True) on protocol._Strict)",
-)
 @pytest.mark.parametrize(
     "fields", [{"max_tokens": "5"}, {"stream": "yes"}, {"stream": 0.0}, {"logprobs": 1}]
 )
@@ -135,11 +130,6 @@ def test_bad_messages(client: httpx.Client, messages: list, param: str) -> None:
     assert error["param"] == param
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a NUL inside strings reaches the tokenizer and the model (fix: a protocol "
-    "validator refusing '\\x00' in message content, prompt and stop, naming the field)",
-)
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 def test_nul_inside_strings(client: httpx.Client, path: str) -> None:
     if path == CHAT:

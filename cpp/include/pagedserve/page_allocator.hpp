@@ -65,7 +65,7 @@ class PageAllocator {
     bool is_registered(int32_t page) const { return pages_[page].registered; }
     uint64_t page_hash(int32_t page) const { return pages_[page].hash; }
     // Identity of a registered page's content: bumped whenever the page leaves the cache.
-    uint32_t generation(int32_t page) const { return pages_[page].generation; }
+    uint32_t generation(int32_t page) const;  // range-checked, like ref_count
 
   private:
     struct PageInfo {
