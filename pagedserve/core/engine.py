@@ -7,6 +7,7 @@ caller's, offline); AsyncEngine is the only bridge to asyncio.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -131,18 +132,11 @@ class LLMEngine:
         return len(self._requests)
 
     def stats(self) -> EngineStats:
-        s = self.scheduler.stats()
+        scheduler = self.scheduler
         return EngineStats(
-            num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
-            num_pages=s.num_pages,
-            page_size=s.page_size,
-            num_free_pages=s.num_free_pages,
-            num_used_pages=s.num_used_pages,
-            num_cached_pages=s.num_cached_pages,
-            prefix_query_tokens=s.prefix_query_tokens,
-            prefix_hit_tokens=s.prefix_hit_tokens,
-            num_preemptions=s.num_preemptions,
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            **dataclasses.asdict(scheduler.stats()),
         )
 
     # ---- the step -------------------------------------------------------------------------------
