@@ -22,9 +22,14 @@ class NativeAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        ops.reshape_and_cache(key, value, kv_cache, meta.slot_mapping)
+        # Eager code calls the op bodies straight (the dispatcher costs ~100 us a call, twice per
+        # layer per step); only traced code needs the registered ops.
+        compiling = torch.compiler.is_compiling()
+        write = ops.reshape_and_cache if compiling else ops.reshape_and_cache_eager
+        attend = ops.paged_attention if compiling else ops.paged_attention_eager
+        write(key, value, kv_cache, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        ops.paged_attention(
+        attend(
             out,
             query,
             kv_cache,
