@@ -1,5 +1,6 @@
 """Fuzzing the native bindings: random operation sequences, valid or not, thrown at
-PageAllocator and Scheduler for a bounded number of examples.
+PageAllocator and Scheduler for a bounded number of examples (hypothesis) and for a bounded time
+(atheris, coverage-guided: fuzz_native_target.py).
 
 Unlike tests/core/test_scheduler_properties.py (valid sequences checked against a shadow
 model), arguments here are arbitrary: unknown and negative ids, out-of-range pages, double
@@ -10,6 +11,11 @@ stay consistent after each call.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +25,7 @@ from pagedserve.core.native import core
 from pagedserve.core.scheduler import Scheduler
 
 EXPECTED = (ValueError, IndexError, RuntimeError, TypeError, OverflowError)
+FUZZ_SECONDS = 20  # CI's share; run the target by hand for longer
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 IDS = st.integers(-3, 12) | st.integers(-(2**62), 2**62)
 TOKENS = st.lists(st.integers(0, 5), max_size=20).map(lambda t: np.array(t, dtype=np.int32))
@@ -119,3 +126,23 @@ def test_scheduler_random_calls(
     for seq_id in [op[1] for op in ops if op[0] == "add"]:
         s.abort(seq_id)
     assert not s.has_unfinished and s.stats().num_used_pages == 0  # aborting frees everything
+
+
+TARGET = Path(__file__).with_name("fuzz_native_target.py")
+
+
+def test_coverage_guided_fuzz_of_the_bindings(tmp_path: Path) -> None:
+    """atheris (libFuzzer's engine) drives fuzz_native_target.py for a bounded time; a crash, an
+    unexpected exception or a broken invariant ends the run with a non-zero status and a
+    crash-* file holding the input."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    cmd = [sys.executable, str(TARGET), f"-max_total_time={FUZZ_SECONDS}",
+           f"-artifact_prefix={tmp_path}/", "-rss_limit_mb=4096", str(corpus)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert not list(tmp_path.glob("crash-*")), log[-4000:]
+    runs = re.search(r"Done (\d+) runs", log)
+    assert runs and int(runs.group(1)) > 1000, log[-2000:]
+    assert len(list(corpus.iterdir())) > 10, "the fuzzer found no coverage to grow its corpus"
