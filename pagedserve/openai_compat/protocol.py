@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 128
 
@@ -42,8 +50,20 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = None
+    # validate_default: a missing content must reach the check below, which needs the role.
+    content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = Field(
+        default=None, validate_default=True
+    )
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, content: Any, info: ValidationInfo) -> Any:
+        # OpenAI requires content except on assistant turns (which may carry only tool calls;
+        # here an empty assistant turn renders as empty text).
+        if content is None and info.data.get("role", "assistant") != "assistant":
+            raise ValueError(f"content is required for a {info.data['role']} message")
+        return content
 
     def text(self) -> str:
         if self.content is None:

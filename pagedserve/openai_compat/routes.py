@@ -23,7 +23,8 @@ from pagedserve.openai_compat.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pagedserve.openai_compat.serving_chat import render_chat
+from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
+from pagedserve.openai_compat.serving_common import off_loop
 from pagedserve.openai_compat.streaming import ClientGone, JSONResponse, error_response
 
 if TYPE_CHECKING:
@@ -114,12 +115,13 @@ async def tokenize(request: Request) -> Response:
     ctx = state.ready()
     body = await parse(request, TokenizeRequest, state.config.max_body_bytes)
     ctx.check_model(body.model)
-    tokenizer = ctx.engine.tokenizer
     if body.messages is not None:
-        text = render_chat(ctx, body.messages, body.add_generation_prompt)
-        tokens = tokenizer.encode(text, add_special_tokens=False)
+        messages, add_prompt = body.messages, body.add_generation_prompt
+        tokens = await off_loop(chat_chars(messages), chat_token_ids, ctx, messages, add_prompt)
     else:
-        tokens = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        text = body.prompt or ""
+        encode = ctx.engine.tokenizer.encode
+        tokens = await off_loop(len(text), encode, text, body.add_special_tokens)
     max_len = ctx.engine.max_model_len
     return JSONResponse({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
 

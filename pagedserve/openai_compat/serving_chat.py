@@ -18,6 +18,7 @@ from pagedserve.openai_compat.serving_common import (
     engine_errors,
     new_id,
     now,
+    off_loop,
     sampling_params,
     stream_outputs,
     usage,
@@ -47,6 +48,17 @@ def render_chat(
         raise errors.invalid(f"Chat template error: {exc}", param="messages") from exc
 
 
+def chat_chars(messages: list[ChatMessage]) -> int:
+    return sum(len(m.text()) for m in messages)
+
+
+def chat_token_ids(
+    ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool
+) -> list[int]:
+    text = render_chat(ctx, messages, add_generation_prompt)
+    return ctx.engine.tokenizer.encode(text, add_special_tokens=False)
+
+
 class ChatService:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
@@ -54,9 +66,10 @@ class ChatService:
     async def create(self, req: ChatCompletionRequest, receive: Receive) -> Response:
         ctx = self.ctx
         ctx.check_model(req.model)
-        text = render_chat(ctx, req.messages, req.add_generation_prompt)
         tokenizer = ctx.engine.tokenizer
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = await off_loop(
+            chat_chars(req.messages), chat_token_ids, ctx, req.messages, req.add_generation_prompt
+        )
         top_k = (req.top_logprobs or 0) if req.logprobs else None
         params = sampling_params(req, req.output_limit(), top_k, None, tokenizer.vocab_size)
         ctx.admit(prompt_ids, params, "messages")

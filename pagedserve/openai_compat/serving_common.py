@@ -6,9 +6,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pagedserve import __version__
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
@@ -19,8 +19,20 @@ from pagedserve.openai_compat.metrics import ServerMetrics
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("pagedserve.server")
+T = TypeVar("T")
 
 SYSTEM_FINGERPRINT = f"fp_pagedserve_{__version__}"
+OFF_LOOP_CHARS = 16_384
+"""Texts this long are rendered and tokenized on a worker thread: megabytes take seconds, and the
+event loop must keep serving every other stream meanwhile."""
+
+
+async def off_loop(chars: int, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) inline for short inputs (a thread hop costs more than they do), else on a
+    worker thread."""
+    if chars < OFF_LOOP_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 @dataclass
@@ -126,7 +138,7 @@ def sampling_params(
             logit_bias=_logit_bias(req.logit_bias, vocab_size),
             seed=req.seed,
             stop=req.stop_list(),
-            stop_token_ids=tuple(req.stop_token_ids or ()),
+            stop_token_ids=_stop_token_ids(req.stop_token_ids, vocab_size),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -134,6 +146,16 @@ def sampling_params(
             skip_special_tokens=req.skip_special_tokens,
         )
     raise AssertionError("unreachable")  # engine_errors re-raises every exception
+
+
+def _stop_token_ids(ids: list[int] | None, vocab_size: int) -> tuple[int, ...]:
+    # An id outside the vocabulary can never be sampled: the stop would silently never fire.
+    for token_id in ids or ():
+        if not 0 <= token_id < vocab_size:
+            raise errors.invalid(
+                f"stop_token_ids: {token_id} is not in [0, {vocab_size}).", "stop_token_ids"
+            )
+    return tuple(ids or ())
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:

@@ -24,6 +24,7 @@ from pagedserve.openai_compat.serving_common import (
     engine_errors,
     new_id,
     now,
+    off_loop,
     sampling_params,
     stream_outputs,
     usage,
@@ -58,7 +59,7 @@ class CompletionService:
         ctx = self.ctx
         ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
-        prompts, texts = self._prompts(req.prompt)
+        prompts, texts = await self._prompts(req.prompt)
         score_only = req.max_tokens == 0
         top_k = req.logprobs
         prompt_k = top_k if req.echo and top_k is not None else None
@@ -76,7 +77,7 @@ class CompletionService:
         finals = await until_disconnect(receive, collect(streams, ctx.metrics, "prompt"))
         return JSONResponse(self._response(head, job, finals))
 
-    def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> tuple:
+    async def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> tuple:
         """Token ids and echo text of each prompt."""
         tokenizer = self.ctx.engine.tokenizer
         if isinstance(prompt, str):
@@ -89,7 +90,7 @@ class CompletionService:
         texts: list[str] = []
         for item in prompt:
             if isinstance(item, str):
-                ids.append(tokenizer.encode(item, add_special_tokens=True))
+                ids.append(await off_loop(len(item), tokenizer.encode, item, True))
                 texts.append(item)
             else:
                 ids.append(list(item))  # type: ignore[arg-type]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,6 +121,11 @@ def test_coercible_wrong_types(client: httpx.Client, fields: dict) -> None:
         ([], "messages"),
         ([{"role": "wizard", "content": "x"}], "messages[0].role"),
         ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"role": "user"}], "messages[0].content"),
+        (
+            [{"role": "system", "content": None}, {"role": "user", "content": "x"}],
+            "messages[0].content",
+        ),
         (
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             "messages[0].content",
@@ -149,6 +156,12 @@ def test_zero_token_prompt(client: httpx.Client, prompt: Any) -> None:
 def test_token_ids_outside_the_vocabulary(client: httpx.Client, prompt: list) -> None:
     error = _completion(client, prompt=prompt)
     assert error["param"] == "prompt" and f"[0, {VOCAB})" in error["message"]
+
+
+@pytest.mark.parametrize("ids", [[VOCAB], [-1], [2, 2**40]])
+def test_stop_token_ids_outside_the_vocabulary(client: httpx.Client, ids: list[int]) -> None:
+    error = _completion(client, stop_token_ids=ids)
+    assert error["param"] == "stop_token_ids" and f"[0, {VOCAB})" in error["message"]
 
 
 def test_detokenize_outside_the_vocabulary(client: httpx.Client) -> None:
@@ -221,3 +234,35 @@ def test_healthy_after_bad_input(rserver: Server, client: httpx.Client) -> None:
     assert client.get("/health").status_code == 200
     assert not any(wait_idle(rserver).values())
     assert "Traceback" not in rserver.log()
+
+
+@pytest.mark.parametrize("path", ["/tokenize", COMPLETIONS, CHAT])
+def test_huge_prompt_does_not_stall_other_requests(rserver: Server, path: str) -> None:
+    """A prompt of megabytes takes seconds to tokenize; it happens off the event loop, so
+    /health keeps answering meanwhile (a blocked loop answers none until it is done)."""
+    text = "The quick brown fox jumps over the lazy dog. " * (BODY_LIMIT // 60)
+    body: dict[str, Any] = {"prompt": text, "max_tokens": 1}
+    if path == "/tokenize":
+        body = {"prompt": text}
+    elif path == CHAT:
+        body = {"messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    result: dict[str, Any] = {}
+
+    def big() -> None:
+        with httpx.Client(base_url=rserver.base_url, timeout=120) as c:
+            result["response"] = c.post(path, json=body)
+
+    worker = threading.Thread(target=big)
+    answered = 0
+    with httpx.Client(base_url=rserver.base_url, timeout=120) as c:
+        worker.start()
+        while worker.is_alive():
+            response = c.get("/health")
+            answered += worker.is_alive() and response.status_code == 200
+            time.sleep(0.02)
+    response = result["response"]
+    if path == "/tokenize":
+        assert response.status_code == 200 and response.json()["count"] > 100_000
+    else:
+        assert assert_envelope(response)["code"] == "context_length_exceeded"
+    assert answered >= 5, f"/health answered {answered} times while the prompt was tokenized"

@@ -37,6 +37,9 @@ def _metaspace_bytes(token: str) -> bytes:
     return token.replace("\u2581", " ").encode("utf-8")
 
 
+_GIL_FREE_CHARS = 16_384  # below this, encode() is quicker than the batch path
+
+
 class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer`; its post-processor decides what add_special_tokens adds."""
 
@@ -53,7 +56,12 @@ class HFTokenizer(Tokenizer):
         self.add_bos_token = bool(probe) and probe[0] == meta.bos_token_id and len(probe) > 1
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < _GIL_FREE_CHARS:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode() holds the GIL for the whole text; encode_batch() lets it go, so a server
+        # thread tokenizing megabytes does not stall the event loop (same ids either way).
+        [encoding] = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return encoding.ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
