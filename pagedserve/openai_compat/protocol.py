@@ -24,6 +24,11 @@ from pydantic import (
 MAX_N = 128
 
 
+# A token id: the schema states its bounds; validation leaves them to the vocabulary check,
+# whose message names the model's range [0, vocab_size).
+TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, "maximum": 2**31 - 1})]
+
+
 class _Strict(BaseModel):
     # strict: JSON types as OpenAI takes them ("5" is not an int, 0.0 not a bool); an int is
     # still a valid float.
@@ -48,7 +53,24 @@ class TextPart(_Strict):
     text: Annotated[str, AfterValidator(_no_nul)]
 
 
+# The cross-field rules below, stated in /openapi.json too, so that its bodies are the accepted ones.
+_CONTENT_UNLESS_ASSISTANT = {
+    "anyOf": [
+        {"properties": {"role": {"const": "assistant"}}},
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    ]
+}
+_PROMPT_XOR_MESSAGES = {
+    "oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": False}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": False}},
+    ]
+}
+
+
 class ChatMessage(_Strict):
+    model_config = ConfigDict(json_schema_extra=_CONTENT_UNLESS_ASSISTANT)
+
     role: Literal["system", "developer", "user", "assistant"]
     # validate_default: a missing content must reach the check below, which needs the role.
     content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = Field(
@@ -131,7 +153,7 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
@@ -190,7 +212,7 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
 class CompletionRequest(_SamplingFields):
@@ -209,6 +231,8 @@ class CompletionRequest(_SamplingFields):
 
 
 class TokenizeRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_PROMPT_XOR_MESSAGES)
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -224,7 +248,7 @@ class TokenizeRequest(_Strict):
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
