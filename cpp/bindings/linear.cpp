@@ -1,0 +1,51 @@
+// pybind11 glue for the bf16 linear kernel (linear.hpp). Plain arguments, pointers as ints, the
+// GIL released while it runs: it is called several times per layer and step.
+// pagedserve/core/models/linear.py is the only caller.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "pagedserve/linear.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using Ptr = std::uintptr_t;
+
+template <typename T>
+T* pointer(Ptr p) {
+    return reinterpret_cast<T*>(p);
+}
+
+void linear(Ptr x, std::int64_t x_stride, Ptr packed, Ptr bias, Ptr residual,
+            std::int64_t residual_stride, Ptr out, std::int64_t out_stride, bool out_float32,
+            std::int64_t m, std::int64_t n, std::int64_t k, int num_threads) {
+    pagedserve::LinearArgs a;
+    a.x = pointer<const std::uint16_t>(x), a.x_stride = x_stride;
+    a.packed = pointer<const std::uint16_t>(packed);
+    a.bias = pointer<const std::uint16_t>(bias);
+    a.residual = pointer<const std::uint16_t>(residual), a.residual_stride = residual_stride;
+    a.out = pointer<void>(out), a.out_stride = out_stride, a.out_float32 = out_float32;
+    a.m = m, a.n = n, a.k = k;
+    pagedserve::linear_bf16(a, num_threads);
+}
+
+void pack(Ptr weight, std::int64_t n, std::int64_t k, Ptr packed, int num_threads) {
+    pagedserve::pack_linear_weight_bf16(pointer<const std::uint16_t>(weight), n, k,
+                                        pointer<std::uint16_t>(packed), num_threads);
+}
+
+}  // namespace
+
+void bind_linear(py::module_& m) {
+    m.def("linear_bf16_supported", &pagedserve::linear_bf16_supported);
+    m.def("packed_linear_elements", &pagedserve::packed_linear_elements, py::arg("n"),
+          py::arg("k"));
+    m.def("pack_linear_weight_bf16", &pack, py::arg("weight"), py::arg("n"), py::arg("k"),
+          py::arg("packed"), py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+    m.def("linear_bf16", &linear, py::arg("x"), py::arg("x_stride"), py::arg("packed"),
+          py::arg("bias"), py::arg("residual"), py::arg("residual_stride"), py::arg("out"),
+          py::arg("out_stride"), py::arg("out_float32"), py::arg("m"), py::arg("n"), py::arg("k"),
+          py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,189 @@
+// CPU bf16 linear layers with AVX512-BF16 (see linear.hpp). Work is split into items of
+// (a chunk of up to kChunkRows rows, one 32-column weight tile); a thread takes a contiguous run
+// of items, so it streams each packed tile once per chunk while the chunk's rows stay in L2.
+// Within an item, a micro-tile of 8 rows x 32 columns keeps 16 fp32 accumulators in registers:
+// per pair of input features, 2 weight loads feed 16 dot-product instructions.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "pagedserve/linear.hpp"
+
+#define PAGEDSERVE_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace pagedserve {
+namespace {
+
+constexpr std::int64_t kRows = 8;          // rows per micro-tile (2 x 8 accumulators)
+constexpr std::int64_t kChunkRows = 256;   // rows per work item
+constexpr std::int64_t kPanelBytes = 256 << 10;  // packed weights per work item: L2-resident
+constexpr std::int64_t kPairRow = 2 * kLinearTileN;  // packed elements per feature pair
+constexpr std::int64_t kMinParallelMacs = 1 << 18;   // below ~20 us of work, one thread
+
+std::int64_t num_pairs(std::int64_t k) { return (k + 1) / 2; }
+std::int64_t num_tiles(std::int64_t n) { return (n + kLinearTileN - 1) / kLinearTileN; }
+
+PAGEDSERVE_BF16_TARGET inline __mmask16 lanes(std::int64_t count) {
+    if (count >= 16) return 0xffff;
+    return count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
+PAGEDSERVE_BF16_TARGET inline __m512 load_bf16(const std::uint16_t* p, __mmask16 mask) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// The bf16 pair (x[i], x[i + 1]) as one 32-bit lane broadcast to all 16; past the end of an
+// odd-length row the second half is zero (it meets the zero padding of the packed weight).
+PAGEDSERVE_BF16_TARGET inline __m512bh broadcast_pair(const std::uint16_t* x, bool whole) {
+    std::uint32_t pair = x[0];
+    if (whole) std::memcpy(&pair, x, sizeof(pair));
+    return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+}
+
+template <int R>
+PAGEDSERVE_BF16_TARGET void tile_product(const LinearArgs& a, std::int64_t row0,
+                                         const std::uint16_t* w, __m512 (&acc)[R][2]) {
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const std::uint16_t* x = a.x + row0 * a.x_stride;
+    const std::int64_t pairs = num_pairs(a.k);
+    for (std::int64_t p = 0; p < pairs; ++p) {
+        const bool whole = 2 * p + 1 < a.k;
+        const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow));
+        const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow + 32));
+        for (int r = 0; r < R; ++r) {
+            const __m512bh xr = broadcast_pair(x + r * a.x_stride + 2 * p, whole);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+        }
+    }
+}
+
+PAGEDSERVE_BF16_TARGET inline void store(const LinearArgs& a, std::int64_t row, std::int64_t col,
+                                         __m512 v, __mmask16 mask) {
+    if (a.out_float32) {
+        _mm512_mask_storeu_ps(static_cast<float*>(a.out) + row * a.out_stride + col, mask, v);
+    } else {
+        const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));  // nearest-even
+        auto* out = static_cast<std::uint16_t*>(a.out) + row * a.out_stride + col;
+        _mm256_mask_storeu_epi16(out, mask, bits);
+    }
+}
+
+// acc + bias + residual, rounded once into out's dtype; columns past n are masked off.
+template <int R>
+PAGEDSERVE_BF16_TARGET void store_tile(const LinearArgs& a, std::int64_t row0, std::int64_t col0,
+                                       __m512 (&acc)[R][2]) {
+    const __mmask16 mask[2] = {lanes(a.n - col0), lanes(a.n - col0 - 16)};
+    for (int h = 0; h < 2; ++h) {
+        const std::int64_t col = col0 + 16 * h;
+        const __m512 bias = a.bias ? load_bf16(a.bias + col, mask[h]) : _mm512_setzero_ps();
+        for (int r = 0; r < R; ++r) {
+            __m512 v = _mm512_add_ps(acc[r][h], bias);
+            if (a.residual) {
+                const std::uint16_t* res = a.residual + (row0 + r) * a.residual_stride + col;
+                v = _mm512_add_ps(v, load_bf16(res, mask[h]));
+            }
+            store(a, row0 + r, col, v, mask[h]);
+        }
+    }
+}
+
+template <int R>
+PAGEDSERVE_BF16_TARGET void micro_tile(const LinearArgs& a, std::int64_t row0, std::int64_t tile) {
+    __m512 acc[R][2];
+    tile_product<R>(a, row0, a.packed + tile * num_pairs(a.k) * kPairRow, acc);
+    store_tile<R>(a, row0, tile * kLinearTileN, acc);
+}
+
+template <int R>
+PAGEDSERVE_BF16_TARGET void row_block(const LinearArgs& a, std::int64_t row0, std::int64_t tile0,
+                                      std::int64_t tile_end) {
+    for (std::int64_t t = tile0; t < tile_end; ++t) micro_tile<R>(a, row0, t);
+}
+
+// Rows [row0, row0 + rows) x tiles [tile0, tile_end): 8 rows at a time across the whole panel,
+// so the panel's weights stay in L2 and each output row is written in one contiguous run.
+PAGEDSERVE_BF16_TARGET void run_item(const LinearArgs& a, std::int64_t row0, std::int64_t rows,
+                                     std::int64_t tile0, std::int64_t tile_end) {
+    std::int64_t r = row0;
+    for (; r + kRows <= row0 + rows; r += kRows) row_block<kRows>(a, r, tile0, tile_end);
+    switch (row0 + rows - r) {  // the last rows of the chunk, fewer than kRows
+        case 7: return row_block<7>(a, r, tile0, tile_end);
+        case 6: return row_block<6>(a, r, tile0, tile_end);
+        case 5: return row_block<5>(a, r, tile0, tile_end);
+        case 4: return row_block<4>(a, r, tile0, tile_end);
+        case 3: return row_block<3>(a, r, tile0, tile_end);
+        case 2: return row_block<2>(a, r, tile0, tile_end);
+        case 1: return row_block<1>(a, r, tile0, tile_end);
+        default: return;
+    }
+}
+
+PAGEDSERVE_BF16_TARGET void run_linear(const LinearArgs& a, int num_threads) {
+    const std::int64_t tiles = num_tiles(a.n);
+    const bool small = a.m * a.n * a.k < kMinParallelMacs;
+    const std::int64_t threads = small ? 1 : std::min<std::int64_t>(num_threads, tiles);
+    // A panel: as many tiles as fit kPanelBytes, and at least one panel per thread.
+    const std::int64_t tile_bytes = num_pairs(a.k) * kPairRow * 2;
+    const std::int64_t fit = std::max<std::int64_t>(1, kPanelBytes / tile_bytes);
+    const std::int64_t per_panel = std::min(fit, (tiles + threads - 1) / threads);
+    const std::int64_t panels = (tiles + per_panel - 1) / per_panel;
+    const std::int64_t chunks = (a.m + kChunkRows - 1) / kChunkRows;
+#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static)
+    for (std::int64_t i = 0; i < chunks * panels; ++i) {
+        const std::int64_t row0 = i / panels * kChunkRows, tile0 = i % panels * per_panel;
+        run_item(a, row0, std::min(kChunkRows, a.m - row0), tile0,
+                 std::min(tiles, tile0 + per_panel));
+    }
+}
+
+void check(bool ok, const char* message) {
+    if (!ok) throw std::invalid_argument(message);
+}
+
+}  // namespace
+
+std::int64_t packed_linear_elements(std::int64_t n, std::int64_t k) {
+    return num_tiles(n) * num_pairs(k) * kPairRow;
+}
+
+void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::int64_t k,
+                             std::uint16_t* packed, int num_threads) {
+    check(n > 0 && k > 0, "pack_linear_weight_bf16: n and k must be positive");
+    const std::int64_t tiles = num_tiles(n), pairs = num_pairs(k);
+#pragma omp parallel for num_threads(std::max(1, num_threads)) schedule(static)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+        std::uint16_t* out = packed + t * pairs * kPairRow;
+        for (std::int64_t p = 0; p < pairs; ++p) {
+            for (std::int64_t j = 0; j < kLinearTileN; ++j) {
+                const std::int64_t col = t * kLinearTileN + j;
+                for (std::int64_t h = 0; h < 2; ++h) {
+                    const std::int64_t feature = 2 * p + h;
+                    const bool inside = col < n && feature < k;
+                    out[p * kPairRow + 2 * j + h] = inside ? weight[col * k + feature] : 0;
+                }
+            }
+        }
+    }
+}
+
+bool linear_bf16_supported() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
+
+void linear_bf16(const LinearArgs& args, int num_threads) {
+    if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
+    check(args.m >= 0 && args.n > 0 && args.k > 0, "linear_bf16: bad m, n or k");
+    check(args.x && args.packed && args.out, "linear_bf16: null x, packed weight or out");
+    check(args.x_stride >= args.k && args.out_stride >= args.n, "linear_bf16: row stride too small");
+    check(!args.residual || args.residual_stride >= args.n, "linear_bf16: residual stride too small");
+    if (args.m == 0) return;
+    run_linear(args, std::max(1, num_threads));
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,123 @@
+// The bf16 linear kernel against a double-precision loop: shapes around every tile edge (rows
+// 1-19 around the 8-row micro-tile, columns around 32, odd k), bias, a residual that is the
+// output itself, fp32 and bf16 output, several threads; and the argument checks. Skips (passes)
+// on a CPU without AVX512-BF16. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "check.hpp"
+#include "pagedserve/linear.hpp"
+
+using namespace pagedserve;
+
+namespace {
+
+std::uint16_t to_bf16(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(std::uint16_t b) {
+    const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<std::uint16_t> v(n);
+    for (auto& x : v) x = to_bf16(dist(rng));
+    return v;
+}
+
+struct Shape {
+    std::int64_t m, n, k;
+    bool bias, residual, fp32;
+    int threads;
+};
+
+// One product checked element by element; the residual is the output buffer itself.
+bool matches(const Shape& s, std::mt19937& rng) {
+    const std::int64_t x_stride = s.k + 3, out_stride = s.n + 5;  // padded rows
+    auto x = random_bf16(s.m * x_stride, rng), w = random_bf16(s.n * s.k, rng);
+    auto bias = random_bf16(s.n, rng), start = random_bf16(s.m * out_stride, rng);
+    std::vector<std::uint16_t> packed(packed_linear_elements(s.n, s.k));
+    pack_linear_weight_bf16(w.data(), s.n, s.k, packed.data(), s.threads);
+    std::vector<std::uint16_t> out16 = start;
+    std::vector<float> out32(s.m * out_stride, 7.0f);
+    LinearArgs a;
+    a.x = x.data(), a.x_stride = x_stride, a.packed = packed.data();
+    a.bias = s.bias ? bias.data() : nullptr;
+    a.residual = s.residual && !s.fp32 ? out16.data() : nullptr;  // in place
+    a.residual_stride = out_stride;
+    a.out = s.fp32 ? static_cast<void*>(out32.data()) : static_cast<void*>(out16.data());
+    a.out_stride = out_stride, a.out_float32 = s.fp32, a.m = s.m, a.n = s.n, a.k = s.k;
+    linear_bf16(a, s.threads);
+    for (std::int64_t i = 0; i < s.m; ++i) {
+        for (std::int64_t j = 0; j < out_stride; ++j) {
+            const std::int64_t at = i * out_stride + j;
+            if (j >= s.n) {  // padding past n is never written
+                if (s.fp32 ? out32[at] != 7.0f : out16[at] != start[at]) return false;
+                continue;
+            }
+            double want = s.bias ? from_bf16(bias[j]) : 0.0;
+            if (a.residual) want += from_bf16(start[at]);
+            for (std::int64_t t = 0; t < s.k; ++t)
+                want += double(from_bf16(x[i * x_stride + t])) * from_bf16(w[j * s.k + t]);
+            const double got = s.fp32 ? out32[at] : from_bf16(out16[at]);
+            const double tol = s.fp32 ? 1e-4 * (1 + std::fabs(want)) : 8e-3 * (1 + std::fabs(want));
+            if (std::fabs(got - want) > tol) return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST(linear_matches_reference_around_tile_edges) {
+    if (!linear_bf16_supported()) return;
+    std::mt19937 rng(7);
+    for (std::int64_t m : {1, 7, 8, 9, 16, 19}) {
+        for (std::int64_t n : {1, 31, 32, 33, 70}) {
+            for (std::int64_t k : {1, 2, 9, 64}) {
+                const bool odd = (m + n + k) % 2 == 1;
+                CHECK(matches({m, n, k, odd, !odd, false, 1 + int(m % 2)}, rng));
+                CHECK(matches({m, n, k, !odd, false, true, 2}, rng));
+            }
+        }
+    }
+}
+
+TEST(linear_large_enough_to_run_threaded) {
+    if (!linear_bf16_supported()) return;
+    std::mt19937 rng(11);
+    CHECK(matches({300, 200, 96, true, true, false, 3}, rng));
+    CHECK(matches({64, 576, 130, false, false, true, 2}, rng));
+}
+
+TEST(linear_refuses_bad_arguments) {
+    if (!linear_bf16_supported()) return;
+    std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
+    LinearArgs a;
+    a.x = x.data(), a.x_stride = 8, a.packed = packed.data(), a.out = out.data();
+    a.out_stride = 4, a.m = 2, a.n = 4, a.k = 8;
+    linear_bf16(a, 1);  // valid
+    LinearArgs bad = a;
+    bad.x_stride = 7;
+    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+    bad = a, bad.out_stride = 3;
+    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+    bad = a, bad.k = 0;
+    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+    bad = a, bad.packed = nullptr;
+    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+    CHECK_THROWS(std::invalid_argument, pack_linear_weight_bf16(x.data(), 0, 8, packed.data(), 1));
+}
+
+int main() { return check::run_all_tests(); }

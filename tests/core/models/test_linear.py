@@ -1,0 +1,103 @@
+"""models.linear.Linear: the packed native bf16 path against torch's expressions it replaces,
+and the torch path where the kernel does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedserve.core.models.linear import Linear, native_linear_available
+
+needs_kernel = pytest.mark.skipif(
+    not native_linear_available(), reason="this CPU has no AVX512-BF16"
+)
+
+
+def make(k: int, n: int, bias: bool, dtype: torch.dtype, seed: int = 0) -> Linear:
+    gen = torch.Generator().manual_seed(seed)
+    layer = Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, k, generator=gen) * k**-0.5)  # type: ignore[union-attr]
+        if layer.bias is not None:
+            layer.bias.copy_(torch.randn(n, generator=gen))
+    return layer.to(dtype).requires_grad_(False)
+
+
+def reference(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """fp32 math on the same bf16 inputs, rounded once at the end by the caller."""
+    y = x.float() @ w.float().t()
+    if b is not None:
+        y = y + b.float()
+    return y if residual is None else y + residual.float()
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 64, 300])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (33, 70), (1536, 576), (5, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matches_fp32_math_rounded_once(m: int, k: int, n: int, bias: bool) -> None:
+    layer = make(k, n, bias, torch.bfloat16)
+    w = layer.weight.clone()  # type: ignore[union-attr]
+    b = None if layer.bias is None else layer.bias.clone()
+    assert layer.pack() and layer.weight is None and layer.packed is not None
+    x = torch.randn(m, k).to(torch.bfloat16)
+    residual = torch.randn(m, n).to(torch.bfloat16)
+    want = reference(x, w, b, None)
+    torch.testing.assert_close(layer(x), want.to(torch.bfloat16), rtol=8e-3, atol=2e-3)
+    torch.testing.assert_close(layer(x, out_dtype=torch.float32), want, rtol=1e-4, atol=1e-4)
+    want_res = reference(x, w, b, residual).to(torch.bfloat16)
+    torch.testing.assert_close(layer(x, residual), want_res, rtol=8e-3, atol=2e-3)
+
+
+@needs_kernel
+def test_packed_close_to_torch_bf16_linear() -> None:
+    """The expressions llama.py used before: F.linear and addmm in bf16."""
+    layer = make(576, 960, False, torch.bfloat16, seed=3)
+    w = layer.weight.clone()  # type: ignore[union-attr]
+    layer.pack()
+    x, h = torch.randn(64, 576).to(torch.bfloat16), torch.randn(64, 960).to(torch.bfloat16)
+    torch.testing.assert_close(layer(x), F.linear(x, w), rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(layer(x, h), torch.addmm(h, x, w.t()), rtol=1.6e-2, atol=1e-2)
+
+
+@needs_kernel
+def test_packed_takes_strided_views() -> None:
+    layer = make(64, 48, True, torch.bfloat16, seed=4)
+    w, b = layer.weight.clone(), layer.bias.clone()  # type: ignore[union-attr]
+    layer.pack()
+    wide = torch.randn(10, 100).to(torch.bfloat16)
+    x = wide[:, 10:74]  # rows 100 apart
+    torch.testing.assert_close(
+        layer(x, out_dtype=torch.float32), reference(x, w, b, None), rtol=1e-4, atol=1e-4
+    )
+    xt = torch.randn(64, 10).to(torch.bfloat16).t()  # not contiguous in its last dim
+    torch.testing.assert_close(
+        layer(xt, out_dtype=torch.float32), reference(xt, w, b, None), rtol=1e-4, atol=1e-4
+    )
+
+
+@needs_kernel
+def test_packed_refuses_bad_inputs() -> None:
+    layer = make(16, 8, False, torch.bfloat16)
+    layer.pack()
+    with pytest.raises(ValueError, match="features"):
+        layer(torch.zeros(2, 15, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16"):
+        layer(torch.zeros(2, 16))
+    with pytest.raises(ValueError, match="residual"):
+        layer(torch.zeros(2, 16, dtype=torch.bfloat16), torch.zeros(2, 9, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
+    layer = make(40, 24, True, dtype, seed=5)
+    assert not layer.pack() and layer.packed is None
+    x, h = torch.randn(6, 40).to(dtype), torch.randn(6, 24).to(dtype)
+    w, b = layer.weight, layer.bias
+    assert torch.equal(layer(x), F.linear(x, w, b))  # type: ignore[arg-type]
+    assert torch.equal(layer(x, h), F.linear(x, w, b) + h)  # type: ignore[arg-type]
+    nobias = make(40, 24, False, dtype, seed=6)
+    assert torch.equal(nobias(x, h), torch.addmm(h, x, nobias.weight.t()))  # type: ignore[union-attr]
