@@ -1,7 +1,10 @@
 """Paged-attention kernel benchmark: native ops vs the torch reference, side by side, one run.
 
-    python bench/kernels.py [--threads 1]        # CPU: decode 32 x 1024, prefill 4 x 512
+    python bench/kernels.py [--threads 1]        # CPU: decode 32 x 1024, prefill 4 x 512, and
+                                                 # the engine's shapes (decode 64 x 130, 64 x 512;
+                                                 # one 512-token chunk at context 1000)
     python bench/kernels.py --device cuda        # + decode 64 x 4096 bandwidth vs the device peak
+    python bench/kernels.py --cases decode:64:1:130,prefill:1:512:1000 --models smollm2-135m
 
 Prints one JSON object: per case the median milliseconds of each implementation, native's
 speed-up over the reference and over a batched-SDPA baseline (gather the pages into dense K/V,
@@ -121,10 +124,16 @@ def bench_case(name: str, c: dict, repeats: int, device: str, with_reference: bo
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
 
 
-def cases(device: str) -> list[tuple[str, int, int, int]]:
+def cases(device: str, spec: str) -> list[tuple[str, int, int, int]]:
+    """spec: comma-separated kind:num_reqs:q_len:ctx, or "" for the built-in list."""
+    if spec:
+        parsed = [item.split(":") for item in spec.split(",")]
+        return [(kind, int(reqs), int(q_len), int(ctx)) for kind, reqs, q_len, ctx in parsed]
     shapes = [("decode", 32, 1, 1024), ("prefill", 4, 512, 512)]
     if device == "cuda":
         shapes.append(("decode", 64, 1, 4096))
+    else:  # a batch-64 decode step and a chunked 1,000-token prefill of the small model
+        shapes += [("decode", 64, 1, 130), ("decode", 64, 1, 512), ("prefill", 1, 512, 1000)]
     return shapes
 
 
@@ -133,6 +142,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"some of {list(MODELS)}")
+    parser.add_argument(
+        "--cases", default="", help="kind:num_reqs:q_len:ctx,... (default: built-in)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument(
         "--peak-gb-per-s",
@@ -145,9 +158,9 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     rows = []
-    for model in MODELS:
+    for model in args.models.split(","):
         for dtype_name in args.dtypes.split(","):
-            for kind, reqs, q_len, ctx in cases(args.device):
+            for kind, reqs, q_len, ctx in cases(args.device, args.cases):
                 c = make_case(reqs, q_len, ctx, model, DTYPES[dtype_name], args.device)
                 name = f"{kind} {reqs}x{ctx} {model} {dtype_name}"
                 row = bench_case(name, c, args.repeats, args.device, with_reference=ctx <= 1024)

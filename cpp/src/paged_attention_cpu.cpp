@@ -1,16 +1,23 @@
 // CPU paged attention: OpenMP over (request, KV head, query block) work items, one pass over the
 // request's pages per item with a streaming (online) softmax in fp32. All query heads of a GQA
-// group share an item, so each K/V page tile is loaded (and converted from bf16) once per group.
-// Inner loops are plain loops over head_size or a 16-key chunk, written so the compiler
-// vectorizes them (-O3 -march=native; `omp simd`); no intrinsics, so it builds anywhere.
+// group share an item, so each K/V page tile is loaded once per group.
+// With AVX-512 (-march=native on such a CPU) and a head size that is a multiple of 32, items run
+// the intrinsic kernels of paged_attention_cpu_avx512*.hpp. Everywhere else the portable loops
+// below serve: plain loops over head_size or a 16-key chunk, written so the compiler vectorizes
+// them (`omp simd`). Both keep fp32 scores, softmax and accumulators.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "pagedserve/paged_attention.hpp"
 
@@ -72,6 +79,10 @@ inline void store_row(const float* src, Bf16* dst, std::int64_t n) {
     }
 }
 
+#if defined(__AVX512F__)
+#include "paged_attention_cpu_avx512.hpp"
+#endif
+
 constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-512 register)
 constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at least one
 constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
@@ -85,17 +96,30 @@ struct WorkItem {
 
 std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
 
-// Per-thread buffers, sized once per call. A key block is pages_per_block whole pages.
+// Per-thread buffers. A key block is pages_per_block whole pages.
 struct Scratch {
-    std::int64_t pages_per_block, block_keys, width;
-    std::vector<float> q, acc, row_max, row_sum, k, k_t, v, s;
+    std::int64_t m, d, page_size, pages_per_block, block_keys, width;
+    std::vector<float> q, acc, row_max, row_sum, k, k_t, v, s, zero;
     std::vector<const float*> k_pages, v_pages;
+    std::vector<const void*> k_rows, v_rows;  // raw cache rows of the block's keys (AVX-512 path)
+    std::vector<std::uint16_t> q_bf16;        // raw bf16 query rows (dpbf16 path)
     Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
-        : pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
+        : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
-          acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width),
-          v(block_keys * d), s(kGroupRows * width), k_pages(pages_per_block), v_pages(pages_per_block) {}
+          acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
+          s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
+          v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
 };
+
+// The calling thread's Scratch for these sizes, kept between calls (OpenMP reuses its threads):
+// a model's layers all ask for the same sizes, so the hot path allocates nothing. Stale values
+// from an earlier call reach only score lanes that the softmax masks out; `zero` stays zero.
+Scratch& thread_scratch(std::int64_t m, std::int64_t d, std::int64_t page_size) {
+    thread_local std::unique_ptr<Scratch> sc;
+    if (!sc || sc->m != m || sc->d != d || sc->page_size != page_size)
+        sc = std::make_unique<Scratch>(m, d, page_size);
+    return *sc;
+}
 
 void check(bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -140,106 +164,35 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
     return items;
 }
 
-// Scores of query vector q against keys [0, n) stored as rows (k: [n][head_size]).
-template <int kD>
-void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_rt, float* s) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    for (std::int64_t j = 0; j < n; ++j) {
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (std::int64_t d = 0; d < d_len; ++d) sum += q[d] * k[j * d_len + d];
-        s[j] = sum;
-    }
-}
-
-// Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
-// 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
-// hide the FMA latency and share each loaded k_t row.
-template <int kD, int kR>
-void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::int64_t width,
-                       std::int64_t d_rt, float* s) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    for (std::int64_t c = 0; c < n; c += kChunk) {
-        float part[kR][kChunk] = {};
-        for (std::int64_t d = 0; d < d_len; ++d) {
-            const float* row = k_t + d * width + c;
-            for (int r = 0; r < kR; ++r) {
-                const float qd = q[r * d_len + d];
-#pragma omp simd
-                for (int j = 0; j < kChunk; ++j) part[r][j] += qd * row[j];
-            }
-        }
-        for (int r = 0; r < kR; ++r) std::memcpy(s + r * width + c, part[r], sizeof(part[r]));
-    }
-}
-
-// Turns scores s[0, valid) of one query vector into weights against its running max (and
-// zeroes s[valid, n), keys in the row's future), updates its running sum, rescales its acc.
-template <int kD>
-void softmax_step(float* s, std::int64_t valid, std::int64_t n, std::int64_t d_rt,
-                  float& row_max, float& row_sum, float* acc) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    float tile_max = s[0];
-#pragma omp simd reduction(max : tile_max)
-    for (std::int64_t j = 1; j < valid; ++j) tile_max = std::max(tile_max, s[j]);
-    const float new_max = std::max(row_max, tile_max);
-    // row_max == -inf only before the first block, when acc and row_sum are still zero.
-    const float alpha = row_max == -std::numeric_limits<float>::infinity()
-                            ? 0.0f : exp_nonpositive(row_max - new_max);
-    float tile_sum = 0.0f;
-#pragma omp simd reduction(+ : tile_sum)
-    for (std::int64_t j = 0; j < valid; ++j) {
-        s[j] = exp_nonpositive(s[j] - new_max);
-        tile_sum += s[j];
-    }
-    std::fill(s + valid, s + n, 0.0f);
-    row_sum = row_sum * alpha + tile_sum;
-    row_max = new_max;
-    if (alpha != 1.0f) {
-#pragma omp simd
-        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= alpha;
-    }
-}
-
-// acc rows += weights . V over keys [0, n) for kR query vectors (rows of s, stride s_stride;
-// rows of acc): each loaded value row feeds kR accumulators held in registers.
-template <int kD, int kR>
-void accumulate_values(const float* s, std::int64_t s_stride, std::int64_t n, const Scratch& sc,
-                       std::int64_t page_size, std::int64_t d_rt, float* acc) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    float a[kR][kD ? kD : 1];
-    float* rows[kR];
-    for (int r = 0; r < kR; ++r) {
-        rows[r] = kD ? a[r] : acc + r * d_len;
-        if (kD) std::memcpy(a[r], acc + r * d_len, sizeof(float) * d_len);
-    }
-    for (std::int64_t key0 = 0, p = 0; key0 < n; key0 += page_size, ++p) {
-        const std::int64_t page_keys = std::min(page_size, n - key0);
-        for (std::int64_t j = 0; j < page_keys; ++j) {
-            const float* vr = sc.v_pages[p] + j * d_len;
-            for (int r = 0; r < kR; ++r) {
-                const float pj = s[r * s_stride + key0 + j];
-                float* out = kD ? a[r] : rows[r];
-#pragma omp simd
-                for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
-            }
-        }
-    }
-    if (kD) {
-        for (int r = 0; r < kR; ++r) std::memcpy(acc + r * d_len, a[r], sizeof(float) * d_len);
-    }
-}
+#include "paged_attention_cpu_portable.hpp"
 
 template <typename T>
 void prefetch_tile(const T* p, std::int64_t elements) {
 #if defined(__GNUC__)
     const char* bytes = reinterpret_cast<const char*>(p);
     for (std::int64_t i = 0; i < elements * static_cast<std::int64_t>(sizeof(T)); i += 64)
-        __builtin_prefetch(bytes + i);
+        __builtin_prefetch(bytes + i, 0, 2);  // into L2: L1 has too few miss buffers
 #else
     (void)p;
     (void)elements;
 #endif
+}
+
+// Element offset (in the K half) of the work item's key page `index`, keys below num_keys;
+// prefetches the K and V pages a block ahead, since scattered pages defeat the HW prefetcher.
+template <typename T>
+std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t index,
+                         std::int64_t num_keys, const Scratch& sc) {
+    const KvCacheView& c = a.cache;
+    const std::int32_t* row = a.page_table + w.req * a.page_table_stride;
+    const std::int64_t ahead = index + sc.pages_per_block;
+    if (ahead * c.page_size < num_keys) {
+        const T* next = static_cast<const T*>(c.data) + row[ahead] * c.page_stride() +
+                        w.kv_head * c.head_stride();
+        prefetch_tile(next, c.head_stride());
+        prefetch_tile(next + c.kv_stride(), c.head_stride());
+    }
+    return row[index] * c.page_stride() + w.kv_head * c.head_stride();
 }
 
 // Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
@@ -250,18 +203,10 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
                         std::int64_t num_keys, std::int64_t d_len, bool transpose, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const T* cache = static_cast<const T*>(c.data);
-    const std::int32_t* row = a.page_table + w.req * a.page_table_stride;
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
-        const std::int64_t index = (key0 + n) / c.page_size;
-        const std::int64_t off = row[index] * c.page_stride() + w.kv_head * c.head_stride();
-        const std::int64_t ahead = index + sc.pages_per_block;  // scattered pages: no HW prefetch
-        if (ahead * c.page_size < num_keys) {
-            const std::int64_t next = row[ahead] * c.page_stride() + w.kv_head * c.head_stride();
-            prefetch_tile(cache + next, c.head_stride());
-            prefetch_tile(cache + c.kv_stride() + next, c.head_stride());
-        }
+        const std::int64_t off = page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
         if constexpr (std::is_same_v<T, float>) {
             sc.k_pages[p] = cache + off;
             sc.v_pages[p] = cache + c.kv_stride() + off;
@@ -298,18 +243,49 @@ void load_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     }
 }
 
+// Each of query vectors m .. m + rows's causal horizon inside the key block [key0, key0 + n)
+// into valid[]; returns the largest (<= 0: the block lies wholly in these rows' future).
+std::int64_t horizons(const AttentionArgs& a, std::int64_t m, std::int64_t rows, std::int64_t key0,
+                      std::int64_t n, std::int64_t first_pos, std::int64_t* valid) {
+    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
+    std::int64_t n_max = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+        valid[r] = std::min(n, first_pos + (m + r) / group - key0 + 1);
+        n_max = std::max(n_max, valid[r]);
+    }
+    return n_max;
+}
+
+// Softmax step of query vectors m .. m + rows over their score rows sc.s (stride width).
+template <int kD>
+void softmax_rows(Scratch& sc, std::int64_t m, std::int64_t rows, const std::int64_t* valid,
+                  std::int64_t n_max, std::int64_t d_len) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+        float* sr = sc.s.data() + r * sc.width;
+        if (valid[r] <= 0) {
+            std::fill(sr, sr + n_max, 0.0f);
+        } else {
+#if defined(__AVX512F__)
+            if constexpr (kD != 0) {
+                softmax_step_avx512<kD>(sr, valid[r], n_max, sc.row_max[m + r], sc.row_sum[m + r],
+                                        sc.acc.data() + (m + r) * d_len);
+                continue;
+            }
+#endif
+            softmax_step<kD>(sr, valid[r], n_max, d_len, sc.row_max[m + r], sc.row_sum[m + r],
+                             sc.acc.data() + (m + r) * d_len);
+        }
+    }
+}
+
 // Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
                  std::int64_t n, std::int64_t first_pos, bool transpose) {
     const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    std::int64_t valid[kR], n_max = 0;
-    for (int r = 0; r < kR; ++r) {  // each vector's causal horizon inside this block
-        valid[r] = std::min(n, first_pos + (m + r) / group - key0 + 1);
-        n_max = std::max(n_max, valid[r]);
-    }
-    if (n_max <= 0) return;  // the block lies wholly in these rows' future
+    std::int64_t valid[kR];
+    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, valid);
+    if (n_max <= 0) return;
     float* s = sc.s.data();
     const float* q = sc.q.data() + m * d_len;
     if (transpose) {
@@ -320,15 +296,7 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
                 scores_dot<kD>(q + r * d_len, sc.k_pages[p], std::min(ps, n_max - p * ps), d_len,
                                s + r * sc.width + p * ps);
     }
-    for (int r = 0; r < kR; ++r) {
-        float* sr = s + r * sc.width;
-        if (valid[r] <= 0) {
-            std::fill(sr, sr + n_max, 0.0f);
-        } else {
-            softmax_step<kD>(sr, valid[r], n_max, d_len, sc.row_max[m + r], sc.row_sum[m + r],
-                             sc.acc.data() + (m + r) * d_len);
-        }
-    }
+    softmax_rows<kD>(sc, m, kR, valid, n_max, d_len);
     // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.
     constexpr int kPv = std::min(kR, kD == 0 ? 1 : (kD <= 64 ? 4 : 2));
     for (int r = 0; r < kR; r += kPv)
@@ -336,12 +304,27 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
                                    sc.acc.data() + (m + r) * d_len);
 }
 
+// Normalizes the work item's accumulators and stores them to the output rows.
+template <typename T, int kD>
+void finish_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
+    const std::int64_t d_len = kD ? kD : a.cache.head_size;
+    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
+    T* out = static_cast<T*>(a.out);
+    for (std::int64_t m = 0; m < w.rows * group; ++m) {
+        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
+        const std::int64_t head = w.kv_head * group + m % group;
+        float* acc = sc.acc.data() + m * d_len;
+        const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least key 0
+        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= inv;
+        store_row(acc, out + tok * a.out_token_stride + head * a.out_head_stride, d_len);
+    }
+}
+
 template <typename T, int kD>
 void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const std::int64_t d_len = kD ? kD : c.head_size;
-    const std::int64_t group = a.num_heads / c.num_kv_heads;
-    const std::int64_t m_len = w.rows * group;
+    const std::int64_t m_len = w.rows * (a.num_heads / c.num_kv_heads);
     const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
@@ -356,15 +339,20 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
         }
         for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos, transpose);
     }
-    T* out = static_cast<T*>(a.out);
-    for (std::int64_t m = 0; m < m_len; ++m) {
-        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
-        const std::int64_t head = w.kv_head * group + m % group;
-        float* acc = sc.acc.data() + m * d_len;
-        const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least key 0
-        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= inv;
-        store_row(acc, out + tok * a.out_token_stride + head * a.out_head_stride, d_len);
-    }
+    finish_item<T, kD>(a, w, sc);
+}
+
+#if defined(__AVX512F__)
+#include "paged_attention_cpu_avx512_item.hpp"
+#endif
+
+// The AVX-512 item kernels take head sizes that are multiples of 32; the rest stay portable.
+template <typename T, int kD>
+void attend(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
+#if defined(__AVX512F__)
+    if constexpr (kD != 0 && kD % 32 == 0) return attend_item_avx512<T, kD>(a, w, sc);
+#endif
+    attend_item<T, kD>(a, w, sc);
 }
 
 template <typename T, int kD>
@@ -383,9 +371,9 @@ void run_attention(const AttentionArgs& a, int num_threads) {
     const int threads = work < kMinParallelWork ? 1 : std::min<std::int64_t>(num_threads, num_items);
 #pragma omp parallel num_threads(threads)
     {
-        Scratch sc(max_m, a.cache.head_size, a.cache.page_size);
+        Scratch& sc = thread_scratch(max_m, a.cache.head_size, a.cache.page_size);
 #pragma omp for schedule(dynamic, 1)
-        for (std::int64_t i = 0; i < num_items; ++i) attend_item<T, kD>(a, items[i], sc);
+        for (std::int64_t i = 0; i < num_items; ++i) attend<T, kD>(a, items[i], sc);
     }
 }
 

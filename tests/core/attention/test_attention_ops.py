@@ -15,6 +15,11 @@ from pagedserve.core.attention import ops, reference
 MIXED = ([1, 0, 1, 1, 19, 33], [1, 8, 17, 64, 70, 33])
 DECODE = ([1, 1, 1], [5, 100, 257])
 GRID = list(itertools.product((8, 16, 32), (64, 128), (1, 3, 4)))
+# Edges of the CPU kernels' vector paths: contexts around the 16-key score chunks and 64-key
+# blocks (and a single key), plus prefill chunks whose query vectors are not a multiple of 4.
+EDGES = ([1, 1, 1, 1, 1, 1, 5, 37], [1, 15, 16, 17, 63, 129, 100, 70])
+# Groups on both sides of the CPU switch from per-key dots (< 8 vectors) to transposed keys.
+EDGE_GRID = list(itertools.product((64, 128), (1, 2, 3, 4, 7, 8)))
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
@@ -71,6 +76,24 @@ def test_attention_matches_reference(
                 seed=i,
             )
             assert_close(run_native(b), run_reference(b), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize(("head_size", "group"), EDGE_GRID)
+def test_vector_path_edges(device: str, head_size: int, group: int) -> None:
+    for i, dtype in enumerate(dtypes_for(device)):
+        b = make_batch(
+            *EDGES, group=group, head_size=head_size, dtype=dtype, device=device, seed=10 + i
+        )
+        assert_close(run_native(b), run_reference(b), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_unusual_head_size_keeps_the_portable_path(device: str) -> None:
+    """head_size 80 is no multiple of 32: the CPU kernel's runtime-size loops serve it."""
+    for dtype in dtypes_for(device):
+        b = make_batch(*MIXED, group=3, head_size=80, dtype=dtype, device=device, seed=5)
+        assert_close(run_native(b), run_reference(b), dtype)
 
 
 @pytest.mark.parametrize("device", devices())

@@ -1,0 +1,186 @@
+// AVX-512 work-item driver of the CPU paged attention: included by paged_attention_cpu.cpp inside
+// its anonymous namespace, after the portable kernels (whose Scratch, horizons, softmax_rows,
+// load_queries and finish_item it shares) and the micro-kernels of paged_attention_cpu_avx512.hpp.
+//
+// Few query vectors per item (decode): scores 16 keys at a time from the cache rows as they are
+// (hsum16 tree), all vectors' accumulators updated from each value row at once. Many (prefill):
+// keys transposed in registers into sc.k_t once per block, then 4 vectors x 64 keys per
+// micro-kernel call. bf16 K and V are never copied out of the cache on the decode path.
+#pragma once
+
+// Raw cache rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows.
+// Returns the number of keys in the block.
+template <typename T>
+std::int64_t gather_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
+                          std::int64_t num_keys, Scratch& sc) {
+    const KvCacheView& c = a.cache;
+    std::int64_t n = 0;
+    for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
+        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
+        const T* k = static_cast<const T*>(c.data) +
+                     page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+        for (std::int64_t j = 0; j < np; ++j) {
+            sc.k_rows[n + j] = k + j * c.head_size;
+            sc.v_rows[n + j] = k + c.kv_stride() + j * c.head_size;
+        }
+        n += np;
+    }
+    return n;
+}
+
+// Transposes the block's n keys into sc.k_t: fp32 [kD][width], or with dpbf16 bf16 pairs
+// [kD / 2][width] (32-bit elements). Key columns in [n, round_up(n)) are zero.
+template <typename T, int kD, bool kDp>
+void transpose_keys(Scratch& sc, std::int64_t n) {
+    constexpr std::int64_t kCols = kDp ? kD / 2 : kD;
+    auto* k_t = reinterpret_cast<std::uint32_t*>(sc.k_t.data());
+    for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const std::uint32_t* rows[kChunk];
+        for (int j = 0; j < kChunk; ++j) {
+            const void* row = sc.zero.data();
+            if (c0 + j < n && std::is_same_v<T, Bf16> && !kDp) {  // widen to fp32 first
+                float* f = sc.k.data() + (c0 + j) * kD;
+                load_row(static_cast<const T*>(sc.k_rows[c0 + j]), f, kD);
+                row = f;
+            } else if (c0 + j < n) {
+                row = sc.k_rows[c0 + j];
+            }
+            rows[j] = static_cast<const std::uint32_t*>(row);
+        }
+        transpose_rows(rows, kCols, k_t + c0, sc.width);
+    }
+}
+
+// Scores of query vector m against the block's keys [0, n) into s (16 keys per register).
+template <typename T, int kD, bool kDp>
+void scores_dot_avx512(const AttentionArgs& a, const Scratch& sc, std::int64_t m, std::int64_t n,
+                       float* s) {
+    __m512 q[kD / 16];
+    for (int i = 0; i < (kDp ? kD / 32 : kD / 16); ++i) {
+        q[i] = kDp ? _mm512_castsi512_ps(_mm512_loadu_si512(sc.q_bf16.data() + m * kD + 32 * i))
+                   : _mm512_loadu_ps(sc.q.data() + m * kD + 16 * i);
+    }
+    for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const T* keys[kChunk];
+        const int count = static_cast<int>(std::min<std::int64_t>(kChunk, n - c0));
+        for (int j = 0; j < count; ++j) keys[j] = static_cast<const T*>(sc.k_rows[c0 + j]);
+        __m512 v = dot16<T, kD, kDp>(q, keys, count);
+        if (kDp) v = _mm512_mul_ps(v, _mm512_set1_ps(a.scale));  // raw bf16 query: unscaled
+        _mm512_storeu_ps(s + c0, v);
+    }
+}
+
+// Scores of kR query vectors from m against transposed keys [c0, c0 + kC * 16).
+template <int kD, bool kDp, int kR, int kC>
+void scores_t(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t c0) {
+#if defined(__AVX512BF16__)
+    if constexpr (kDp) {
+        const auto* q = reinterpret_cast<const std::uint32_t*>(sc.q_bf16.data() + m * kD);
+        const auto* k_t = reinterpret_cast<const std::uint32_t*>(sc.k_t.data());
+        return scores_t_bf16<kD, kR, kC>(q, k_t, sc.width, c0, a.scale, sc.s.data());
+    }
+#endif
+    (void)a;
+    scores_t_f32<kD, kR, kC>(sc.q.data() + m * kD, sc.k_t.data(), sc.width, c0, sc.s.data());
+}
+
+template <int kD, bool kDp, int kR>
+void scores_t_block(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t n) {
+    for (std::int64_t c0 = 0; c0 < n; c0 += 4 * kChunk) {
+        switch (std::min<std::int64_t>(4, (n - c0 + kChunk - 1) / kChunk)) {
+            case 1: scores_t<kD, kDp, kR, 1>(a, sc, m, c0); break;
+            case 2: scores_t<kD, kDp, kR, 2>(a, sc, m, c0); break;
+            case 3: scores_t<kD, kDp, kR, 3>(a, sc, m, c0); break;
+            default: scores_t<kD, kDp, kR, 4>(a, sc, m, c0); break;
+        }
+    }
+}
+
+template <typename T, int kD, int kR>
+void pv_chunk(Scratch& sc, std::int64_t m, std::int64_t r, std::int64_t n) {
+    const void* const* rows = sc.v_rows.data();
+    pv_rows<T, kD, kR>(
+        sc.s.data() + r * sc.width, sc.width, n,
+        [rows](std::int64_t j) { return static_cast<const T*>(rows[j]); },
+        sc.acc.data() + (m + r) * kD);
+}
+
+// acc rows m .. m + rows += weights (rows of sc.s) . V over the block's keys [0, n).
+template <typename T, int kD>
+void pv_block(Scratch& sc, std::int64_t m, std::int64_t rows, std::int64_t n) {
+    // D = 64: 4 rows of 4 accumulator registers each; D = 128: 2 rows of 8.
+    constexpr int kPv = kD <= 64 ? 4 : 2;
+    for (std::int64_t r = 0; r < rows; r += kPv) {
+        const std::int64_t left = std::min<std::int64_t>(kPv, rows - r);
+        if (kPv == 4 && left == 4) pv_chunk<T, kD, 4>(sc, m, r, n);
+        else if (kPv == 4 && left == 3) pv_chunk<T, kD, 3>(sc, m, r, n);
+        else if (left == 2) pv_chunk<T, kD, 2>(sc, m, r, n);
+        else pv_chunk<T, kD, 1>(sc, m, r, n);
+    }
+}
+
+// Folds one key block [key0, key0 + n) into query vectors m .. m + rows: transposed keys with
+// kR = rows vectors per micro-kernel call, or (kR = 0) a dot per key for each vector. Value
+// rows are of type V (the cache's T, or float once widened).
+template <typename T, typename V, int kD, bool kDp, int kR>
+void attend_rows_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t rows,
+                        std::int64_t key0, std::int64_t n, std::int64_t first_pos) {
+    std::int64_t valid[std::max(kGroupRows, kDotMaxRows)];
+    const std::int64_t n_max = horizons(a, m, rows, key0, n, first_pos, valid);
+    if (n_max <= 0) return;
+    if constexpr (kR > 0) {
+        scores_t_block<kD, kDp, kR>(a, sc, m, n_max);
+    } else {
+        for (std::int64_t r = 0; r < rows; ++r)
+            scores_dot_avx512<T, kD, kDp>(a, sc, m + r, n_max, sc.s.data() + r * sc.width);
+    }
+    softmax_rows<kD>(sc, m, rows, valid, n_max, kD);
+    pv_block<V, kD>(sc, m, rows, n_max);
+}
+
+template <typename T, int kD>
+void load_raw_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
+    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
+    const T* query = static_cast<const T*>(a.query.data);
+    for (std::int64_t m = 0; m < w.rows * group; ++m) {
+        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
+        const std::int64_t head = w.kv_head * group + m % group;
+        std::memcpy(sc.q_bf16.data() + m * kD,
+                    query + tok * a.query.token_stride + head * a.query.head_stride,
+                    sizeof(T) * kD);
+    }
+}
+
+template <typename T, int kD>
+void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
+    constexpr bool kDp = std::is_same_v<T, Bf16> && kHasDpbf16;
+    const std::int64_t m_len = w.rows * (a.num_heads / a.cache.num_kv_heads);
+    const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
+    const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
+    load_queries<T, kD>(a, w, sc);
+    if constexpr (kDp) load_raw_queries<T, kD>(a, w, sc);
+    const bool transpose = m_len >= kDotMaxRows;
+    const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
+    for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
+        const std::int64_t n = gather_block<T>(a, w, key0, num_keys, sc);
+        if (!transpose) {
+            attend_rows_avx512<T, T, kD, kDp, 0>(a, sc, 0, m_len, key0, n, first_pos);
+            continue;
+        }
+        transpose_keys<T, kD, kDp>(sc, n);
+        // Many row chunks share this block's values: widen bf16 once, not once per chunk.
+        using V = float;
+        if constexpr (std::is_same_v<T, Bf16>) {
+            for (std::int64_t j = 0; j < n; ++j) {
+                load_row(static_cast<const T*>(sc.v_rows[j]), sc.v.data() + j * kD, kD);
+                sc.v_rows[j] = sc.v.data() + j * kD;
+            }
+        }
+        std::int64_t m = 0;
+        for (; m + kGroupRows <= m_len; m += kGroupRows)
+            attend_rows_avx512<T, V, kD, kDp, kGroupRows>(a, sc, m, kGroupRows, key0, n, first_pos);
+        for (; m < m_len; ++m)
+            attend_rows_avx512<T, V, kD, kDp, 1>(a, sc, m, 1, key0, n, first_pos);
+    }
+    finish_item<T, kD>(a, w, sc);
+}

@@ -1,0 +1,94 @@
+// Portable score, softmax and value kernels of the CPU paged attention: included by
+// paged_attention_cpu.cpp inside its anonymous namespace (after Scratch and exp_nonpositive).
+// Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
+#pragma once
+
+// Scores of query vector q against keys [0, n) stored as rows (k: [n][head_size]).
+template <int kD>
+void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_rt, float* s) {
+    const std::int64_t d_len = kD ? kD : d_rt;
+    for (std::int64_t j = 0; j < n; ++j) {
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (std::int64_t d = 0; d < d_len; ++d) sum += q[d] * k[j * d_len + d];
+        s[j] = sum;
+    }
+}
+
+// Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
+// 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
+// hide the FMA latency and share each loaded k_t row.
+template <int kD, int kR>
+void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::int64_t width,
+                       std::int64_t d_rt, float* s) {
+    const std::int64_t d_len = kD ? kD : d_rt;
+    for (std::int64_t c = 0; c < n; c += kChunk) {
+        float part[kR][kChunk] = {};
+        for (std::int64_t d = 0; d < d_len; ++d) {
+            const float* row = k_t + d * width + c;
+            for (int r = 0; r < kR; ++r) {
+                const float qd = q[r * d_len + d];
+#pragma omp simd
+                for (int j = 0; j < kChunk; ++j) part[r][j] += qd * row[j];
+            }
+        }
+        for (int r = 0; r < kR; ++r) std::memcpy(s + r * width + c, part[r], sizeof(part[r]));
+    }
+}
+
+// Turns scores s[0, valid) of one query vector into weights against its running max (and
+// zeroes s[valid, n), keys in the row's future), updates its running sum, rescales its acc.
+template <int kD>
+void softmax_step(float* s, std::int64_t valid, std::int64_t n, std::int64_t d_rt,
+                  float& row_max, float& row_sum, float* acc) {
+    const std::int64_t d_len = kD ? kD : d_rt;
+    float tile_max = s[0];
+#pragma omp simd reduction(max : tile_max)
+    for (std::int64_t j = 1; j < valid; ++j) tile_max = std::max(tile_max, s[j]);
+    const float new_max = std::max(row_max, tile_max);
+    // row_max == -inf only before the first block, when acc and row_sum are still zero.
+    const float alpha = row_max == -std::numeric_limits<float>::infinity()
+                            ? 0.0f : exp_nonpositive(row_max - new_max);
+    float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+    for (std::int64_t j = 0; j < valid; ++j) {
+        s[j] = exp_nonpositive(s[j] - new_max);
+        tile_sum += s[j];
+    }
+    std::fill(s + valid, s + n, 0.0f);
+    row_sum = row_sum * alpha + tile_sum;
+    row_max = new_max;
+    if (alpha != 1.0f) {
+#pragma omp simd
+        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= alpha;
+    }
+}
+
+// acc rows += weights . V over keys [0, n) for kR query vectors (rows of s, stride s_stride;
+// rows of acc): each loaded value row feeds kR accumulators held in registers.
+template <int kD, int kR>
+void accumulate_values(const float* s, std::int64_t s_stride, std::int64_t n, const Scratch& sc,
+                       std::int64_t page_size, std::int64_t d_rt, float* acc) {
+    const std::int64_t d_len = kD ? kD : d_rt;
+    float a[kR][kD ? kD : 1];
+    float* rows[kR];
+    for (int r = 0; r < kR; ++r) {
+        rows[r] = kD ? a[r] : acc + r * d_len;
+        if (kD) std::memcpy(a[r], acc + r * d_len, sizeof(float) * d_len);
+    }
+    for (std::int64_t key0 = 0, p = 0; key0 < n; key0 += page_size, ++p) {
+        const std::int64_t page_keys = std::min(page_size, n - key0);
+        for (std::int64_t j = 0; j < page_keys; ++j) {
+            const float* vr = sc.v_pages[p] + j * d_len;
+            for (int r = 0; r < kR; ++r) {
+                const float pj = s[r * s_stride + key0 + j];
+                float* out = kD ? a[r] : rows[r];
+#pragma omp simd
+                for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+            }
+        }
+    }
+    if (kD) {
+        for (int r = 0; r < kR; ++r) std::memcpy(acc + r * d_len, a[r], sizeof(float) * d_len);
+    }
+}
