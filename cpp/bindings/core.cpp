@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "pagedserve/layer_ops.hpp"
 #include "pagedserve/page_allocator.hpp"
 #include "pagedserve/paged_attention.hpp"
 #include "pagedserve/scheduler.hpp"
@@ -230,8 +231,65 @@ static void bind_kernels(py::module_& m) {
           py::call_guard<py::gil_scoped_release>());
 }
 
+// pybind11 glue for the fused layer ops (layer_ops.hpp): plain arguments rather than argument
+// structs, because these run several times per layer and step and each attribute set from Python
+// costs as much as the call. pagedserve/core/models/layer_ops.py is the only caller.
+namespace {
+
+using Ptr = std::uintptr_t;
+
+void* ptr(Ptr p) { return reinterpret_cast<void*>(p); }
+
+void bind_layer_ops(py::module_& m) {
+    using pagedserve::DType;
+    using pagedserve::RowView;
+    m.def(
+        "rms_norm",
+        [](Ptr out, int64_t out_stride, Ptr x, int64_t x_stride, Ptr weight, int64_t num_rows,
+           int64_t hidden_size, float eps, DType dtype, int sum_lanes, int num_threads) {
+            pagedserve::rms_norm_cpu({ptr(out), out_stride}, {ptr(x), x_stride}, ptr(weight),
+                                     num_rows, hidden_size, eps, dtype, sum_lanes, num_threads);
+        },
+        py::call_guard<py::gil_scoped_release>());
+    m.def(
+        "add_rms_norm",
+        [](Ptr x, int64_t x_stride, Ptr residual, int64_t residual_stride, Ptr weight,
+           int64_t num_rows, int64_t hidden_size, float eps, DType dtype, int sum_lanes,
+           int num_threads) {
+            pagedserve::add_rms_norm_cpu({ptr(x), x_stride}, {ptr(residual), residual_stride},
+                                         ptr(weight), num_rows, hidden_size, eps, dtype,
+                                         sum_lanes, num_threads);
+        },
+        py::call_guard<py::gil_scoped_release>());
+    m.def(
+        "rotary",
+        [](Ptr qk, int64_t token_stride, int64_t head_stride, Ptr cos, int64_t cos_stride,
+           Ptr signed_sin, int64_t sin_stride, int64_t num_tokens, int64_t num_heads,
+           int64_t head_size, DType dtype, int num_threads) {
+            const pagedserve::RotaryArgs args{ptr(qk), token_stride, head_stride,
+                                              {ptr(cos), cos_stride}, {ptr(signed_sin), sin_stride},
+                                              num_tokens, num_heads, head_size, dtype};
+            pagedserve::rotary_cpu(args, num_threads);
+        },
+        py::call_guard<py::gil_scoped_release>());
+    m.def(
+        "silu_and_mul",
+        [](Ptr out, int64_t out_stride, Ptr gate_up, int64_t gate_up_stride, int64_t num_rows,
+           int64_t intermediate_size, DType dtype, int num_threads) {
+            pagedserve::silu_and_mul_cpu({ptr(out), out_stride}, {ptr(gate_up), gate_up_stride},
+                                         num_rows, intermediate_size, dtype, num_threads);
+        },
+        py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+void bind_linear(py::module_& m);  // cpp/bindings/linear.cpp
+
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "pagedserve native core: page allocator, scheduler, CPU paged-attention kernels";
+    m.doc() = "pagedserve native core: page allocator, scheduler, CPU kernels";
     bind_cache(m);
     bind_kernels(m);
+    bind_layer_ops(m);
+    bind_linear(m);
 }

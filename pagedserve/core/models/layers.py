@@ -60,6 +60,8 @@ def rope_tables(
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x [num_tokens, heads, head_size]; cos/signed_sin [num_tokens, 1, head_size]."""
+    """x [num_tokens, heads, head_size]; cos/signed_sin [num_tokens, 1, head_size].
+
+    The torch form, and the reference layer_ops.rotary (native on CPU) must equal."""
     half = x.shape[-1] // 2
     return torch.addcmul(x * cos, x.roll(half, dims=-1), signed_sin)

@@ -8,12 +8,12 @@ qkv_proj, gate/up into gate_up_proj) so a layer is ~15 torch ops.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.layers import apply_rotary, rope_inv_freq, rope_tables
+from pagedserve.core.models.layers import rope_inv_freq, rope_tables
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -42,18 +42,18 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         n, heads, kv_heads = hidden.shape[0], self.num_heads, self.num_kv_heads
-        x = F.rms_norm(hidden, hidden.shape[-1:], self.input_layernorm, self.eps)
+        x = layer_ops.rms_norm(hidden, self.input_layernorm, self.eps)
         qkv = self.qkv_proj(x)  # [n, (heads + 2 * kv_heads) * head_size]
         qk_size = (heads + kv_heads) * self.head_size
-        # q and k sit side by side in qkv, so one rotary call covers both.
-        qk = apply_rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
+        # q and k sit side by side in qkv, so one rotary call covers both (in place on CPU).
+        qk = layer_ops.rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
         v = qkv[:, qk_size:].view(n, kv_heads, -1)
         attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
         # addmm folds each residual add into its matmul: one op instead of two.
         hidden = torch.addmm(hidden, attn.reshape(n, -1), self.o_proj.weight.t())
-        x = F.rms_norm(hidden, hidden.shape[-1:], self.post_attention_layernorm, self.eps)
+        x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
         gate_up = self.gate_up_proj(x)  # [n, 2 * intermediate_size]
-        mlp = F.silu(gate_up[:, : self.intermediate_size]) * gate_up[:, self.intermediate_size :]
+        mlp = layer_ops.silu_and_mul(gate_up)  # [n, intermediate_size]
         return torch.addmm(hidden, mlp, self.down_proj.weight.t())
 
 
@@ -101,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
         signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, signed_sin, kv_cache, meta)
-        return F.rms_norm(hidden, hidden.shape[-1:], self.norm, self.arch.rms_norm_eps)
+        return layer_ops.rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""

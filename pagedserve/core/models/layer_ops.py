@@ -1,0 +1,201 @@
+"""Fused per-token ops of a Llama layer, native on CPU (namespace `pagedserve`).
+
+    rms_norm(x, weight, eps) -> out               F.rms_norm over the last dim
+    add_rms_norm(x, residual, weight, eps)        -> (rms_norm(residual + x), residual + x)
+    rotary(qk, cos, signed_sin)                   layers.apply_rotary (in place on CPU)
+    silu_and_mul(gate_up) -> out                  F.silu(gate) * up over [n, 2 * I] -> [n, I]
+
+On CPU in float32 or bfloat16 these call the kernels of pagedserve._core (fp32 math, one
+rounding; float32 results equal torch's expressions bit for bit). Anywhere else (CUDA, float16)
+they return those torch expressions, so other devices run exactly as before. The native bodies
+(`*_eager`, output tensors passed in) are also registered custom ops for traced code
+(torch.compile); eager code calls the bodies straight, skipping the dispatcher (~100 us per call
+on CPU). Their checks raise ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagedserve.core import native
+from pagedserve.core.models.layers import apply_rotary
+
+_core = native.core
+_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
+# The native mean sums in the order of torch's CPU sum kernel, whose vectors hold 8 floats (its
+# AVX2 build runs even where torch reports AVX512); tests check the float32 results bit for bit.
+_SUM_LANES = 8
+
+
+def _require(ok: bool, template: str, *args: object) -> None:
+    # Formatted only on failure: these checks run several times per layer and step.
+    if not ok:
+        raise ValueError(template.format(*args))
+
+
+def _native(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in _DTYPES
+
+
+def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor, width: int) -> None:
+    """t: [n, width] in like's dtype and device, rows contiguous."""
+    _require(t.dim() == 2 and t.shape[1] == width, "{} must be [num_tokens, {}], got {}", name,
+             width, tuple(t.shape))  # fmt: skip
+    _require(t.dtype == like.dtype, "{} dtype {} must match {}", name, t.dtype, like.dtype)
+    _require(t.device == like.device, "{} is on {}, expected {}", name, t.device, like.device)
+    _require(t.stride(1) == 1 or width <= 1, "{} must be contiguous in its last dim", name)
+
+
+def _check_native(name: str, t: torch.Tensor) -> None:
+    _require(_native(t), "{} must be on cpu in float32 or bfloat16, got {} on {}", name, t.dtype,
+             t.device)  # fmt: skip
+
+
+def _check_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _check_norm_pair(("out", out), ("x", x), weight, eps)
+
+
+def _check_add_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    _check_norm_pair(("x", x), ("residual", residual), weight, eps)
+
+
+def _check_norm_pair(
+    out: tuple[str, torch.Tensor], src: tuple[str, torch.Tensor], weight: torch.Tensor, eps: float
+) -> None:
+    """Both [n, hidden] with contiguous rows; weight [hidden] contiguous; one dtype and device."""
+    (out_name, out_t), (src_name, src_t) = out, src
+    _check_native(src_name, src_t)
+    _require(src_t.dim() == 2, "{} must be [num_tokens, hidden_size], got {}", src_name,
+             tuple(src_t.shape))  # fmt: skip
+    hidden = src_t.shape[1]
+    _check_rows(src_name, src_t, src_t, hidden)
+    _check_rows(out_name, out_t, src_t, hidden)
+    _require(out_t.shape[0] == src_t.shape[0], "{} has {} rows, {} has {}", out_name,
+             out_t.shape[0], src_name, src_t.shape[0])  # fmt: skip
+    _require(weight.shape == (hidden,), "weight must be [{}], got {}", hidden,
+             tuple(weight.shape))  # fmt: skip
+    _require(weight.dtype == src_t.dtype and weight.device == src_t.device,
+             "weight must be {} on {}", src_t.dtype, src_t.device)  # fmt: skip
+    _require(weight.is_contiguous(), "weight must be contiguous")
+    _require(eps >= 0.0, "eps must be >= 0, got {}", eps)
+
+
+def rms_norm_eager(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """out [n, hidden] = rms_norm(x [n, hidden]) * weight [hidden]."""
+    _check_norm(out, x, weight, eps)
+    _core.rms_norm(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.data_ptr(),
+                   x.shape[0], x.shape[1], eps, _DTYPES[x.dtype], _SUM_LANES,
+                   torch.get_num_threads())  # fmt: skip
+
+
+def add_rms_norm_eager(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    """residual [n, hidden] += x; then x = rms_norm(residual) * weight. Both in place."""
+    _check_add_norm(x, residual, weight, eps)
+    _core.add_rms_norm(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0),
+                       weight.data_ptr(), x.shape[0], x.shape[1], eps, _DTYPES[x.dtype],
+                       _SUM_LANES, torch.get_num_threads())  # fmt: skip
+
+
+def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+    _check_native("qk", qk)
+    _require(qk.dim() == 3, "qk must be [num_tokens, heads, head_size], got {}", tuple(qk.shape))
+    n, head_size = qk.shape[0], qk.shape[2]
+    _require(head_size % 2 == 0, "qk head_size must be even, got {}", head_size)
+    _require(qk.stride(2) == 1, "qk must be contiguous in its last dim")
+    for name, table in (("cos", cos), ("signed_sin", signed_sin)):
+        # [n, 1, head_size] (a broadcast row per token) or [n, head_size]
+        _require(table.dim() in (2, 3) and table.shape[0] == n and table.shape[-1] == head_size
+                 and table.numel() == n * head_size,
+                 "{} must be [{}, 1, {}] or [{}, {}], got {}", name, n, head_size, n, head_size,
+                 tuple(table.shape))  # fmt: skip
+        _require(table.dtype == qk.dtype and table.device == qk.device,
+                 "{} must be {} on {}", name, qk.dtype, qk.device)  # fmt: skip
+        _require(table.stride(-1) == 1, "{} must be contiguous in its last dim", name)
+
+
+def rotary_eager(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+    """In place: qk [n, heads, head_size] = qk * cos + roll(qk, head_size / 2) * signed_sin."""
+    _check_rotary(qk, cos, signed_sin)
+    n, heads, head_size = qk.shape
+    _core.rotary(qk.data_ptr(), qk.stride(0), qk.stride(1), cos.data_ptr(), cos.stride(0),
+                 signed_sin.data_ptr(), signed_sin.stride(0), n, heads, head_size,
+                 _DTYPES[qk.dtype], torch.get_num_threads())  # fmt: skip
+
+
+def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
+    _check_native("gate_up", gate_up)
+    _require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0,
+             "gate_up must be [num_tokens, 2 * intermediate_size], got {}",
+             tuple(gate_up.shape))  # fmt: skip
+    _check_rows("gate_up", gate_up, gate_up, gate_up.shape[1])
+    _check_rows("out", out, gate_up, gate_up.shape[1] // 2)
+    _require(out.shape[0] == gate_up.shape[0], "out has {} rows, gate_up has {}", out.shape[0],
+             gate_up.shape[0])  # fmt: skip
+
+
+def silu_and_mul_eager(out: torch.Tensor, gate_up: torch.Tensor) -> None:
+    """out [n, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
+    _check_silu(out, gate_up)
+    _core.silu_and_mul(out.data_ptr(), out.stride(0), gate_up.data_ptr(), gate_up.stride(0),
+                       out.shape[0], out.shape[1], _DTYPES[out.dtype],
+                       torch.get_num_threads())  # fmt: skip
+
+
+# The registered ops run the same bodies; their fake (meta) versions only check the arguments.
+rms_norm_op = torch.library.custom_op("pagedserve::rms_norm", rms_norm_eager, mutates_args=("out",))
+rms_norm_op.register_fake(_check_norm)
+add_rms_norm_op = torch.library.custom_op(
+    "pagedserve::add_rms_norm", add_rms_norm_eager, mutates_args=("x", "residual")
+)
+add_rms_norm_op.register_fake(_check_add_norm)
+rotary_op = torch.library.custom_op("pagedserve::rotary", rotary_eager, mutates_args=("qk",))
+rotary_op.register_fake(_check_rotary)
+silu_and_mul_op = torch.library.custom_op(
+    "pagedserve::silu_and_mul", silu_and_mul_eager, mutates_args=("out",)
+)
+silu_and_mul_op.register_fake(_check_silu)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[n, hidden] -> a new [n, hidden]."""
+    if not _native(x):
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    (rms_norm_op if torch.compiler.is_compiling() else rms_norm_eager)(out, x, weight, eps)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x); on CPU both in place, into (x, residual)."""
+    if not _native(x):
+        residual = residual + x
+        return F.rms_norm(residual, residual.shape[-1:], weight, eps), residual
+    (add_rms_norm_op if torch.compiler.is_compiling() else add_rms_norm_eager)(
+        x, residual, weight, eps
+    )
+    return x, residual
+
+
+def rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """layers.apply_rotary; on CPU in place into qk (which it returns)."""
+    if not _native(qk):
+        return apply_rotary(qk, cos, signed_sin)
+    (rotary_op if torch.compiler.is_compiling() else rotary_eager)(qk, cos, signed_sin)
+    return qk
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[n, 2 * I] -> a new [n, I] = silu(gate) * up."""
+    size = gate_up.shape[-1] // 2
+    if not _native(gate_up):
+        return F.silu(gate_up[:, :size]) * gate_up[:, size:]
+    out = torch.empty((gate_up.shape[0], size), dtype=gate_up.dtype)
+    (silu_and_mul_op if torch.compiler.is_compiling() else silu_and_mul_eager)(out, gate_up)
+    return out
