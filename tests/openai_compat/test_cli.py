@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pagedserve import cli
 from pagedserve.cli import build_parser, configs_from_args
 from pagedserve.core.config import CacheConfig, field_docs
 from tests.openai_compat.conftest import free_port
@@ -58,3 +60,11 @@ def test_serve_exits_1_when_the_model_cannot_load(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "missing.gguf" in done.stderr
+
+
+def test_malloc_arenas_capped_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert cli.limit_malloc_arenas() is glibc
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert cli.limit_malloc_arenas() is False

@@ -52,6 +52,7 @@ def test_three_waves_of_256_streams(rserver: Server) -> None:
         assert not any(busy.values()), f"wave {wave} left work or pages behind: {busy}"
         rss.append(process.memory_info().rss)
     growth = rss[-1] / rss[0] - 1
+    print(f"RSS after each wave: {[r >> 20 for r in rss]} MiB (+{growth:.1%})")  # for -rP
     assert growth < RSS_HARD_LIMIT, f"RSS after each wave: {rss} (+{growth:.1%})"
     if growth >= RSS_TARGET:
         # Not yet met (issue 6 asks for 5%): reported, not hidden; a gross leak fails above.
