@@ -99,7 +99,12 @@ inline __m512 row_dot(const __m512* q, const T* k) {
 template <typename T, int kD, bool kDp>
 inline __m512 dot16(const __m512* q, const T* const keys[16], int count) {
     __m512 acc[16];
-    for (int j = 0; j < 16; ++j) acc[j] = j < count ? row_dot<T, kD, kDp>(q, keys[j]) : _mm512_setzero_ps();
+    if (count == 16) {  // the common case, without a branch per key
+        for (int j = 0; j < 16; ++j) acc[j] = row_dot<T, kD, kDp>(q, keys[j]);
+    } else {
+        for (int j = 0; j < 16; ++j)
+            acc[j] = j < count ? row_dot<T, kD, kDp>(q, keys[j]) : _mm512_setzero_ps();
+    }
     return hsum16(acc);
 }
 
