@@ -20,14 +20,10 @@
 #endif
 
 #include "pagedserve/paged_attention.hpp"
+#include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
 
 namespace pagedserve {
 namespace {
-
-// bf16 storage: the top 16 bits of an IEEE float.
-struct Bf16 {
-    std::uint16_t bits;
-};
 
 // e^x for x <= 0 (scores minus their running max), vectorizable: 2^i * e^f with i = round(x /
 // ln 2) and |f| <= ln(2) / 2, where a degree-7 Taylor polynomial is good to ~1e-8 relative.
@@ -48,35 +44,6 @@ inline float exp_nonpositive(float x) {
     float scale;
     std::memcpy(&scale, &bits, sizeof(scale));
     return p * scale;
-}
-
-inline void load_row(const float* src, float* dst, std::int64_t n) {
-    std::memcpy(dst, src, sizeof(float) * n);
-}
-
-inline void load_row(const Bf16* src, float* dst, std::int64_t n) {
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) {
-        const std::uint32_t bits = static_cast<std::uint32_t>(src[i].bits) << 16;
-        std::memcpy(dst + i, &bits, sizeof(float));
-    }
-}
-
-inline void store_row(const float* src, float* dst, std::int64_t n) {
-    std::memcpy(dst, src, sizeof(float) * n);
-}
-
-// Round to nearest even; NaN stays NaN (quieted).
-inline void store_row(const float* src, Bf16* dst, std::int64_t n) {
-    for (std::int64_t i = 0; i < n; ++i) {
-        std::uint32_t u;
-        std::memcpy(&u, src + i, sizeof(u));
-        if ((u & 0x7fffffffu) > 0x7f800000u) {
-            dst[i].bits = static_cast<std::uint16_t>((u >> 16) | 0x40u);
-        } else {
-            dst[i].bits = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
-    }
 }
 
 #if defined(__AVX512F__)
