@@ -162,7 +162,8 @@ def main() -> None:
         for dtype_name in args.dtypes.split(","):
             for kind, reqs, q_len, ctx in cases(args.device, args.cases):
                 c = make_case(reqs, q_len, ctx, model, DTYPES[dtype_name], args.device)
-                name = f"{kind} {reqs}x{ctx} {model} {dtype_name}"
+                shape = f"{reqs}x{ctx}" if q_len in (1, ctx) else f"{reqs}x{q_len}@{ctx}"
+                name = f"{kind} {shape} {model} {dtype_name}"
                 row = bench_case(name, c, args.repeats, args.device, with_reference=ctx <= 1024)
                 if args.device == "cuda" and "native_kv_gb_per_s" in row:
                     row["peak_fraction"] = round(row["native_kv_gb_per_s"] / args.peak_gb_per_s, 3)
