@@ -134,12 +134,16 @@ class Theirs:
 
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode token reads: every parameter once (tied embeddings counted
-    once, as the lm_head reads them whole), except an untied input embedding, which is only
-    gathered one row per token."""
-    linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    gathered = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear
-    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in gathered)
+    """Bytes of weights one decode token reads: every linear layer's weight once (as packed for
+    the native kernel, when it is; a tied lm_head reads the embedding whole), the norms; an
+    input embedding is only gathered, one row per token."""
+    from pagedserve.core.models.linear import Linear
+
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    in_linears = {id(p) for m in linears for p in m.parameters()}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    rest = [p for p in model.parameters() if id(p) not in in_linears | embeddings]
+    return sum(m.weight_bytes() for m in linears) + sum(p.numel() * p.element_size() for p in rest)
 
 
 def gguf_bytes_per_token(path: Path) -> dict[str, int]:

@@ -32,7 +32,13 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(out_features, in_features))
         self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: torch.Tensor | None = None
+        self.packed: torch.Tensor | None
+        self.register_buffer("packed", None, persistent=False)  # set by pack()
+
+    def weight_bytes(self) -> int:
+        """Bytes one product reads from the weights (the packed copy once packed)."""
+        tensors = [self.packed if self.packed is not None else self.weight, self.bias]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def extra_repr(self) -> str:
         kind = "packed bf16" if self.packed is not None else "torch"
@@ -53,7 +59,7 @@ class Linear(nn.Module):
         source = weight.detach().contiguous()
         _core.pack_linear_weight_bf16(source.data_ptr(), n, k, packed.data_ptr(),
                                       torch.get_num_threads())  # fmt: skip
-        self.packed = packed
+        self.packed = packed  # a registered buffer: .to() and .buffers() see it
         self.weight = None  # a tied embedding keeps its own reference to the tensor
         return True
 

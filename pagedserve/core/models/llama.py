@@ -2,7 +2,9 @@
 
 The batch is flattened: every tensor is [num_tokens, ...] with no padding; which request a
 token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
-qkv_proj, gate/up into gate_up_proj) so a layer is ~15 torch ops.
+qkv_proj, gate/up into gate_up_proj), each residual add rides on the matmul before it, and on
+CPU the norms, rotary and SiLU-and-mul are native ops: a layer is 9 calls. pack_weights() moves
+the linear layers onto the native bf16 kernel where it applies (models/linear.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
 from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.layers import rope_inv_freq, rope_tables
+from pagedserve.core.models.linear import Linear
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -27,15 +30,15 @@ class LlamaDecoderLayer(nn.Module):
         self.attention = attention
         qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
         self.input_layernorm = nn.Parameter(torch.empty(hidden))
-        self.qkv_proj = nn.Linear(hidden, qkv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(arch.num_heads * head, hidden, bias=False)
+        self.qkv_proj = Linear(hidden, qkv_size, bias=arch.attention_bias)
+        self.o_proj = Linear(arch.num_heads * head, hidden)
         self.post_attention_layernorm = nn.Parameter(torch.empty(hidden))
-        self.gate_up_proj = nn.Linear(hidden, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * arch.intermediate_size)
+        self.down_proj = Linear(arch.intermediate_size, hidden)
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [n, hidden_size], updated in place (the residual stream)
+        hidden: torch.Tensor,  # [n, hidden_size], the residual stream
         cos: torch.Tensor,  # [n, 1, head_size]
         signed_sin: torch.Tensor,  # [n, 1, head_size]
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
@@ -49,12 +52,11 @@ class LlamaDecoderLayer(nn.Module):
         qk = layer_ops.rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
         v = qkv[:, qk_size:].view(n, kv_heads, -1)
         attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
-        # addmm folds each residual add into its matmul: one op instead of two.
-        hidden = torch.addmm(hidden, attn.reshape(n, -1), self.o_proj.weight.t())
+        hidden = self.o_proj(attn.reshape(n, -1), residual=hidden)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
         gate_up = self.gate_up_proj(x)  # [n, 2 * intermediate_size]
         mlp = layer_ops.silu_and_mul(gate_up)  # [n, intermediate_size]
-        return torch.addmm(hidden, mlp, self.down_proj.weight.t())
+        return self.down_proj(mlp, residual=hidden)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -76,7 +78,7 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(arch, attention) for _ in range(arch.num_layers)
         )
         self.norm = nn.Parameter(torch.empty(arch.hidden_size))
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
         inv_freq = rope_inv_freq(arch.head_size, arch.rope_theta, arch.rope_scaling)
         cos, signed_sin = rope_tables(
             inv_freq, max_positions or arch.max_position_embeddings, dtype, device
@@ -88,6 +90,11 @@ class LlamaForCausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.embed_tokens.weight
+
+    def pack_weights(self) -> int:
+        """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
+        AVX512-BF16); returns how many were packed. Call once, after the weights are loaded."""
+        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
     def forward(
         self,
@@ -105,4 +112,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden, out_dtype=torch.float32)

@@ -136,4 +136,5 @@ def load_model(
     if arch.tie_word_embeddings:
         model.tie_weights()
     model.requires_grad_(False)
+    model.pack_weights()
     return model.eval(), arch

@@ -130,7 +130,11 @@ def test_bf16_close_to_fp32(tmp_path: Path) -> None:
     resolved = resolve_model(str(folder))
     model32, arch = load(resolved)
     model16, _ = load(resolved, torch.bfloat16)
-    assert model16.lm_head.weight.dtype == torch.bfloat16
+    assert model16.embed_tokens.weight.dtype == torch.bfloat16
+    lm_head = (
+        model16.lm_head.packed if model16.lm_head.packed is not None else model16.lm_head.weight
+    )
+    assert lm_head.dtype == torch.bfloat16  # packed where the native kernel applies
     ref = paged_logits(model32, arch, PROMPT)
     got = PagedBatch(model16, arch, dtype=torch.bfloat16).step([PROMPT])
     assert got.dtype == torch.float32
