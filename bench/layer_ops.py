@@ -1,6 +1,7 @@
 """Native layer ops vs the torch expressions they replace, then one whole engine decode step.
 
-    python bench/layer_ops.py [--dtype bfloat16] [--repeats 200] [--steps 10] [--no-engine]
+    python bench/layer_ops.py [--dtype bfloat16] [--repeats 200] [--steps 10] [--threads N]
+                              [--no-engine]
 
 Part 1 times each op (median of `repeats`, both sides in the same run, interleaved) at decode
 (64 tokens) and prefill (512 tokens) shapes of SmolLM2-135M (hidden 576, 9 + 3 heads of 64,
@@ -73,13 +74,13 @@ def bench_ops(dtype: torch.dtype, repeats: int) -> None:
             print(f"{name:<14}{n:>7}{t_torch:>10.1f}{t_native:>11.1f}{t_torch / t_native:>8.2f}x")
 
 
-def decode_step_ms(engine: object, steps: int) -> float:
+def decode_step_times(engine: object, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         engine.step()  # type: ignore[attr-defined]
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return times
 
 
 def bench_engine(dtype: str, steps: int) -> None:
@@ -92,15 +93,22 @@ def bench_engine(dtype: str, steps: int) -> None:
         cache=CacheConfig(num_pages=64 * 8, enable_prefix_caching=False),
     )
     engine = LLMEngine.from_config(config)
-    params = SamplingParams(max_tokens=4 * steps + 16, temperature=0.0, ignore_eos=True)
+    rounds = 4  # native and torch alternate, `steps` decode steps each per round
+    params = SamplingParams(max_tokens=2 * rounds * (steps + 1) + 8, temperature=0.0,
+                            ignore_eos=True)  # fmt: skip
     for i in range(64):
         engine.add_request(f"r{i}", [1 + i, 2, 3, 4, 5, 6, 7, 8], params)
     engine.step()  # the prefill step
-    for label, native_on in (("native", True), ("torch", False), ("native", True)):
-        layer_ops._native = _native if native_on else (lambda t: False)  # noqa: SLF001
-        engine.step()
-        print(f"decode step, batch 64, {dtype}, {label}: {decode_step_ms(engine, steps):.1f} ms")
+    times: dict[str, list[float]] = {"native": [], "torch": []}
+    for _ in range(rounds):
+        for label, fallback in (("native", False), ("torch", True)):
+            layer_ops._native = (lambda t: False) if fallback else _native  # noqa: SLF001
+            engine.step()  # warm-up after the switch
+            times[label] += decode_step_times(engine, steps)
     layer_ops._native = _native  # noqa: SLF001
+    for label, values in times.items():
+        median, low = statistics.median(values) * 1e3, min(values) * 1e3
+        print(f"decode step, batch 64, {dtype}, {label}: median {median:.1f} ms, min {low:.1f} ms")
 
 
 _native = layer_ops._native  # noqa: SLF001
@@ -112,7 +120,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-engine", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the native ops use as many
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}")
     bench_ops(getattr(torch, args.dtype), args.repeats)
     if not args.no_engine:
