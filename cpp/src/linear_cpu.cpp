@@ -1,9 +1,11 @@
-// CPU bf16 linear layers with AVX512-BF16 (see linear.hpp). Work is split into items of
-// (a chunk of up to kChunkRows rows, one 32-column weight tile); a thread takes a contiguous run
-// of items, so it streams each packed tile once per chunk while the chunk's rows stay in L2.
+// CPU bf16 linear layers with AVX512-BF16 (see linear.hpp). Each thread owns an equal run of
+// 32-column weight tiles and walks it in L2-sized panels: for every 8 rows of a chunk of up to
+// kChunkRows rows it sweeps the panel, so the panel is read from memory once per chunk and each
+// output row is written in one contiguous run.
 // Within an item, a micro-tile of 8 rows x 32 columns keeps 16 fp32 accumulators in registers:
 // per pair of input features, 2 weight loads feed 16 dot-product instructions.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -125,18 +127,21 @@ PAGEDSERVE_BF16_TARGET void run_item(const LinearArgs& a, std::int64_t row0, std
 PAGEDSERVE_BF16_TARGET void run_linear(const LinearArgs& a, int num_threads) {
     const std::int64_t tiles = num_tiles(a.n);
     const bool small = a.m * a.n * a.k < kMinParallelMacs;
-    const std::int64_t threads = small ? 1 : std::min<std::int64_t>(num_threads, tiles);
-    // A panel: as many tiles as fit kPanelBytes, and at least one panel per thread.
+    const int threads = small ? 1 : static_cast<int>(std::min<std::int64_t>(num_threads, tiles));
+    // Each thread owns an equal share of the tiles (never a whole panel more than another) and
+    // walks it in panels of as many tiles as fit kPanelBytes, for every chunk of rows.
     const std::int64_t tile_bytes = num_pairs(a.k) * kPairRow * 2;
-    const std::int64_t fit = std::max<std::int64_t>(1, kPanelBytes / tile_bytes);
-    const std::int64_t per_panel = std::min(fit, (tiles + threads - 1) / threads);
-    const std::int64_t panels = (tiles + per_panel - 1) / per_panel;
-    const std::int64_t chunks = (a.m + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static)
-    for (std::int64_t i = 0; i < chunks * panels; ++i) {
-        const std::int64_t row0 = i / panels * kChunkRows, tile0 = i % panels * per_panel;
-        run_item(a, row0, std::min(kChunkRows, a.m - row0), tile0,
-                 std::min(tiles, tile0 + per_panel));
+    const std::int64_t per_panel = std::max<std::int64_t>(1, kPanelBytes / tile_bytes);
+#pragma omp parallel num_threads(threads)
+    {
+        const std::int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+        const std::int64_t begin = tiles * t / count, end = tiles * (t + 1) / count;
+        for (std::int64_t row0 = 0; row0 < a.m; row0 += kChunkRows) {
+            for (std::int64_t tile0 = begin; tile0 < end; tile0 += per_panel) {
+                run_item(a, row0, std::min(kChunkRows, a.m - row0), tile0,
+                         std::min(end, tile0 + per_panel));
+            }
+        }
     }
 }
 
