@@ -84,26 +84,81 @@ class Linear(nn.Module):
     def _native(
         self, x: torch.Tensor, residual: torch.Tensor | None, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        m, n = x.shape[0], self.out_features
-        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.dim() != 2:
-            raise ValueError(f"x must be a [m, {self.in_features}] bfloat16 CPU tensor")
-        if x.shape[1] != self.in_features:
-            raise ValueError(f"x has {x.shape[1]} features, the layer {self.in_features}")
-        if out_dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        out = torch.empty((m, n), dtype=out_dtype)
-        res_ptr, res_stride = 0, 0
-        if residual is not None:
-            if residual.shape != (m, n) or residual.dtype != torch.bfloat16:
-                raise ValueError(f"residual must be [{m}, {n}] bfloat16, got {residual.shape}")
-            if residual.stride(1) != 1:
-                residual = residual.contiguous()
-            res_ptr, res_stride = residual.data_ptr(), residual.stride(0)
         assert self.packed is not None
-        bias = 0 if self.bias is None else self.bias.data_ptr()
-        _core.linear_bf16(x.data_ptr(), x.stride(0), self.packed.data_ptr(), bias, res_ptr,
-                          res_stride, out.data_ptr(), n, out_dtype == torch.float32, m, n,
-                          self.in_features, torch.get_num_threads())  # fmt: skip
+        # The packed size pins k only to a pair (k and k + 1 pack alike): check it here.
+        _require(x.shape[-1] == self.in_features, "x has {} features, the layer {}",
+                 x.shape[-1], self.in_features)  # fmt: skip
+        if x.dim() == 2 and x.stride(1) != 1:
+            x = x.contiguous()
+        if residual is not None and residual.dim() == 2 and residual.stride(1) != 1:
+            residual = residual.contiguous()
+        out = torch.empty((x.shape[0], self.out_features), dtype=out_dtype, device=x.device)
+        # Eager code calls the op's body straight (the dispatcher costs ~100 us a call, several
+        # calls per layer and step); traced code needs the registered op.
+        op = packed_linear if torch.compiler.is_compiling() else packed_linear_eager
+        op(out, x, self.packed, self.bias, residual)
         return out
+
+
+def _require(ok: bool, template: str, *args: object) -> None:
+    if not ok:  # formatted only on failure: this runs several times per layer and step
+        raise ValueError(template.format(*args))
+
+
+def _check(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+) -> None:
+    """x [m, k] bf16 CPU; out [m, n] bf16 or fp32; rows contiguous in their last dim."""
+    _require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
+             "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
+             tuple(x.shape), x.device)  # fmt: skip
+    _require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
+             "out must be [{}, n] on cpu, got {}", x.shape[0], tuple(out.shape))  # fmt: skip
+    m, n, k = x.shape[0], out.shape[1], x.shape[1]
+    _require(out.dtype in (torch.bfloat16, torch.float32),
+             "out must be bfloat16 or float32, got {}", out.dtype)  # fmt: skip
+    _require(packed.dtype == torch.bfloat16 and packed.numel() == _packed_size(n, k),
+             "packed holds {} elements, a packed [{}, {}] weight has {}", packed.numel(), n, k,
+             _packed_size(n, k))  # fmt: skip
+    _require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
+             "x, out and packed must be contiguous in their last dim")  # fmt: skip
+    if bias is not None:
+        _require(bias.shape == (n,) and bias.dtype == torch.bfloat16 and bias.is_contiguous(),
+                 "bias must be [{}] contiguous bfloat16", n)  # fmt: skip
+    if residual is not None:
+        _require(residual.shape == (m, n) and residual.dtype == torch.bfloat16
+                 and residual.stride(1) == 1,
+                 "residual must be [{}, {}] bfloat16, got {} {}", m, n, residual.dtype,
+                 tuple(residual.shape))  # fmt: skip
+
+
+def _packed_size(n: int, k: int) -> int:
+    return int(_core.packed_linear_elements(n, k))
+
+
+def packed_linear_eager(
+    out: torch.Tensor,  # [m, n] bf16 or fp32
+    x: torch.Tensor,  # [m, k] bf16
+    packed: torch.Tensor,  # Linear.pack()'s buffer for an [n, k] weight
+    bias: torch.Tensor | None,  # [n] bf16
+    residual: torch.Tensor | None,  # [m, n] bf16, may be out itself
+) -> None:
+    """out = x W^T (+ bias) (+ residual): the op's body, called straight by eager code."""
+    _check(out, x, packed, bias, residual)
+    m, n, k = x.shape[0], out.shape[1], x.shape[1]
+    _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(),
+                      0 if bias is None else bias.data_ptr(),
+                      0 if residual is None else residual.data_ptr(),
+                      0 if residual is None else residual.stride(0), out.data_ptr(),
+                      out.stride(0), out.dtype == torch.float32, m, n, k,
+                      torch.get_num_threads())  # fmt: skip
+
+
+packed_linear = torch.library.custom_op(
+    "pagedserve::packed_linear", packed_linear_eager, mutates_args=("out",)
+)
+packed_linear.register_fake(_check)

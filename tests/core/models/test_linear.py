@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models.linear import Linear, native_linear_available
+from pagedserve.core.models.linear import Linear, native_linear_available, packed_linear
 
 needs_kernel = pytest.mark.skipif(
     not native_linear_available(), reason="this CPU has no AVX512-BF16"
@@ -101,3 +101,14 @@ def test_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(layer(x, h), F.linear(x, w, b) + h)  # type: ignore[arg-type]
     nobias = make(40, 24, False, dtype, seed=6)
     assert torch.equal(nobias(x, h), torch.addmm(h, x, nobias.weight.t()))  # type: ignore[union-attr]
+
+
+@needs_kernel
+def test_registered_op_passes_opcheck() -> None:
+    """The op torch.compile traces: schema, fake (meta) implementation, aliasing of `out`."""
+    layer = make(40, 24, True, torch.bfloat16, seed=7)
+    layer.pack()
+    x, h = torch.randn(5, 40).to(torch.bfloat16), torch.randn(5, 24).to(torch.bfloat16)
+    for out_dtype, residual in ((torch.bfloat16, h), (torch.float32, None)):
+        out = torch.empty(5, 24, dtype=out_dtype)
+        torch.library.opcheck(packed_linear, (out, x, layer.packed, layer.bias, residual))
