@@ -183,6 +183,16 @@ def test_min_p_one_keeps_exactly_the_most_likely_tokens() -> None:
         assert set(counts.nonzero()[:, 0].tolist()) == {10, 650}, top_k
 
 
+@pytest.mark.parametrize("top_k", [0, 50])  # the whole-vocabulary path and the top-k path
+def test_top_p_below_float32_range_keeps_the_most_likely_token(top_k: int) -> None:
+    """top_p = 3.75e-216 is valid (> 0) but 0 in float32: the nucleus is still the top token
+    (found by bench/fuzz_long.py as a 500: nothing was kept and the draw indexed column -1)."""
+    x = peaked_logits()
+    top = int(x.argmax())
+    counts = draw_counts(x, SamplingParams(top_p=3.75e-216, top_k=top_k), draws=200)
+    assert counts.nonzero()[:, 0].tolist() == [top]
+
+
 def test_nucleus_by_rejection_over_a_flat_tail() -> None:
     # A head of 3 tokens holding 30% and a flat tail: top_p 0.3 forces many rejections.
     x = torch.zeros(V)

@@ -84,6 +84,7 @@ def sample_top_k(
     weights = vals.double() * keep
     cum = weights.cumsum(-1)  # sequential, so padding columns never change a row's sums
     keep &= (cum - weights) < top_p.double()[:, None] * cum[:, -1:]
+    keep[:, 0] = True  # the most likely token, even when a tiny top_p rounds to 0 in float32
     weights *= keep
     cum = weights.cumsum(-1)
     pos = (cum <= (u * cum[:, -1])[:, None]).sum(-1)
@@ -132,7 +133,10 @@ def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) ->
         # q / value > 1.0 exactly when q > value (no float32 quotient of q > value rounds to 1).
         above = torch.threshold_(q.div_(value), 1.0, 0.0)
         sums = chunk_sums(above)
-        accepted = sums.sum(-1) * value[:, 0].double() * scale < limit
+        above_mass = sums.sum(-1)
+        # Nothing strictly more likely: the row's top token, in every nucleus (also when a
+        # tiny top_p rounded to 0 in float32 and the strict test below cannot pass).
+        accepted = (above_mass * value[:, 0].double() * scale < limit) | (above_mass == 0)
         tokens[active[accepted]] = picked[accepted]
         rejected = (~accepted).nonzero()[:, 0]
         if rejected.numel() == 0:
