@@ -60,10 +60,11 @@ _CONTENT_UNLESS_ASSISTANT = {
         {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
     ]
 }
+_NULL = {"type": "null"}  # an explicit null counts as absent
 _PROMPT_XOR_MESSAGES = {
     "oneOf": [
-        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": False}},
-        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": False}},
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": _NULL}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": _NULL}},
     ]
 }
 

@@ -193,6 +193,22 @@ def test_top_p_below_float32_range_keeps_the_most_likely_token(top_k: int) -> No
     assert counts.nonzero()[:, 0].tolist() == [top]
 
 
+@pytest.mark.parametrize("penalty", [5.08e-114, 1e-40, 1e300])
+def test_repetition_penalty_beyond_float32_range_stays_finite(penalty: float) -> None:
+    """Valid (> 0) penalties that round to 0 or inf in float32 (the fuzz found a 500 at
+    5.08e-114): no NaN reaches the softmax; a tiny penalty makes a seen token with a positive
+    logit the only choice, a huge one never picks a seen token over the rest."""
+    x = torch.full((V,), -1.0)
+    x[5], x[9], x[20] = 2.0, 1.0, 1.5  # 5 and 9 are in the prompt below, 20 is not
+    params = SamplingParams(repetition_penalty=penalty, seed=3)
+    tokens = [sample(x[None, :], [row(params, prompt=(5, 9), seed=i)]).token_ids[0].item()
+              for i in range(20)]  # fmt: skip
+    if penalty < 1:
+        assert set(tokens) == {5}
+    else:
+        assert not {5, 9} & set(tokens)
+
+
 def test_nucleus_by_rejection_over_a_flat_tail() -> None:
     # A head of 3 tokens holding 30% and a flat tail: top_p 0.3 forces many rejections.
     x = torch.zeros(V)

@@ -205,12 +205,20 @@ def _flat_tokens(
 def _per_row(
     rows: Sequence[SamplingRow], row_of: np.ndarray, value: Callable[[SamplingParams], float]
 ) -> np.ndarray:
-    per_row = np.array([value(r.params) for r in rows], dtype=np.float32)
+    per_row = _to_float32([value(r.params) for r in rows])
     return per_row[row_of] if row_of.size else np.zeros(0, dtype=np.float32)
 
 
+def _to_float32(values: Iterable[float] | np.ndarray) -> np.ndarray:
+    """Saturating: a valid value beyond float32's range becomes its largest finite float, not
+    inf (the kernels clamp what must not be 0 or inf)."""
+    wide = np.asarray(values, dtype=np.float64)
+    limit = np.finfo(np.float32).max
+    return np.clip(wide, -limit, limit).astype(np.float32)
+
+
 def _floats(values: Iterable[float] | np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(values, dtype=np.float32)).to(device)
+    return torch.as_tensor(_to_float32(values)).to(device)
 
 
 def _longs(values: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -24,8 +24,13 @@ def apply_edits(logits: torch.Tensor, edits: LogitEdits) -> None:
         flat.index_fill_(0, edits.ban_index, float("-inf"))
     if edits.repetition_index.numel():
         seen = flat[edits.repetition_index]
-        r = edits.repetition
-        flat[edits.repetition_index] = torch.where(seen > 0, seen / r, seen * r)
+        # A valid penalty can leave float32's range (5e-114 rounds to 0, 1e300 to inf): keep r
+        # finite and nonzero, and cap a boosted logit at the largest float, so no NaN or +inf
+        # reaches the softmax. -inf (a ban) stays -inf.
+        finfo = torch.finfo(flat.dtype)
+        r = edits.repetition.clamp(min=finfo.tiny, max=finfo.max)
+        edited = torch.where(seen > 0, seen / r, seen * r).clamp_(max=finfo.max)
+        flat[edits.repetition_index] = edited
     if edits.output_index.numel():
         emitted = flat[edits.output_index]
         flat[edits.output_index] = emitted - edits.frequency - edits.presence
