@@ -1,6 +1,9 @@
 // The CPU paged-attention kernels against a naive double-precision loop, over a few shapes
-// (GQA, page boundaries, mixed prefill chunks and decodes, scattered pages), plus the cache
-// write and input validation. Exits nonzero on the first failure; also run under ASan/UBSan.
+// (GQA, page boundaries, mixed prefill chunks and decodes, scattered pages), in float32 and in
+// bfloat16, plus the cache write and input validation. Exits nonzero if any check failed; also
+// run under ASan/UBSan (tests/native/test_cpp_sanitized.py), built with -march=native, so on an
+// AVX-512 (BF16) machine the intrinsic paths run there too.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "pagedserve/paged_attention.hpp"
+#include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
 
 using namespace pagedserve;
 
@@ -27,18 +31,57 @@ void expect(bool ok, const char* what) {
 struct Case {
     std::int64_t num_kv_heads, group, head_size, page_size;
     std::vector<std::int32_t> q_lens, seq_lens;
+    DType dtype = DType::kFloat32;
 };
 
+// cache, query and out hold the values as floats (bf16-rounded for a bf16 case, so the naive
+// loop sees exactly the kernel's inputs); the *16 vectors are what a bf16 kernel reads/writes.
 struct Batch {
     Case c;
     std::int64_t num_pages, max_pages, num_tokens, num_heads;
     std::vector<float> cache, query, out;
     std::vector<std::int32_t> page_table, qsl;
+    std::vector<Bf16> cache16, query16, out16;
 };
 
-// Fills the cache with random values and hands each request a scattered (reversed) set of pages.
+// Rounds v to bf16 in place and returns the bf16 copy.
+std::vector<Bf16> to_bf16(std::vector<float>& v) {
+    std::vector<Bf16> h(v.size());
+    store_row(v.data(), h.data(), static_cast<std::int64_t>(v.size()));
+    load_row(h.data(), v.data(), static_cast<std::int64_t>(v.size()));
+    return h;
+}
+
+// Hands each request a scattered set of pages: a shuffle of twice the pages needed, so ids are
+// neither consecutive nor ordered and half the pages belong to no request. Those pages and the
+// slots past each request's seq_len hold NaN: a kernel that reads them poisons its output.
+void assign_pages(Batch& b, std::mt19937& rng) {
+    const Case& c = b.c;
+    std::vector<std::int32_t> ids(2 * b.num_pages);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    b.num_pages *= 2;
+    b.page_table.assign(c.seq_lens.size() * b.max_pages, 0);
+    const KvCacheView v{nullptr, b.num_pages, c.num_kv_heads, c.page_size, c.head_size};
+    b.cache.assign(2 * v.kv_stride(), std::nanf(""));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::size_t next = 0;
+    for (std::size_t r = 0; r < c.seq_lens.size(); ++r) {
+        for (std::int64_t key = 0; key < c.seq_lens[r]; ++key) {
+            std::int32_t& page = b.page_table[r * b.max_pages + key / c.page_size];
+            if (key % c.page_size == 0) page = ids[next++];
+            for (std::int64_t i = 0; i < 2 * c.num_kv_heads; ++i) {  // i = kv * heads + head
+                const std::int64_t kv = i / c.num_kv_heads, head = i % c.num_kv_heads;
+                float* row = &b.cache[kv * v.kv_stride() + page * v.page_stride() +
+                                      head * v.head_stride() + (key % c.page_size) * c.head_size];
+                for (std::int64_t d = 0; d < c.head_size; ++d) row[d] = normal(rng);
+            }
+        }
+    }
+}
+
 Batch make_batch(const Case& c, std::mt19937& rng) {
-    Batch b{c, 0, 0, 0, c.num_kv_heads * c.group, {}, {}, {}, {}, {0}};
+    Batch b{c, 0, 0, 0, c.num_kv_heads * c.group, {}, {}, {}, {}, {0}, {}, {}, {}};
     for (std::size_t r = 0; r < c.seq_lens.size(); ++r) {
         const std::int64_t pages = (c.seq_lens[r] + c.page_size - 1) / c.page_size;
         b.max_pages = std::max(b.max_pages, pages);
@@ -46,28 +89,30 @@ Batch make_batch(const Case& c, std::mt19937& rng) {
         b.qsl.push_back(b.qsl.back() + c.q_lens[r]);
     }
     b.num_tokens = b.qsl.back();
-    std::int32_t next = static_cast<std::int32_t>(b.num_pages);
-    b.page_table.assign(c.seq_lens.size() * b.max_pages, 0);
-    for (std::size_t r = 0; r < c.seq_lens.size(); ++r) {
-        const std::int64_t pages = (c.seq_lens[r] + c.page_size - 1) / c.page_size;
-        for (std::int64_t t = 0; t < pages; ++t) b.page_table[r * b.max_pages + t] = --next;
-    }
+    assign_pages(b, rng);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    b.cache.resize(2 * b.num_pages * c.num_kv_heads * c.page_size * c.head_size);
-    for (float& x : b.cache) x = normal(rng);
     b.query.resize(b.num_tokens * b.num_heads * c.head_size);
     for (float& x : b.query) x = normal(rng);
     b.out.assign(b.query.size(), 0.0f);
+    if (c.dtype == DType::kBFloat16) {
+        b.cache16 = to_bf16(b.cache);
+        b.query16 = to_bf16(b.query);
+        b.out16.assign(b.out.size(), Bf16{0});
+    }
     return b;
 }
 
 AttentionArgs args_for(Batch& b, float scale) {
+    const bool bf16 = b.c.dtype == DType::kBFloat16;
     AttentionArgs a;
-    a.out = b.out.data();
+    a.dtype = b.c.dtype;
+    a.out = bf16 ? static_cast<void*>(b.out16.data()) : b.out.data();
     a.out_token_stride = b.num_heads * b.c.head_size;
     a.out_head_stride = b.c.head_size;
-    a.query = {b.query.data(), a.out_token_stride, a.out_head_stride};
-    a.cache = {b.cache.data(), b.num_pages, b.c.num_kv_heads, b.c.page_size, b.c.head_size};
+    const void* query = bf16 ? static_cast<const void*>(b.query16.data()) : b.query.data();
+    a.query = {query, a.out_token_stride, a.out_head_stride};
+    void* cache = bf16 ? static_cast<void*>(b.cache16.data()) : b.cache.data();
+    a.cache = {cache, b.num_pages, b.c.num_kv_heads, b.c.page_size, b.c.head_size};
     a.page_table = b.page_table.data();
     a.page_table_stride = b.max_pages;
     a.seq_lens = b.c.seq_lens.data();
@@ -83,8 +128,16 @@ AttentionArgs args_for(Batch& b, float scale) {
     return a;
 }
 
-// The largest |naive - kernel| over every output element.
-double max_error(const Batch& b, float scale) {
+// Runs the kernel and widens a bf16 output into b.out.
+void run_kernel(Batch& b, float scale, int num_threads) {
+    paged_attention_cpu(args_for(b, scale), num_threads);
+    if (b.c.dtype == DType::kBFloat16)
+        load_row(b.out16.data(), b.out.data(), static_cast<std::int64_t>(b.out.size()));
+}
+
+// The largest |naive - kernel| / (atol + rtol * |naive|) over every output element (NaN if the
+// kernel wrote one): the case passes when this is at most 1.
+double error_ratio(const Batch& b, float scale, double atol, double rtol) {
     const Case& c = b.c;
     const KvCacheView v{nullptr, b.num_pages, c.num_kv_heads, c.page_size, c.head_size};
     double worst = 0.0;
@@ -113,12 +166,28 @@ double max_error(const Batch& b, float scale) {
                     for (std::int64_t d = 0; d < c.head_size; ++d) o[d] += p * at(1, k)[d];
                 }
                 const float* got = &b.out[(tok * b.num_heads + h) * c.head_size];
-                for (std::int64_t d = 0; d < c.head_size; ++d)
-                    worst = std::max(worst, std::fabs(o[d] / sum - got[d]));
+                for (std::int64_t d = 0; d < c.head_size; ++d) {
+                    const double ref = o[d] / sum, err = std::fabs(ref - got[d]);
+                    const double ratio = err / (atol + rtol * std::fabs(ref));
+                    worst = std::isnan(ratio) ? ratio : std::max(worst, ratio);
+                }
             }
         }
     }
     return worst;
+}
+
+void check_case(const Case& c, std::mt19937& rng, double atol, double rtol, const char* what) {
+    Batch b = make_batch(c, rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
+    run_kernel(b, scale, 2);
+    const double err = error_ratio(b, scale, atol, rtol);
+    if (!(err <= 1.0)) {
+        std::fprintf(stderr, "error %g x tolerance (kv heads %ld, group %ld, head_size %ld)\n",
+                     err, static_cast<long>(c.num_kv_heads), static_cast<long>(c.group),
+                     static_cast<long>(c.head_size));
+    }
+    expect(err <= 1.0, what);
 }
 
 void test_attention_matches_naive() {
@@ -130,14 +199,30 @@ void test_attention_matches_naive() {
         {1, 1, 96, 32, {70}, {130}},                   // odd head size (generic path), long chunk
         {4, 1, 64, 16, {0, 3}, {5, 16}},               // an empty request in the batch
     };
-    for (const Case& c : cases) {
-        Batch b = make_batch(c, rng);
-        const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
-        paged_attention_cpu(args_for(b, scale), 2);
-        const double err = max_error(b, scale);
-        if (err > 1e-4) std::fprintf(stderr, "max error %g (head_size %ld)\n", err, c.head_size);
-        expect(err <= 1e-4, "paged_attention_cpu matches the naive loop (fp32)");
-    }
+    for (const Case& c : cases) check_case(c, rng, 1e-4, 0.0, "matches the naive loop (fp32)");
+}
+
+// bf16 inputs, fp32 math, bf16 output: the output's rounding (up to 2^-8 relative) dominates.
+void test_attention_matches_naive_bf16() {
+    std::mt19937 rng(11);
+    const DType bf = DType::kBFloat16;
+    const std::vector<std::int32_t> decodes = {1, 1, 1, 1}, contexts = {1, 15, 17, 130};
+    const Case cases[] = {
+        // Decodes with 3 query heads per KV head (fewer than 8 vectors per item: dot path).
+        {2, 3, 64, 16, decodes, contexts, bf},
+        {2, 3, 128, 16, decodes, contexts, bf},
+        // 8 query heads per KV head: 8 vectors per item cross to the transposed (prefill) path.
+        {1, 8, 64, 16, decodes, contexts, bf},
+        {2, 8, 128, 16, decodes, contexts, bf},
+        // A 37-token chunk at context 100; group 4 splits it into query blocks of 32 and 5.
+        {2, 4, 64, 16, {37}, {100}, bf},
+        {1, 3, 128, 16, {37}, {100}, bf},
+        // Prefill chunks and decodes in one batch, 32-token pages.
+        {2, 3, 128, 32, {37, 1, 5, 1, 1}, {100, 130, 17, 1, 15}, bf},
+        // An odd head size takes the portable loops with bf16 storage.
+        {1, 2, 96, 16, {1, 9}, {17, 40}, bf},
+    };
+    for (const Case& c : cases) check_case(c, rng, 1e-4, 1e-2, "matches the naive loop (bf16)");
 }
 
 void test_cache_write_round_trip() {
@@ -188,6 +273,7 @@ void test_bad_inputs_throw() {
 
 int main() {
     test_attention_matches_naive();
+    test_attention_matches_naive_bf16();
     test_cache_write_round_trip();
     test_bad_inputs_throw();
     if (failures == 0) std::puts("test_paged_attention: ok");
