@@ -24,7 +24,7 @@ from pagedserve.openai_compat.protocol import (
     TokenizeRequest,
 )
 from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
-from pagedserve.openai_compat.serving_common import off_loop
+from pagedserve.openai_compat.serving_common import off_loop, require_in_vocabulary
 from pagedserve.openai_compat.streaming import ClientGone, JSONResponse, error_response
 
 if TYPE_CHECKING:
@@ -132,9 +132,7 @@ async def detokenize(request: Request) -> Response:
     ctx = state.ready()
     body = await parse(request, DetokenizeRequest, state.config.max_body_bytes)
     ctx.check_model(body.model)
-    vocab_size = ctx.engine.tokenizer.vocab_size
-    if any(not 0 <= t < vocab_size for t in body.tokens):
-        raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param="tokens")
+    require_in_vocabulary(body.tokens, ctx.engine.tokenizer.vocab_size, "tokens")
     return JSONResponse({"prompt": ctx.engine.tokenizer.decode(body.tokens)})
 
 

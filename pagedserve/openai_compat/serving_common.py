@@ -61,8 +61,7 @@ class ServingContext:
         vocab_size = self.engine.tokenizer.vocab_size
         if not prompt_token_ids:
             raise errors.invalid("The prompt is empty.", param=param)
-        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
-            raise errors.invalid(f"Token ids must be in [0, {vocab_size}).", param=param)
+        require_in_vocabulary(prompt_token_ids, vocab_size, param)
         with engine_errors(param):
             self.engine.check_admission(len(prompt_token_ids), params)
 
@@ -148,13 +147,15 @@ def sampling_params(
     raise AssertionError("unreachable")  # engine_errors re-raises every exception
 
 
+def require_in_vocabulary(token_ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise errors.invalid(f"Token ids must be in [0, {vocab_size}), got {bad}.", param=param)
+
+
 def _stop_token_ids(ids: list[int] | None, vocab_size: int) -> tuple[int, ...]:
     # An id outside the vocabulary can never be sampled: the stop would silently never fire.
-    for token_id in ids or ():
-        if not 0 <= token_id < vocab_size:
-            raise errors.invalid(
-                f"stop_token_ids: {token_id} is not in [0, {vocab_size}).", "stop_token_ids"
-            )
+    require_in_vocabulary(ids or [], vocab_size, "stop_token_ids")
     return tuple(ids or ())
 
 
