@@ -23,20 +23,17 @@ EDGE_GRID = list(itertools.product((64, 128), (1, 2, 3, 4, 7, 8)))
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
+def attention_args(b, out: torch.Tensor, query: torch.Tensor | None = None) -> tuple:
+    """paged_attention's arguments for batch b (its own query unless another is given)."""
+    m = b.meta
+    q = b.query if query is None else query
+    return (out, q, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc, m.max_query_len,
+            m.max_seq_len, b.scale)  # fmt: skip
+
+
 def run_native(b) -> torch.Tensor:
     out = torch.full_like(b.query, float("nan"))
-    m = b.meta
-    ops.paged_attention(
-        out,
-        b.query,
-        b.kv_cache,
-        m.page_table,
-        m.seq_lens,
-        m.query_start_loc,
-        m.max_query_len,
-        m.max_seq_len,
-        b.scale,
-    )
+    ops.paged_attention(*attention_args(b, out))
     return out
 
 
@@ -131,18 +128,7 @@ def test_strided_views_of_a_fused_projection(device: str) -> None:
     ops.reshape_and_cache(k, v, b.kv_cache, b.meta.slot_mapping)
     want_cache = b.kv_cache.clone()
     out = torch.empty(num_tokens, 8, d, device=device)[:, ::2]  # strided output too
-    m = b.meta
-    ops.paged_attention(
-        out,
-        q,
-        b.kv_cache,
-        m.page_table,
-        m.seq_lens,
-        m.query_start_loc,
-        m.max_query_len,
-        m.max_seq_len,
-        b.scale,
-    )
+    ops.paged_attention(*attention_args(b, out, q))
     b.query = q.contiguous()
     assert torch.equal(b.kv_cache, want_cache)
     assert_close(out, run_reference(b), torch.float32)
@@ -156,20 +142,7 @@ def test_opcheck(device: str) -> None:
         torch.ops.pagedserve.reshape_and_cache.default, (b.key, b.value, b.kv_cache, m.slot_mapping)
     )
     out = torch.empty_like(b.query)
-    torch.library.opcheck(
-        torch.ops.pagedserve.paged_attention.default,
-        (
-            out,
-            b.query,
-            b.kv_cache,
-            m.page_table,
-            m.seq_lens,
-            m.query_start_loc,
-            m.max_query_len,
-            m.max_seq_len,
-            b.scale,
-        ),
-    )
+    torch.library.opcheck(torch.ops.pagedserve.paged_attention.default, attention_args(b, out))
 
 
 def test_single_row_page_table_with_an_odd_stride() -> None:
