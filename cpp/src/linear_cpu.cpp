@@ -176,9 +176,13 @@ void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::i
 }
 
 bool linear_bf16_supported() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    // Once per process: linear_bf16 asks on every call, several times per layer and step.
+    static const bool supported = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    }();
+    return supported;
 }
 
 void linear_bf16(const LinearArgs& args, int num_threads) {

@@ -1,8 +1,9 @@
 """The one importer of the compiled modules.
 
 `core` is pagedserve._core (always built). `cuda` is pagedserve._cuda, or None when the package
-was built without a CUDA toolkit. Typed wrappers (core/scheduler.py, core/attention/ops.py) use
-these; nothing else imports the compiled modules.
+was built without a CUDA toolkit. Typed wrappers (core/scheduler.py, core/attention/ops.py,
+core/models/layer_ops.py, core/models/linear.py) use these and `require` for their argument
+checks; nothing else imports the compiled modules.
 """
 
 from __future__ import annotations
@@ -17,4 +18,11 @@ try:
 except ImportError:  # built without CUDA
     cuda = None
 
-__all__ = ["core", "cuda"]
+__all__ = ["core", "cuda", "require"]
+
+
+def require(ok: bool, template: str, *args: object) -> None:
+    """ValueError(template.format(*args)) unless ok. The message is formatted only on failure:
+    the kernel wrappers check their arguments several times per layer and step."""
+    if not ok:
+        raise ValueError(template.format(*args))

@@ -19,6 +19,7 @@ import math
 import torch
 
 from pagedserve.core import native
+from pagedserve.core.native import require
 
 _core = native.core
 _DTYPES = {
@@ -29,48 +30,42 @@ _DTYPES = {
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _require(ok: bool, template: str, *args: object) -> None:
-    # The message is formatted only on failure: these checks run twice per layer and step.
-    if not ok:
-        raise ValueError(template.format(*args))
-
-
 def _check_cache(kv_cache: torch.Tensor) -> None:
     shape = kv_cache.shape
-    _require(len(shape) == 5 and shape[0] == 2,
+    require(len(shape) == 5 and shape[0] == 2,
              "kv_cache must be [2, num_pages, num_kv_heads, page_size, head_size], got {}",
              tuple(shape))  # fmt: skip
-    _require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
+    require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
-    _require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
+    require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
     allowed = _CPU_DTYPES if device == "cpu" else tuple(_DTYPES)
-    _require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
+    require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
 
 
 def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
     """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
     shape = t.shape
-    _require(len(shape) == 3, "{} must be [num_tokens, heads, head_size], got {}", name,
+    require(len(shape) == 3, "{} must be [num_tokens, heads, head_size], got {}", name,
              tuple(shape))  # fmt: skip
-    _require(t.dtype == kv_cache.dtype, "{} dtype {} must match kv_cache {}", name, t.dtype,
+    require(t.dtype == kv_cache.dtype, "{} dtype {} must match kv_cache {}", name, t.dtype,
              kv_cache.dtype)  # fmt: skip
-    _require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
+    require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
              kv_cache.device)  # fmt: skip
-    _require(shape[2] == kv_cache.shape[4], "{} head_size {} != kv_cache's", name, shape[2])
-    _require(t.stride(2) == 1 or shape[2] == 1, "{} must be contiguous in its last dim", name)
+    require(shape[2] == kv_cache.shape[4], "{} head_size {} != kv_cache's", name, shape[2])
+    require(t.stride(2) == 1 or shape[2] == 1, "{} must be contiguous in its last dim", name)
     if heads is not None:
-        _require(shape[1] == heads, "{} has {} heads, kv_cache has {}", name, shape[1], heads)
+        require(shape[1] == heads, "{} has {} heads, kv_cache has {}", name, shape[1], heads)
 
 
 def _check_index(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> None:
-    _require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
-    _require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
-    _require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)
-    _require(t.stride(-1) == 1 or t.shape[-1] <= 1, "{} must be contiguous in its last dim", name)
-    _require(t.dim() != 1 or t.is_contiguous(), "{} must be contiguous", name)
+    require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
+    require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
+    require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)
+    require(t.stride(-1) == 1 or t.shape[-1] <= 1, "{} must be contiguous in its last dim", name)
+    require(t.dim() != 1 or t.is_contiguous(), "{} must be contiguous", name)
 
 
 def _check_write(
@@ -79,7 +74,7 @@ def _check_write(
     _check_cache(kv_cache)
     _check_rows("key", key, kv_cache, kv_cache.shape[2])
     _check_rows("value", value, kv_cache, kv_cache.shape[2])
-    _require(key.shape == value.shape, "key and value must have the same shape")
+    require(key.shape == value.shape, "key and value must have the same shape")
     _check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
 
 
@@ -97,20 +92,20 @@ def _check_attention(
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
     num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
-    _require(num_heads % num_kv_heads == 0,
+    require(num_heads % num_kv_heads == 0,
              "query heads ({}) must be a multiple of kv_cache heads ({})", num_heads,
              num_kv_heads)  # fmt: skip
     _check_rows("out", out, kv_cache, None)
-    _require(out.shape == query.shape, "out shape {} != query's", tuple(out.shape))
-    _require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
+    require(out.shape == query.shape, "out shape {} != query's", tuple(out.shape))
+    require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
     num_reqs = page_table.shape[0]
     device = kv_cache.device
     _check_index("page_table", page_table, torch.int32, page_table.shape, device)
     _check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), device)
     _check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), device)
-    _require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
-    _require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
-    _require(math.isfinite(scale), "scale must be finite, got {}", scale)
+    require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
+    require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
+    require(math.isfinite(scale), "scale must be finite, got {}", scale)
 
 
 def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:

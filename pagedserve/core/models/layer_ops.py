@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from pagedserve.core import native
 from pagedserve.core.models.layers import apply_rotary
+from pagedserve.core.native import require
 
 _core = native.core
 _DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
@@ -28,27 +29,21 @@ _DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloa
 _SUM_LANES = 8
 
 
-def _require(ok: bool, template: str, *args: object) -> None:
-    # Formatted only on failure: these checks run several times per layer and step.
-    if not ok:
-        raise ValueError(template.format(*args))
-
-
 def _native(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _DTYPES
 
 
 def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor, width: int) -> None:
     """t: [n, width] in like's dtype and device, rows contiguous."""
-    _require(t.dim() == 2 and t.shape[1] == width, "{} must be [num_tokens, {}], got {}", name,
+    require(t.dim() == 2 and t.shape[1] == width, "{} must be [num_tokens, {}], got {}", name,
              width, tuple(t.shape))  # fmt: skip
-    _require(t.dtype == like.dtype, "{} dtype {} must match {}", name, t.dtype, like.dtype)
-    _require(t.device == like.device, "{} is on {}, expected {}", name, t.device, like.device)
-    _require(t.stride(1) == 1 or width <= 1, "{} must be contiguous in its last dim", name)
+    require(t.dtype == like.dtype, "{} dtype {} must match {}", name, t.dtype, like.dtype)
+    require(t.device == like.device, "{} is on {}, expected {}", name, t.device, like.device)
+    require(t.stride(1) == 1 or width <= 1, "{} must be contiguous in its last dim", name)
 
 
 def _check_native(name: str, t: torch.Tensor) -> None:
-    _require(_native(t), "{} must be on cpu in float32 or bfloat16, got {} on {}", name, t.dtype,
+    require(_native(t), "{} must be on cpu in float32 or bfloat16, got {} on {}", name, t.dtype,
              t.device)  # fmt: skip
 
 
@@ -68,19 +63,19 @@ def _check_norm_pair(
     """Both [n, hidden] with contiguous rows; weight [hidden] contiguous; one dtype and device."""
     (out_name, out_t), (src_name, src_t) = out, src
     _check_native(src_name, src_t)
-    _require(src_t.dim() == 2, "{} must be [num_tokens, hidden_size], got {}", src_name,
+    require(src_t.dim() == 2, "{} must be [num_tokens, hidden_size], got {}", src_name,
              tuple(src_t.shape))  # fmt: skip
     hidden = src_t.shape[1]
     _check_rows(src_name, src_t, src_t, hidden)
     _check_rows(out_name, out_t, src_t, hidden)
-    _require(out_t.shape[0] == src_t.shape[0], "{} has {} rows, {} has {}", out_name,
+    require(out_t.shape[0] == src_t.shape[0], "{} has {} rows, {} has {}", out_name,
              out_t.shape[0], src_name, src_t.shape[0])  # fmt: skip
-    _require(weight.shape == (hidden,), "weight must be [{}], got {}", hidden,
+    require(weight.shape == (hidden,), "weight must be [{}], got {}", hidden,
              tuple(weight.shape))  # fmt: skip
-    _require(weight.dtype == src_t.dtype and weight.device == src_t.device,
+    require(weight.dtype == src_t.dtype and weight.device == src_t.device,
              "weight must be {} on {}", src_t.dtype, src_t.device)  # fmt: skip
-    _require(weight.is_contiguous(), "weight must be contiguous")
-    _require(eps >= 0.0, "eps must be >= 0, got {}", eps)
+    require(weight.is_contiguous(), "weight must be contiguous")
+    require(eps >= 0.0, "eps must be >= 0, got {}", eps)
 
 
 def rms_norm_eager(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
@@ -103,19 +98,19 @@ def add_rms_norm_eager(
 
 def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
     _check_native("qk", qk)
-    _require(qk.dim() == 3, "qk must be [num_tokens, heads, head_size], got {}", tuple(qk.shape))
+    require(qk.dim() == 3, "qk must be [num_tokens, heads, head_size], got {}", tuple(qk.shape))
     n, head_size = qk.shape[0], qk.shape[2]
-    _require(head_size % 2 == 0, "qk head_size must be even, got {}", head_size)
-    _require(qk.stride(2) == 1, "qk must be contiguous in its last dim")
+    require(head_size % 2 == 0, "qk head_size must be even, got {}", head_size)
+    require(qk.stride(2) == 1, "qk must be contiguous in its last dim")
     for name, table in (("cos", cos), ("signed_sin", signed_sin)):
         # [n, 1, head_size] (a broadcast row per token) or [n, head_size]
-        _require(table.dim() in (2, 3) and table.shape[0] == n and table.shape[-1] == head_size
+        require(table.dim() in (2, 3) and table.shape[0] == n and table.shape[-1] == head_size
                  and table.numel() == n * head_size,
                  "{} must be [{}, 1, {}] or [{}, {}], got {}", name, n, head_size, n, head_size,
                  tuple(table.shape))  # fmt: skip
-        _require(table.dtype == qk.dtype and table.device == qk.device,
+        require(table.dtype == qk.dtype and table.device == qk.device,
                  "{} must be {} on {}", name, qk.dtype, qk.device)  # fmt: skip
-        _require(table.stride(-1) == 1, "{} must be contiguous in its last dim", name)
+        require(table.stride(-1) == 1, "{} must be contiguous in its last dim", name)
 
 
 def rotary_eager(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -129,12 +124,12 @@ def rotary_eager(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) 
 
 def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     _check_native("gate_up", gate_up)
-    _require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0,
+    require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0,
              "gate_up must be [num_tokens, 2 * intermediate_size], got {}",
              tuple(gate_up.shape))  # fmt: skip
     _check_rows("gate_up", gate_up, gate_up, gate_up.shape[1])
     _check_rows("out", out, gate_up, gate_up.shape[1] // 2)
-    _require(out.shape[0] == gate_up.shape[0], "out has {} rows, gate_up has {}", out.shape[0],
+    require(out.shape[0] == gate_up.shape[0], "out has {} rows, gate_up has {}", out.shape[0],
              gate_up.shape[0])  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.core import native
+from pagedserve.core.native import require
 
 _core = native.core
 
@@ -87,7 +88,7 @@ class Linear(nn.Module):
     ) -> torch.Tensor:
         assert self.packed is not None
         # The packed size pins k only to a pair (k and k + 1 pack alike): check it here.
-        _require(x.shape[-1] == self.in_features, "x has {} features, the layer {}",
+        require(x.shape[-1] == self.in_features, "x has {} features, the layer {}",
                  x.shape[-1], self.in_features)  # fmt: skip
         if x.dim() == 2 and x.stride(1) != 1:
             x = x.contiguous()
@@ -101,11 +102,6 @@ class Linear(nn.Module):
         return out
 
 
-def _require(ok: bool, template: str, *args: object) -> None:
-    if not ok:  # formatted only on failure: this runs several times per layer and step
-        raise ValueError(template.format(*args))
-
-
 def _check(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -114,24 +110,24 @@ def _check(
     residual: torch.Tensor | None,
 ) -> None:
     """x [m, k] bf16 CPU; out [m, n] bf16 or fp32; rows contiguous in their last dim."""
-    _require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
+    require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
              "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
              tuple(x.shape), x.device)  # fmt: skip
-    _require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
+    require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
              "out must be [{}, n] on cpu, got {}", x.shape[0], tuple(out.shape))  # fmt: skip
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
-    _require(out.dtype in (torch.bfloat16, torch.float32),
+    require(out.dtype in (torch.bfloat16, torch.float32),
              "out must be bfloat16 or float32, got {}", out.dtype)  # fmt: skip
-    _require(packed.dtype == torch.bfloat16 and packed.numel() == _packed_size(n, k),
+    require(packed.dtype == torch.bfloat16 and packed.numel() == _packed_size(n, k),
              "packed holds {} elements, a packed [{}, {}] weight has {}", packed.numel(), n, k,
              _packed_size(n, k))  # fmt: skip
-    _require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
+    require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
     if bias is not None:
-        _require(bias.shape == (n,) and bias.dtype == torch.bfloat16 and bias.is_contiguous(),
+        require(bias.shape == (n,) and bias.dtype == torch.bfloat16 and bias.is_contiguous(),
                  "bias must be [{}] contiguous bfloat16", n)  # fmt: skip
     if residual is not None:
-        _require(residual.shape == (m, n) and residual.dtype == torch.bfloat16
+        require(residual.shape == (m, n) and residual.dtype == torch.bfloat16
                  and residual.stride(1) == 1,
                  "residual must be [{}, {}] bfloat16, got {} {}", m, n, residual.dtype,
                  tuple(residual.shape))  # fmt: skip
