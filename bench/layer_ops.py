@@ -44,7 +44,6 @@ def median_pair_us(
 
 def op_pairs(n: int, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:
     x, w = torch.randn(n, HIDDEN, dtype=dtype), torch.randn(HIDDEN, dtype=dtype)
-    res = torch.randn(n, HIDDEN, dtype=dtype)
     qkv = torch.randn(n, (HEADS + 2 * KV_HEADS) * HEAD, dtype=dtype)
     qk = qkv[:, : (HEADS + KV_HEADS) * HEAD].view(n, HEADS + KV_HEADS, HEAD)
     cos, sin = torch.randn(n, 1, HEAD, dtype=dtype), torch.randn(n, 1, HEAD, dtype=dtype)
@@ -53,10 +52,6 @@ def op_pairs(n: int, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]
         "rms_norm": (
             lambda: F.rms_norm(x, (HIDDEN,), w, 1e-5),
             lambda: layer_ops.rms_norm(x, w, 1e-5),
-        ),
-        "add+rms_norm": (
-            lambda: F.rms_norm(res + x, (HIDDEN,), w, 1e-5),
-            lambda: layer_ops.add_rms_norm(x, res, w, 1e-5),
         ),
         "rotary": (lambda: apply_rotary(qk, cos, sin), lambda: layer_ops.rotary(qk, cos, sin)),
         "silu_and_mul": (

@@ -252,16 +252,6 @@ void bind_layer_ops(py::module_& m) {
         },
         py::call_guard<py::gil_scoped_release>());
     m.def(
-        "add_rms_norm",
-        [](Ptr x, int64_t x_stride, Ptr residual, int64_t residual_stride, Ptr weight,
-           int64_t num_rows, int64_t hidden_size, float eps, DType dtype, int sum_lanes,
-           int num_threads) {
-            pagedserve::add_rms_norm_cpu({ptr(x), x_stride}, {ptr(residual), residual_stride},
-                                         ptr(weight), num_rows, hidden_size, eps, dtype,
-                                         sum_lanes, num_threads);
-        },
-        py::call_guard<py::gil_scoped_release>());
-    m.def(
         "rotary",
         [](Ptr qk, int64_t token_stride, int64_t head_stride, Ptr cos, int64_t cos_stride,
            Ptr signed_sin, int64_t sin_stride, int64_t num_tokens, int64_t num_heads,

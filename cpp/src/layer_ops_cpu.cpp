@@ -94,7 +94,7 @@ struct NormShape {
     int lanes, num_threads;
 };
 
-// For every row r: load(r, row, scratch) fills the fp32 row, which is normalized in place and
+// For every row r: load(r, row) fills the fp32 row, which is normalized in place and
 // handed to store(r, row). Each thread owns its scratch rows and a fp32 copy of the weight.
 template <typename T, typename Load, typename Store>
 void for_each_norm_row(const T* weight, const NormShape& s, Load load, Store store) {
@@ -106,7 +106,7 @@ void for_each_norm_row(const T* weight, const NormShape& s, Load load, Store sto
         load_row(weight, w.data(), s.hidden_size);
 #pragma omp for schedule(static)
         for (std::int64_t r = 0; r < s.num_rows; ++r) {
-            load(r, row.data(), scratch.data());
+            load(r, row.data());
             normalize_row(row.data(), w.data(), scratch.data(), s.hidden_size, s.eps, s.lanes);
             store(r, row.data());
         }
@@ -116,29 +116,11 @@ void for_each_norm_row(const T* weight, const NormShape& s, Load load, Store sto
 template <typename T>
 void rms_norm_impl(RowView out, RowView x, const T* weight, const NormShape& s) {
     const std::int64_t n = s.hidden_size;
-    auto load = [&](std::int64_t r, float* row, float*) {
+    auto load = [&](std::int64_t r, float* row) {
         load_row(static_cast<const T*>(x.data) + r * x.row_stride, row, n);
     };
     auto store = [&](std::int64_t r, const float* row) {
         store_row(row, static_cast<T*>(out.data) + r * out.row_stride, n);
-    };
-    for_each_norm_row(weight, s, load, store);
-}
-
-template <typename T>
-void add_rms_norm_impl(RowView x, RowView residual, const T* weight, const NormShape& s) {
-    const std::int64_t n = s.hidden_size;
-    auto load = [&](std::int64_t r, float* row, float* scratch) {
-        T* res_row = static_cast<T*>(residual.data) + r * residual.row_stride;
-        load_row(static_cast<const T*>(x.data) + r * x.row_stride, scratch, n);
-        load_row(res_row, row, n);
-#pragma omp simd
-        for (std::int64_t i = 0; i < n; ++i) row[i] += scratch[i];
-        store_row(row, res_row, n);
-        load_row(res_row, row, n);  // normalize the sum as stored (rounded to T)
-    };
-    auto store = [&](std::int64_t r, const float* row) {
-        store_row(row, static_cast<T*>(x.data) + r * x.row_stride, n);
     };
     for_each_norm_row(weight, s, load, store);
 }
@@ -243,15 +225,6 @@ void rms_norm_cpu(RowView out, RowView x, const void* weight, std::int64_t num_r
     const NormShape s{num_rows, hidden_size, eps, sum_lanes, std::max(1, num_threads)};
     with_storage_type(dtype, [&](auto tag) {
         rms_norm_impl(out, x, static_cast<const decltype(tag)*>(weight), s);
-    });
-}
-
-void add_rms_norm_cpu(RowView x, RowView residual, const void* weight, std::int64_t num_rows,
-                      std::int64_t hidden_size, float eps, DType dtype, int sum_lanes,
-                      int num_threads) {
-    const NormShape s{num_rows, hidden_size, eps, sum_lanes, std::max(1, num_threads)};
-    with_storage_type(dtype, [&](auto tag) {
-        add_rms_norm_impl(x, residual, static_cast<const decltype(tag)*>(weight), s);
     });
 }
 

@@ -25,11 +25,6 @@ void rms_norm_cpu(RowView out, RowView x, const void* weight, std::int64_t num_r
                   std::int64_t hidden_size, float eps, DType dtype, int sum_lanes,
                   int num_threads);
 
-// residual += x; x = rms_norm(residual), in one pass over each row.
-void add_rms_norm_cpu(RowView x, RowView residual, const void* weight, std::int64_t num_rows,
-                      std::int64_t hidden_size, float eps, DType dtype, int sum_lanes,
-                      int num_threads);
-
 // In place, HF rotate-half form over qk [num_tokens, num_heads, head_size]:
 // qk = qk * cos + roll(qk, head_size / 2) * signed_sin, with cos and signed_sin one
 // [head_size] row per token (signed_sin = [-sin, sin]).

@@ -1,7 +1,6 @@
 """Fused per-token ops of a Llama layer, native on CPU (namespace `pagedserve`).
 
     rms_norm(x, weight, eps) -> out               F.rms_norm over the last dim
-    add_rms_norm(x, residual, weight, eps)        -> (rms_norm(residual + x), residual + x)
     rotary(qk, cos, signed_sin)                   layers.apply_rotary (in place on CPU)
     silu_and_mul(gate_up) -> out                  F.silu(gate) * up over [n, 2 * I] -> [n, I]
 
@@ -48,32 +47,17 @@ def _check_native(name: str, t: torch.Tensor) -> None:
 
 
 def _check_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    _check_norm_pair(("out", out), ("x", x), weight, eps)
-
-
-def _check_add_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> None:
-    _check_norm_pair(("x", x), ("residual", residual), weight, eps)
-
-
-def _check_norm_pair(
-    out: tuple[str, torch.Tensor], src: tuple[str, torch.Tensor], weight: torch.Tensor, eps: float
-) -> None:
-    """Both [n, hidden] with contiguous rows; weight [hidden] contiguous; one dtype and device."""
-    (out_name, out_t), (src_name, src_t) = out, src
-    _check_native(src_name, src_t)
-    require(src_t.dim() == 2, "{} must be [num_tokens, hidden_size], got {}", src_name,
-             tuple(src_t.shape))  # fmt: skip
-    hidden = src_t.shape[1]
-    _check_rows(src_name, src_t, src_t, hidden)
-    _check_rows(out_name, out_t, src_t, hidden)
-    require(out_t.shape[0] == src_t.shape[0], "{} has {} rows, {} has {}", out_name,
-             out_t.shape[0], src_name, src_t.shape[0])  # fmt: skip
+    """x and out [n, hidden] with contiguous rows; weight [hidden] contiguous; one dtype, device."""
+    _check_native("x", x)
+    require(x.dim() == 2, "x must be [num_tokens, hidden_size], got {}", tuple(x.shape))
+    hidden = x.shape[1]
+    _check_rows("x", x, x, hidden)
+    _check_rows("out", out, x, hidden)
+    require(out.shape[0] == x.shape[0], "out has {} rows, x has {}", out.shape[0], x.shape[0])
     require(weight.shape == (hidden,), "weight must be [{}], got {}", hidden,
-             tuple(weight.shape))  # fmt: skip
-    require(weight.dtype == src_t.dtype and weight.device == src_t.device,
-             "weight must be {} on {}", src_t.dtype, src_t.device)  # fmt: skip
+            tuple(weight.shape))  # fmt: skip
+    require(weight.dtype == x.dtype and weight.device == x.device,
+            "weight must be {} on {}", x.dtype, x.device)  # fmt: skip
     require(weight.is_contiguous(), "weight must be contiguous")
     require(eps >= 0.0, "eps must be >= 0, got {}", eps)
 
@@ -84,16 +68,6 @@ def rms_norm_eager(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps
     _core.rms_norm(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.data_ptr(),
                    x.shape[0], x.shape[1], eps, _DTYPES[x.dtype], _SUM_LANES,
                    torch.get_num_threads())  # fmt: skip
-
-
-def add_rms_norm_eager(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> None:
-    """residual [n, hidden] += x; then x = rms_norm(residual) * weight. Both in place."""
-    _check_add_norm(x, residual, weight, eps)
-    _core.add_rms_norm(x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0),
-                       weight.data_ptr(), x.shape[0], x.shape[1], eps, _DTYPES[x.dtype],
-                       _SUM_LANES, torch.get_num_threads())  # fmt: skip
 
 
 def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -144,10 +118,6 @@ def silu_and_mul_eager(out: torch.Tensor, gate_up: torch.Tensor) -> None:
 # The registered ops run the same bodies; their fake (meta) versions only check the arguments.
 rms_norm_op = torch.library.custom_op("pagedserve::rms_norm", rms_norm_eager, mutates_args=("out",))
 rms_norm_op.register_fake(_check_norm)
-add_rms_norm_op = torch.library.custom_op(
-    "pagedserve::add_rms_norm", add_rms_norm_eager, mutates_args=("x", "residual")
-)
-add_rms_norm_op.register_fake(_check_add_norm)
 rotary_op = torch.library.custom_op("pagedserve::rotary", rotary_eager, mutates_args=("qk",))
 rotary_op.register_fake(_check_rotary)
 silu_and_mul_op = torch.library.custom_op(
@@ -163,19 +133,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype)
     (rms_norm_op if torch.compiler.is_compiling() else rms_norm_eager)(out, x, weight, eps)
     return out
-
-
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + x), residual + x); on CPU both in place, into (x, residual)."""
-    if not _native(x):
-        residual = residual + x
-        return F.rms_norm(residual, residual.shape[-1:], weight, eps), residual
-    (add_rms_norm_op if torch.compiler.is_compiling() else add_rms_norm_eager)(
-        x, residual, weight, eps
-    )
-    return x, residual
 
 
 def rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
