@@ -45,13 +45,22 @@ PAGEDSERVE_BF16_TARGET inline __m512bh broadcast_pair(const std::uint16_t* x, bo
     return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
 }
 
+// Cache lines of the weights to bring into L2 while a micro-tile computes (see run_item).
+struct Prefetch {
+    const char* begin = nullptr;
+    std::int64_t lines = 0;
+};
+
 template <int R>
 PAGEDSERVE_BF16_TARGET void tile_product(const LinearArgs& a, std::int64_t row0,
-                                         const std::uint16_t* w, __m512 (&acc)[R][2]) {
+                                         const std::uint16_t* w, Prefetch prefetch,
+                                         __m512 (&acc)[R][2]) {
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     const std::uint16_t* x = a.x + row0 * a.x_stride;
     const std::int64_t pairs = num_pairs(a.k);
     for (std::int64_t p = 0; p < pairs; ++p) {
+        // One line per feature pair (16 dot products) keeps the requests spread out.
+        if (p < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * p, _MM_HINT_T1);
         const bool whole = 2 * p + 1 < a.k;
         const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow));
         const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow + 32));
@@ -93,33 +102,57 @@ PAGEDSERVE_BF16_TARGET void store_tile(const LinearArgs& a, std::int64_t row0, s
     }
 }
 
-template <int R>
-PAGEDSERVE_BF16_TARGET void micro_tile(const LinearArgs& a, std::int64_t row0, std::int64_t tile) {
-    __m512 acc[R][2];
-    tile_product<R>(a, row0, a.packed + tile * num_pairs(a.k) * kPairRow, acc);
-    store_tile<R>(a, row0, tile * kLinearTileN, acc);
+const std::uint16_t* tile_weights(const LinearArgs& a, std::int64_t tile) {
+    return a.packed + tile * num_pairs(a.k) * kPairRow;
 }
+
+// The next panel's weights, split evenly over the micro-tiles that sweep this one.
+struct PanelPrefetch {
+    const char* next = nullptr;
+    std::int64_t lines = 0, parts = 1;
+
+    Prefetch part(std::int64_t i) const {
+        const std::int64_t first = lines * i / parts, last = lines * (i + 1) / parts;
+        return {next + 64 * first, last - first};
+    }
+};
 
 template <int R>
 PAGEDSERVE_BF16_TARGET void row_block(const LinearArgs& a, std::int64_t row0, std::int64_t tile0,
-                                      std::int64_t tile_end) {
-    for (std::int64_t t = tile0; t < tile_end; ++t) micro_tile<R>(a, row0, t);
+                                      std::int64_t tile_end, const PanelPrefetch& prefetch,
+                                      std::int64_t& part) {
+    for (std::int64_t t = tile0; t < tile_end; ++t) {
+        __m512 acc[R][2];
+        tile_product<R>(a, row0, tile_weights(a, t), prefetch.part(part++), acc);
+        store_tile<R>(a, row0, t * kLinearTileN, acc);
+    }
 }
 
 // Rows [row0, row0 + rows) x tiles [tile0, tile_end): 8 rows at a time across the whole panel,
 // so the panel's weights stay in L2 and each output row is written in one contiguous run.
+// Meanwhile the thread's next panel, tiles [next0, next_end), is fetched into L2 a line at a
+// time: without it each panel's first sweep waits on memory (~10% of a decode step's products,
+// whose weights never fit in the L3).
 PAGEDSERVE_BF16_TARGET void run_item(const LinearArgs& a, std::int64_t row0, std::int64_t rows,
-                                     std::int64_t tile0, std::int64_t tile_end) {
+                                     std::int64_t tile0, std::int64_t tile_end, std::int64_t next0,
+                                     std::int64_t next_end) {
+    const std::int64_t blocks = (rows + kRows - 1) / kRows;
+    const std::int64_t next_bytes = (tile_weights(a, next_end) - tile_weights(a, next0)) * 2;
+    const PanelPrefetch prefetch{reinterpret_cast<const char*>(tile_weights(a, next0)),
+                                 next_bytes / 64, blocks * (tile_end - tile0)};
+    std::int64_t part = 0;
     std::int64_t r = row0;
-    for (; r + kRows <= row0 + rows; r += kRows) row_block<kRows>(a, r, tile0, tile_end);
+    for (; r + kRows <= row0 + rows; r += kRows) {
+        row_block<kRows>(a, r, tile0, tile_end, prefetch, part);
+    }
     switch (row0 + rows - r) {  // the last rows of the chunk, fewer than kRows
-        case 7: return row_block<7>(a, r, tile0, tile_end);
-        case 6: return row_block<6>(a, r, tile0, tile_end);
-        case 5: return row_block<5>(a, r, tile0, tile_end);
-        case 4: return row_block<4>(a, r, tile0, tile_end);
-        case 3: return row_block<3>(a, r, tile0, tile_end);
-        case 2: return row_block<2>(a, r, tile0, tile_end);
-        case 1: return row_block<1>(a, r, tile0, tile_end);
+        case 7: return row_block<7>(a, r, tile0, tile_end, prefetch, part);
+        case 6: return row_block<6>(a, r, tile0, tile_end, prefetch, part);
+        case 5: return row_block<5>(a, r, tile0, tile_end, prefetch, part);
+        case 4: return row_block<4>(a, r, tile0, tile_end, prefetch, part);
+        case 3: return row_block<3>(a, r, tile0, tile_end, prefetch, part);
+        case 2: return row_block<2>(a, r, tile0, tile_end, prefetch, part);
+        case 1: return row_block<1>(a, r, tile0, tile_end, prefetch, part);
         default: return;
     }
 }
@@ -129,17 +162,26 @@ PAGEDSERVE_BF16_TARGET void run_linear(const LinearArgs& a, int num_threads) {
     const bool small = a.m * a.n * a.k < kMinParallelMacs;
     const int threads = small ? 1 : static_cast<int>(std::min<std::int64_t>(num_threads, tiles));
     // Each thread owns an equal share of the tiles (never a whole panel more than another) and
-    // walks it in panels of as many tiles as fit kPanelBytes, for every chunk of rows.
+    // walks it in panels of up to as many tiles as fit kPanelBytes, for every chunk of rows.
     const std::int64_t tile_bytes = num_pairs(a.k) * kPairRow * 2;
     const std::int64_t per_panel = std::max<std::int64_t>(1, kPanelBytes / tile_bytes);
 #pragma omp parallel num_threads(threads)
     {
         const std::int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
         const std::int64_t begin = tiles * t / count, end = tiles * (t + 1) / count;
+        // Panels of 1, 1, 2, 4, ... tiles up to per_panel: only the first is waited for (its
+        // first sweep reads memory), each next one is prefetched while the one before computes.
+        const auto panel_end = [&](std::int64_t tile0) {
+            return std::min(end, tile0 + std::clamp<std::int64_t>(tile0 - begin, 1, per_panel));
+        };
         for (std::int64_t row0 = 0; row0 < a.m; row0 += kChunkRows) {
-            for (std::int64_t tile0 = begin; tile0 < end; tile0 += per_panel) {
-                run_item(a, row0, std::min(kChunkRows, a.m - row0), tile0,
-                         std::min(end, tile0 + per_panel));
+            const std::int64_t rows = std::min(kChunkRows, a.m - row0);
+            const bool more_rows = row0 + kChunkRows < a.m;
+            for (std::int64_t tile0 = begin, tile_end; tile0 < end; tile0 = tile_end) {
+                tile_end = panel_end(tile0);
+                // After the share's last panel, its first again for the next chunk of rows.
+                const std::int64_t next0 = tile_end < end ? tile_end : (more_rows ? begin : end);
+                run_item(a, row0, rows, tile0, tile_end, next0, next0 < end ? panel_end(next0) : end);
             }
         }
     }

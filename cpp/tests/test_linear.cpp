@@ -101,6 +101,15 @@ TEST(linear_large_enough_to_run_threaded) {
     CHECK(matches({64, 576, 130, false, false, true, 2}, rng));
 }
 
+// Long rows make panels of one to three tiles: the growing panel sizes, the prefetch of each
+// next panel and the wrap to a share's first panel for the next chunk of rows all run.
+TEST(linear_many_panels_and_row_chunks) {
+    if (!linear_bf16_supported()) return;
+    std::mt19937 rng(12);
+    CHECK(matches({270, 100, 2100, true, false, true, 2}, rng));
+    CHECK(matches({20, 288, 1100, false, true, false, 1}, rng));
+}
+
 TEST(linear_refuses_bad_arguments) {
     if (!linear_bf16_supported()) return;
     std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
