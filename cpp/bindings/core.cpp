@@ -274,7 +274,8 @@ void bind_layer_ops(py::module_& m) {
 
 }  // namespace
 
-void bind_linear(py::module_& m);  // cpp/bindings/linear.cpp
+void bind_linear(py::module_& m);         // cpp/bindings/linear.cpp
+void bind_decoder_stack(py::module_& m);  // cpp/bindings/decoder_stack.cpp
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "pagedserve native core: page allocator, scheduler, CPU kernels";
@@ -282,4 +283,5 @@ PYBIND11_MODULE(_core, m) {
     bind_kernels(m);
     bind_layer_ops(m);
     bind_linear(m);
+    bind_decoder_stack(m);
 }

@@ -6,17 +6,14 @@
 #include <cstdint>
 
 #include "pagedserve/linear.hpp"
+#include "pointers.hpp"
 
 namespace py = pybind11;
 
 namespace {
 
-using Ptr = std::uintptr_t;
-
-template <typename T>
-T* pointer(Ptr p) {
-    return reinterpret_cast<T*>(p);
-}
+using pagedserve::bindings::pointer;
+using pagedserve::bindings::Ptr;
 
 void linear(Ptr x, std::int64_t x_stride, Ptr packed, Ptr bias, Ptr residual,
             std::int64_t residual_stride, Ptr out, std::int64_t out_stride, bool out_float32,

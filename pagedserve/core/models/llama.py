@@ -4,7 +4,9 @@ The batch is flattened: every tensor is [num_tokens, ...] with no padding; which
 token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
 qkv_proj, gate/up into gate_up_proj), each residual add rides on the matmul before it, and on
 CPU the norms, rotary and SiLU-and-mul are native ops: a layer is 9 calls. pack_weights() moves
-the linear layers onto the native bf16 kernel where it applies (models/linear.py).
+the linear layers onto the native bf16 kernel where it applies (models/linear.py), and where
+then every layer runs natively (bf16 on such a CPU, native attention) it hands the whole stack
+to one native call per step (models/decoder_stack.py), with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
 from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_inv_freq, rope_tables
 from pagedserve.core.models.linear import Linear
 
@@ -87,14 +90,24 @@ class LlamaForCausalLM(nn.Module):
         self.rope_signed_sin: torch.Tensor
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
+        self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.embed_tokens.weight
 
     def pack_weights(self) -> int:
         """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
-        AVX512-BF16); returns how many were packed. Call once, after the weights are loaded."""
-        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+        AVX512-BF16) and build the native decoder stack where every layer then runs natively;
+        returns how many layers were packed. Call once, after the weights are loaded."""
+        packed = sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+        self.stack = DecoderStack.build(self.layers)
+        return packed
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        # .to() and friends may move the weights the native stack points at: drop it (the
+        # layers run one by one until pack_weights() builds it again).
+        self.stack = None
+        return super()._apply(fn, recurse)
 
     def forward(
         self,
@@ -106,8 +119,11 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         cos = self.rope_cos[positions].unsqueeze(1)  # [num_tokens, 1, head_size]
         signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, signed_sin, kv_cache, meta)
+        if self.stack is not None and not torch.compiler.is_compiling():
+            hidden = self.stack(hidden, cos, signed_sin, kv_caches, meta)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden = layer(hidden, cos, signed_sin, kv_cache, meta)
         return layer_ops.rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

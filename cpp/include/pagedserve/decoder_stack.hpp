@@ -1,0 +1,78 @@
+// A Llama-family decoder stack run on the CPU in bf16, layer after layer, without returning to
+// Python between kernels. It calls the same kernels in the same order as models/llama.py's layers
+// do one by one (RMSNorm, packed qkv projection, rotary, cache write, paged attention, o
+// projection + residual, RMSNorm, gate_up, SiLU-and-mul, down + residual), so its results are
+// those of the per-op path bit for bit. Why: in a batch-64 decode step the Python between the ~300
+// kernel calls cost ~10 ms of ~70 (bench/RESULTS.md). models/decoder_stack.py is the only caller.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagedserve {
+
+struct DecoderShape {
+    std::int64_t hidden_size = 0;
+    std::int64_t num_heads = 0;
+    std::int64_t num_kv_heads = 0;
+    std::int64_t head_size = 0;
+    std::int64_t intermediate_size = 0;
+    float rms_norm_eps = 0.0f;
+    float scale = 0.0f;  // attention's softmax scale
+};
+
+// One layer's bf16 weights: norms [hidden_size]; projections packed by pack_linear_weight_bf16.
+struct DecoderLayerWeights {
+    const std::uint16_t* input_norm = nullptr;
+    const std::uint16_t* qkv = nullptr;       // [(heads + 2 kv_heads) head_size, hidden_size]
+    const std::uint16_t* qkv_bias = nullptr;  // [(heads + 2 kv_heads) head_size], or null
+    const std::uint16_t* o = nullptr;         // [hidden_size, heads head_size]
+    const std::uint16_t* post_norm = nullptr;
+    const std::uint16_t* gate_up = nullptr;   // [2 intermediate_size, hidden_size]
+    const std::uint16_t* down = nullptr;      // [hidden_size, intermediate_size]
+};
+
+// One step's tokens and attention metadata, as paged_attention.hpp describes them.
+struct DecoderStep {
+    std::uint16_t* hidden = nullptr;  // [num_tokens, hidden_size] residual stream, in place
+    const std::uint16_t* cos = nullptr;         // [num_tokens, head_size] rows, rope_stride apart
+    const std::uint16_t* signed_sin = nullptr;  // likewise
+    std::int64_t rope_stride = 0;
+    std::vector<void*> kv_caches;  // per layer [2, num_pages, num_kv_heads, page_size, head_size]
+    std::int64_t num_pages = 0;
+    std::int64_t page_size = 0;
+    const std::int64_t* slot_mapping = nullptr;  // [num_tokens]
+    const std::int32_t* page_table = nullptr;    // [num_reqs, page_table_stride]
+    std::int64_t page_table_stride = 0;
+    const std::int32_t* seq_lens = nullptr;         // [num_reqs]
+    const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]
+    std::int64_t num_reqs = 0;
+    std::int64_t num_tokens = 0;
+    std::int64_t max_query_len = 0;
+    std::int64_t max_seq_len = 0;
+};
+
+class DecoderStack {
+  public:
+    // Throws std::invalid_argument on inconsistent sizes or a missing weight.
+    DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWeights> layers);
+
+    // Runs every layer over the step's tokens; step.hidden holds the last layer's output after.
+    // Throws std::invalid_argument on bad step arguments (before touching any memory for the
+    // sizes, and from the kernels' own checks of slots and page ids), std::runtime_error on a
+    // CPU without AVX512-BF16.
+    void forward(const DecoderStep& step, int num_threads);
+
+    std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
+
+  private:
+    void layer(const DecoderLayerWeights& w, void* kv_cache, const DecoderStep& step,
+               int num_threads);
+
+    DecoderShape shape_;
+    std::vector<DecoderLayerWeights> layers_;
+    // Activations of one layer, reused: x (normed hidden), qkv, attention output, gate_up, mlp.
+    std::vector<std::uint16_t> x_, qkv_, attn_, gate_up_, mlp_;
+};
+
+}  // namespace pagedserve

@@ -1,0 +1,123 @@
+// The bf16 CPU decoder stack (see decoder_stack.hpp): models/llama.py's layer, kernel for kernel.
+#include "pagedserve/decoder_stack.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+#include "pagedserve/layer_ops.hpp"
+#include "pagedserve/linear.hpp"
+#include "pagedserve/paged_attention.hpp"
+
+namespace pagedserve {
+namespace {
+
+// The vector width of torch's CPU sum, whose order rms_norm_cpu reproduces (layer_ops.py).
+constexpr int kSumLanes = 8;
+
+void check(bool ok, const char* message) {
+    if (!ok) throw std::invalid_argument(message);
+}
+
+// out = x W^T (+ bias) (+ residual, which may be out itself), all bf16 rows.
+void project(const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
+             const std::uint16_t* bias, std::uint16_t* residual, std::uint16_t* out,
+             std::int64_t n, std::int64_t m, int num_threads) {
+    LinearArgs a;
+    a.x = x, a.x_stride = k, a.packed = packed, a.bias = bias;
+    a.residual = residual, a.residual_stride = n;
+    a.out = out, a.out_stride = n, a.m = m, a.n = n, a.k = k;
+    linear_bf16(a, num_threads);
+}
+
+}  // namespace
+
+DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWeights> layers)
+    : shape_(shape), layers_(std::move(layers)) {
+    const DecoderShape& s = shape_;
+    check(s.hidden_size > 0 && s.num_heads > 0 && s.num_kv_heads > 0 && s.head_size > 0 &&
+              s.intermediate_size > 0,
+          "DecoderStack: sizes must be positive");
+    check(s.num_heads % s.num_kv_heads == 0, "DecoderStack: num_heads must be a multiple of kv");
+    check(s.head_size % 2 == 0, "DecoderStack: head_size must be even (rotary)");
+    for (const DecoderLayerWeights& w : layers_) {
+        check(w.input_norm && w.qkv && w.o && w.post_norm && w.gate_up && w.down,
+              "DecoderStack: a layer is missing a weight");
+    }
+}
+
+void DecoderStack::forward(const DecoderStep& step, int num_threads) {
+    check(step.kv_caches.size() == layers_.size(), "DecoderStack: one kv cache per layer");
+    check(step.num_tokens >= 0 && step.num_reqs >= 0, "DecoderStack: negative sizes");
+    check(step.num_pages > 0 && step.page_size > 0, "DecoderStack: bad kv cache sizes");
+    check(step.rope_stride >= shape_.head_size, "DecoderStack: rope rows too short");
+    if (step.num_tokens == 0) return;
+    check(step.hidden && step.cos && step.signed_sin && step.slot_mapping && step.page_table &&
+              step.seq_lens && step.query_start_loc,
+          "DecoderStack: null step argument");
+    for (void* cache : step.kv_caches) check(cache != nullptr, "DecoderStack: null kv cache");
+    const DecoderShape& s = shape_;
+    const std::int64_t n = step.num_tokens;
+    const std::int64_t qkv_size = (s.num_heads + 2 * s.num_kv_heads) * s.head_size;
+    x_.resize(n * s.hidden_size);
+    qkv_.resize(n * qkv_size);
+    attn_.resize(n * s.num_heads * s.head_size);
+    gate_up_.resize(n * 2 * s.intermediate_size);
+    mlp_.resize(n * s.intermediate_size);
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+        layer(layers_[l], step.kv_caches[l], step, num_threads);
+    }
+}
+
+void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const DecoderStep& step,
+                         int num_threads) {
+    const DecoderShape& s = shape_;
+    const std::int64_t n = step.num_tokens, d = s.head_size, hidden = s.hidden_size;
+    const std::int64_t q_size = s.num_heads * d, kv_size = s.num_kv_heads * d;
+    const std::int64_t qkv_size = q_size + 2 * kv_size, inter = s.intermediate_size;
+    std::uint16_t* h = step.hidden;
+
+    rms_norm_cpu({x_.data(), hidden}, {h, hidden}, w.input_norm, n, hidden, s.rms_norm_eps,
+                 DType::kBFloat16, kSumLanes, num_threads);
+    project(x_.data(), hidden, w.qkv, w.qkv_bias, nullptr, qkv_.data(), qkv_size, n, num_threads);
+
+    // q and k side by side: one rotary call over heads + kv_heads.
+    RotaryArgs rotary;
+    rotary.qk = qkv_.data(), rotary.token_stride = qkv_size, rotary.head_stride = d;
+    rotary.cos = {const_cast<std::uint16_t*>(step.cos), step.rope_stride};
+    rotary.signed_sin = {const_cast<std::uint16_t*>(step.signed_sin), step.rope_stride};
+    rotary.num_tokens = n, rotary.num_heads = s.num_heads + s.num_kv_heads, rotary.head_size = d;
+    rotary.dtype = DType::kBFloat16;
+    rotary_cpu(rotary, num_threads);
+
+    KvCacheView cache;
+    cache.data = kv_cache, cache.num_pages = step.num_pages, cache.num_kv_heads = s.num_kv_heads;
+    cache.page_size = step.page_size, cache.head_size = d;
+    CacheWriteArgs write;
+    write.key = {qkv_.data() + q_size, qkv_size, d};
+    write.value = {qkv_.data() + q_size + kv_size, qkv_size, d};
+    write.cache = cache, write.slot_mapping = step.slot_mapping, write.num_tokens = n;
+    write.dtype = DType::kBFloat16;
+    reshape_and_cache_cpu(write, num_threads);
+
+    AttentionArgs attend;
+    attend.out = attn_.data(), attend.out_token_stride = q_size, attend.out_head_stride = d;
+    attend.query = {qkv_.data(), qkv_size, d};
+    attend.cache = cache;
+    attend.page_table = step.page_table, attend.page_table_stride = step.page_table_stride;
+    attend.seq_lens = step.seq_lens, attend.query_start_loc = step.query_start_loc;
+    attend.num_reqs = step.num_reqs, attend.num_tokens = n, attend.num_heads = s.num_heads;
+    attend.max_query_len = step.max_query_len, attend.max_seq_len = step.max_seq_len;
+    attend.scale = s.scale, attend.dtype = DType::kBFloat16;
+    paged_attention_cpu(attend, num_threads);
+
+    project(attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, num_threads);
+    rms_norm_cpu({x_.data(), hidden}, {h, hidden}, w.post_norm, n, hidden, s.rms_norm_eps,
+                 DType::kBFloat16, kSumLanes, num_threads);
+    project(x_.data(), hidden, w.gate_up, nullptr, nullptr, gate_up_.data(), 2 * inter, n,
+            num_threads);
+    silu_and_mul_cpu({mlp_.data(), inter}, {gate_up_.data(), 2 * inter}, n, inter,
+                     DType::kBFloat16, num_threads);
+    project(mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, num_threads);
+}
+
+}  // namespace pagedserve
