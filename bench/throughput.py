@@ -184,15 +184,21 @@ def timed(engine: Engine, prompts: Sequence[list[int]], max_tokens: int) -> tupl
 
 
 def run_once(engine: Engine, prompts: list[list[int]], long: list[int], plan: Plan) -> dict:
-    """One repeat of the three figures on one engine, in tokens/s."""
-    seconds, n = timed(engine, prompts, plan.output_len)
-    if n != len(prompts) * plan.output_len:
-        raise RuntimeError(f"{type(engine).__name__} generated {n} tokens, not all of them")
-    offline = n / seconds
-    seconds, _ = timed(engine, [long], 1)
-    prefill = len(long) / seconds
-    seconds, n = timed(engine, prompts[:1], plan.decode_len)
-    return {"offline": offline, "prefill": prefill, "decode": n / seconds}
+    """One repeat of the three figures on one engine, in tokens/s. Every run must produce all of
+    its tokens: a request that failed early would otherwise read as a fast one."""
+
+    def run(batch: Sequence[list[int]], max_tokens: int) -> float:
+        seconds, n = timed(engine, batch, max_tokens)
+        if n != len(batch) * max_tokens:
+            raise RuntimeError(
+                f"{type(engine).__name__} generated {n} of {len(batch) * max_tokens} tokens"
+            )
+        return seconds
+
+    offline = len(prompts) * plan.output_len / run(prompts, plan.output_len)
+    prefill = len(long) / run([long], 1)
+    decode = plan.decode_len / run(prompts[:1], plan.decode_len)
+    return {"offline": offline, "prefill": prefill, "decode": decode}
 
 
 def load_engines(plan: Plan, gguf: Path) -> dict[tuple[str, str], Engine]:

@@ -17,20 +17,26 @@ using pagedserve::bindings::Ptr;
 
 void linear(Ptr x, std::int64_t x_stride, Ptr packed, Ptr bias, Ptr residual,
             std::int64_t residual_stride, Ptr out, std::int64_t out_stride, bool out_float32,
-            std::int64_t m, std::int64_t n, std::int64_t k, int num_threads) {
+            std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t gated_width,
+            int num_threads) {
     pagedserve::LinearArgs a;
     a.x = pointer<const std::uint16_t>(x), a.x_stride = x_stride;
     a.packed = pointer<const std::uint16_t>(packed);
     a.bias = pointer<const std::uint16_t>(bias);
     a.residual = pointer<const std::uint16_t>(residual), a.residual_stride = residual_stride;
     a.out = pointer<void>(out), a.out_stride = out_stride, a.out_float32 = out_float32;
-    a.m = m, a.n = n, a.k = k;
+    a.m = m, a.n = n, a.k = k, a.gated_width = gated_width;
     pagedserve::linear_bf16(a, num_threads);
 }
 
 void pack(Ptr weight, std::int64_t n, std::int64_t k, Ptr packed, int num_threads) {
     pagedserve::pack_linear_weight_bf16(pointer<const std::uint16_t>(weight), n, k,
                                         pointer<std::uint16_t>(packed), num_threads);
+}
+
+void pack_gated(Ptr weight, std::int64_t width, std::int64_t k, Ptr packed, int num_threads) {
+    pagedserve::pack_gated_weight_bf16(pointer<const std::uint16_t>(weight), width, k,
+                                       pointer<std::uint16_t>(packed), num_threads);
 }
 
 }  // namespace
@@ -41,8 +47,12 @@ void bind_linear(py::module_& m) {
           py::arg("k"));
     m.def("pack_linear_weight_bf16", &pack, py::arg("weight"), py::arg("n"), py::arg("k"),
           py::arg("packed"), py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+    m.def("gated_rows", &pagedserve::gated_rows, py::arg("width"));
+    m.def("pack_gated_weight_bf16", &pack_gated, py::arg("weight"), py::arg("width"),
+          py::arg("k"), py::arg("packed"), py::arg("num_threads"),
+          py::call_guard<py::gil_scoped_release>());
     m.def("linear_bf16", &linear, py::arg("x"), py::arg("x_stride"), py::arg("packed"),
           py::arg("bias"), py::arg("residual"), py::arg("residual_stride"), py::arg("out"),
           py::arg("out_stride"), py::arg("out_float32"), py::arg("m"), py::arg("n"), py::arg("k"),
-          py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+          py::arg("gated_width"), py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
 }

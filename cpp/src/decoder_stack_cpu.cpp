@@ -29,6 +29,15 @@ void project(const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed
     linear_bf16(a, num_threads);
 }
 
+// out [m, width] = silu(x W_gate^T) * (x W_up^T) from a gated packed weight.
+void project_gated(const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
+                   std::uint16_t* out, std::int64_t width, std::int64_t m, int num_threads) {
+    LinearArgs a;
+    a.x = x, a.x_stride = k, a.packed = packed, a.out = out, a.out_stride = width;
+    a.m = m, a.n = gated_rows(width), a.k = k, a.gated_width = width;
+    linear_bf16(a, num_threads);
+}
+
 }  // namespace
 
 DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWeights> layers)
@@ -61,7 +70,6 @@ void DecoderStack::forward(const DecoderStep& step, int num_threads) {
     x_.resize(n * s.hidden_size);
     qkv_.resize(n * qkv_size);
     attn_.resize(n * s.num_heads * s.head_size);
-    gate_up_.resize(n * 2 * s.intermediate_size);
     mlp_.resize(n * s.intermediate_size);
     for (std::size_t l = 0; l < layers_.size(); ++l) {
         layer(layers_[l], step.kv_caches[l], step, num_threads);
@@ -113,10 +121,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     project(attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, num_threads);
     rms_norm_cpu({x_.data(), hidden}, {h, hidden}, w.post_norm, n, hidden, s.rms_norm_eps,
                  DType::kBFloat16, kSumLanes, num_threads);
-    project(x_.data(), hidden, w.gate_up, nullptr, nullptr, gate_up_.data(), 2 * inter, n,
-            num_threads);
-    silu_and_mul_cpu({mlp_.data(), inter}, {gate_up_.data(), 2 * inter}, n, inter,
-                     DType::kBFloat16, num_threads);
+    project_gated(x_.data(), hidden, w.gate_up, mlp_.data(), inter, n, num_threads);
     project(mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, num_threads);
 }
 

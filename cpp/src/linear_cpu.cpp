@@ -83,10 +83,43 @@ PAGEDSERVE_BF16_TARGET inline void store(const LinearArgs& a, std::int64_t row, 
     }
 }
 
+// e^y for every float y: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on
+// |f| <= ln(2) / 2 (~1e-7 relative), and scalef for the power of two (so huge |y| gives 0 or
+// inf, not garbage). NaN stays NaN.
+PAGEDSERVE_BF16_TARGET inline __m512 exp_ps(__m512 y) {
+    const __m512 i = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(i, _mm512_set1_ps(0.693359375f), y);  // y - i ln2 (hi, exact)
+    f = _mm512_fnmadd_ps(i, _mm512_set1_ps(-2.12194440e-4f), f);      // ... - i ln2 (lo)
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f,
+                          1.0f}) {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    return _mm512_scalef_ps(p, i);
+}
+
+// silu(gate) * up = gate * up / (1 + e^-gate).
+PAGEDSERVE_BF16_TARGET inline __m512 silu_mul(__m512 gate, __m512 up) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+    return _mm512_div_ps(_mm512_mul_ps(gate, up), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// A gated tile holds 16 gate columns and their 16 up columns: out columns 16t .. 16t + 15.
+template <int R>
+PAGEDSERVE_BF16_TARGET void store_gated_tile(const LinearArgs& a, std::int64_t row0,
+                                             std::int64_t tile, __m512 (&acc)[R][2]) {
+    const std::int64_t col = tile * kLinearGateCols;
+    const __mmask16 mask = lanes(a.gated_width - col);
+    for (int r = 0; r < R; ++r) store(a, row0 + r, col, silu_mul(acc[r][0], acc[r][1]), mask);
+}
+
 // acc + bias + residual, rounded once into out's dtype; columns past n are masked off.
 template <int R>
-PAGEDSERVE_BF16_TARGET void store_tile(const LinearArgs& a, std::int64_t row0, std::int64_t col0,
+PAGEDSERVE_BF16_TARGET void store_tile(const LinearArgs& a, std::int64_t row0, std::int64_t tile,
                                        __m512 (&acc)[R][2]) {
+    if (a.gated_width > 0) return store_gated_tile<R>(a, row0, tile, acc);
+    const std::int64_t col0 = tile * kLinearTileN;
     const __mmask16 mask[2] = {lanes(a.n - col0), lanes(a.n - col0 - 16)};
     for (int h = 0; h < 2; ++h) {
         const std::int64_t col = col0 + 16 * h;
@@ -124,7 +157,7 @@ PAGEDSERVE_BF16_TARGET void row_block(const LinearArgs& a, std::int64_t row0, st
     for (std::int64_t t = tile0; t < tile_end; ++t) {
         __m512 acc[R][2];
         tile_product<R>(a, row0, tile_weights(a, t), prefetch.part(part++), acc);
-        store_tile<R>(a, row0, t * kLinearTileN, acc);
+        store_tile<R>(a, row0, t, acc);
     }
 }
 
@@ -197,9 +230,12 @@ std::int64_t packed_linear_elements(std::int64_t n, std::int64_t k) {
     return num_tiles(n) * num_pairs(k) * kPairRow;
 }
 
-void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::int64_t k,
-                             std::uint16_t* packed, int num_threads) {
-    check(n > 0 && k > 0, "pack_linear_weight_bf16: n and k must be positive");
+namespace {
+
+// Packs n weight rows, row `col` of the packed weight read from source_row(col) (null: zeros).
+template <typename SourceRow>
+void pack_rows(SourceRow source_row, std::int64_t n, std::int64_t k, std::uint16_t* packed,
+               int num_threads) {
     const std::int64_t tiles = num_tiles(n), pairs = num_pairs(k);
 #pragma omp parallel for num_threads(std::max(1, num_threads)) schedule(static)
     for (std::int64_t t = 0; t < tiles; ++t) {
@@ -207,14 +243,35 @@ void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::i
         for (std::int64_t p = 0; p < pairs; ++p) {
             for (std::int64_t j = 0; j < kLinearTileN; ++j) {
                 const std::int64_t col = t * kLinearTileN + j;
+                const std::uint16_t* row = col < n ? source_row(col) : nullptr;
                 for (std::int64_t h = 0; h < 2; ++h) {
                     const std::int64_t feature = 2 * p + h;
-                    const bool inside = col < n && feature < k;
-                    out[p * kPairRow + 2 * j + h] = inside ? weight[col * k + feature] : 0;
+                    out[p * kPairRow + 2 * j + h] = row && feature < k ? row[feature] : 0;
                 }
             }
         }
     }
+}
+
+}  // namespace
+
+void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::int64_t k,
+                             std::uint16_t* packed, int num_threads) {
+    check(n > 0 && k > 0, "pack_linear_weight_bf16: n and k must be positive");
+    pack_rows([&](std::int64_t col) { return weight + col * k; }, n, k, packed, num_threads);
+}
+
+void pack_gated_weight_bf16(const std::uint16_t* weight, std::int64_t width, std::int64_t k,
+                            std::uint16_t* packed, int num_threads) {
+    check(width > 0 && k > 0, "pack_gated_weight_bf16: width and k must be positive");
+    const auto source_row = [&](std::int64_t col) -> const std::uint16_t* {
+        const std::int64_t block = col / kLinearTileN, lane = col % kLinearTileN;
+        const bool up = lane >= kLinearGateCols;
+        const std::int64_t out_col = block * kLinearGateCols + lane % kLinearGateCols;
+        if (out_col >= width) return nullptr;
+        return weight + ((up ? width : 0) + out_col) * k;
+    };
+    pack_rows(source_row, gated_rows(width), k, packed, num_threads);
 }
 
 bool linear_bf16_supported() {
@@ -230,10 +287,19 @@ bool linear_bf16_supported() {
 void linear_bf16(const LinearArgs& args, int num_threads) {
     if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
     check(args.m >= 0 && args.n > 0 && args.k > 0, "linear_bf16: bad m, n or k");
-    check(args.x && args.packed && args.out, "linear_bf16: null x, packed weight or out");
-    check(args.x_stride >= args.k && args.out_stride >= args.n, "linear_bf16: row stride too small");
-    check(!args.residual || args.residual_stride >= args.n, "linear_bf16: residual stride too small");
+    // No rows is a valid product with nothing to read or write: torch gives an empty tensor a
+    // null data pointer (e.g. the logits of a step whose prefill chunks all end mid-prompt).
     if (args.m == 0) return;
+    check(args.x && args.packed && args.out, "linear_bf16: null x, packed weight or out");
+    check(args.x_stride >= args.k && (args.gated_width > 0 || args.out_stride >= args.n),
+          "linear_bf16: row stride too small");
+    check(!args.residual || args.residual_stride >= args.n, "linear_bf16: residual stride too small");
+    if (args.gated_width > 0) {
+        check(args.n == gated_rows(args.gated_width) && !args.bias && !args.residual,
+              "linear_bf16: a gated product takes gated_rows(gated_width) weight rows and no "
+              "bias or residual");
+        check(args.out_stride >= args.gated_width, "linear_bf16: row stride too small");
+    }
     run_linear(args, std::max(1, num_threads));
 }
 

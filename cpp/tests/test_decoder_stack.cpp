@@ -39,7 +39,7 @@ struct Model {
     explicit Model(std::mt19937& rng)
         : norm(kHidden, kOne), bias(kQkv), qkv(packed_linear_elements(kQkv, kHidden), 0),
           o(packed_linear_elements(kHidden, kHeads * kHeadSize), 0),
-          gate_up(packed_linear_elements(2 * kInter, kHidden), 0),
+          gate_up(packed_linear_elements(gated_rows(kInter), kHidden), 0),
           down(packed_linear_elements(kHidden, kInter), 0) {
         for (auto& b : bias) b = random_bf16(rng);
         for (int l = 0; l < kLayers; ++l) {

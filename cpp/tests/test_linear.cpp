@@ -127,6 +127,10 @@ TEST(linear_refuses_bad_arguments) {
     bad = a, bad.packed = nullptr;
     CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
     CHECK_THROWS(std::invalid_argument, pack_linear_weight_bf16(x.data(), 0, 8, packed.data(), 1));
+    // No rows: nothing is touched, and torch's empty tensors carry null pointers.
+    LinearArgs empty = a;
+    empty.m = 0, empty.x = nullptr, empty.out = nullptr;
+    linear_bf16(empty, 1);
 }
 
 int main() { return check::run_all_tests(); }

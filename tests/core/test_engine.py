@@ -96,6 +96,24 @@ def test_batch_invariance(default_model: ResolvedModel, batch_reference, options
         assert stats.num_preemptions > 0
 
 
+def test_bfloat16_prompts_longer_than_the_token_budget_complete(
+    default_model: ResolvedModel,
+) -> None:
+    """bf16 (what dtype="auto" picks on this CPU): steps whose prefill chunks all end mid-prompt
+    sample nothing, and their empty logits product must not fail the request (it did: the
+    native linear kernel refused the null pointer of torch's empty tensor)."""
+    llm = make_llm(default_model, dtype="bfloat16", max_num_batched_tokens=32)
+    prompts = mixed_prompts(llm, 6)
+    assert max(len(p) for p in prompts) > 4 * 32  # several chunks each
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    # Alone (every step but the last samples nothing), then next to requests already decoding.
+    for batch in ([prompts[-1]], prompts):
+        for out in llm.generate(batch, params):
+            assert out.outputs[0].finish_reason == "length"
+            assert len(out.outputs[0].token_ids) == 8
+    assert llm.engine.stats().num_used_pages == 0
+
+
 def test_prefix_cache_hits_give_the_same_tokens(llm: LLM, batch_reference) -> None:
     prompts, expected = batch_reference
     before = llm.engine.stats().prefix_hit_tokens

@@ -1,7 +1,7 @@
 // A Llama-family decoder stack run on the CPU in bf16, layer after layer, without returning to
 // Python between kernels. It calls the same kernels in the same order as models/llama.py's layers
 // do one by one (RMSNorm, packed qkv projection, rotary, cache write, paged attention, o
-// projection + residual, RMSNorm, gate_up, SiLU-and-mul, down + residual), so its results are
+// projection + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so its results are
 // those of the per-op path bit for bit. Why: in a batch-64 decode step the Python between the ~300
 // kernel calls cost ~10 ms of ~70 (bench/RESULTS.md). models/decoder_stack.py is the only caller.
 #pragma once
@@ -28,7 +28,7 @@ struct DecoderLayerWeights {
     const std::uint16_t* qkv_bias = nullptr;  // [(heads + 2 kv_heads) head_size], or null
     const std::uint16_t* o = nullptr;         // [hidden_size, heads head_size]
     const std::uint16_t* post_norm = nullptr;
-    const std::uint16_t* gate_up = nullptr;   // [2 intermediate_size, hidden_size]
+    const std::uint16_t* gate_up = nullptr;   // gated: pack_gated_weight_bf16 (linear.hpp)
     const std::uint16_t* down = nullptr;      // [hidden_size, intermediate_size]
 };
 
@@ -71,8 +71,8 @@ class DecoderStack {
 
     DecoderShape shape_;
     std::vector<DecoderLayerWeights> layers_;
-    // Activations of one layer, reused: x (normed hidden), qkv, attention output, gate_up, mlp.
-    std::vector<std::uint16_t> x_, qkv_, attn_, gate_up_, mlp_;
+    // Activations of one layer, reused: x (normed hidden), qkv, attention output, mlp.
+    std::vector<std::uint16_t> x_, qkv_, attn_, mlp_;
 };
 
 }  // namespace pagedserve

@@ -15,11 +15,25 @@ namespace pagedserve {
 // features 2p and 2p + 1 of output columns 32t .. 32t + 31, interleaved by pairs.
 inline constexpr std::int64_t kLinearTileN = 32;
 
+// Gated products (SwiGLU's gate and up projections in one): the [2 I, k] weight, gate rows
+// first, is packed with its rows interleaved by kLinearGateCols, so that every tile holds 16
+// gate columns and the 16 up columns they multiply: gate rows 16t .. 16t + 15, then up rows
+// 16t .. 16t + 15, zero rows where I is not a multiple of 16. gated_rows(I) rows in all.
+inline constexpr std::int64_t kLinearGateCols = kLinearTileN / 2;
+inline constexpr std::int64_t gated_rows(std::int64_t width) {
+    return 2 * ((width + kLinearGateCols - 1) / kLinearGateCols) * kLinearGateCols;
+}
+
 std::int64_t packed_linear_elements(std::int64_t n, std::int64_t k);
 
 // weight: [n, k] bf16 row-major (torch's Linear layout); packed: packed_linear_elements(n, k).
 void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::int64_t k,
                              std::uint16_t* packed, int num_threads);
+
+// weight: [2 width, k] bf16, gate rows then up rows; packed: packed_linear_elements(
+// gated_rows(width), k), for linear_bf16 with gated_width = width.
+void pack_gated_weight_bf16(const std::uint16_t* weight, std::int64_t width, std::int64_t k,
+                            std::uint16_t* packed, int num_threads);
 
 struct LinearArgs {
     const std::uint16_t* x = nullptr;  // [m, k] bf16, rows x_stride elements apart
@@ -32,6 +46,9 @@ struct LinearArgs {
     std::int64_t out_stride = 0;
     bool out_float32 = false;  // fp32 output (logits), else bf16
     std::int64_t m = 0, n = 0, k = 0;
+    // > 0: a gated product, out [m, gated_width] = silu(x W_gate^T) * (x W_up^T) from a weight
+    // of n = gated_rows(gated_width) interleaved rows (see kLinearGateCols); no bias, residual.
+    std::int64_t gated_width = 0;
 };
 
 // True when this CPU has AVX512-BF16 (checked at run time; the kernel is compiled for it with a

@@ -2,9 +2,10 @@
 
 The batch is flattened: every tensor is [num_tokens, ...] with no padding; which request a
 token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
-qkv_proj, gate/up into gate_up_proj), each residual add rides on the matmul before it, and on
-CPU the norms, rotary and SiLU-and-mul are native ops: a layer is 9 calls. pack_weights() moves
-the linear layers onto the native bf16 kernel where it applies (models/linear.py), and where
+qkv_proj, gate/up into gate_up_proj, whose forward applies SiLU-and-mul), each residual add
+rides on the matmul before it, and on CPU the norms and rotary are native ops: a layer is 8
+calls. pack_weights() moves the linear layers onto the native bf16 kernel where it applies
+(models/linear.py; SiLU-and-mul then runs in the gate_up kernel's epilogue), and where
 then every layer runs natively (bf16 on such a CPU, native attention) it hands the whole stack
 to one native call per step (models/decoder_stack.py), with the same results bit for bit.
 """
@@ -19,7 +20,7 @@ from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_inv_freq, rope_tables
-from pagedserve.core.models.linear import Linear
+from pagedserve.core.models.linear import GateUpLinear, Linear
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -36,7 +37,7 @@ class LlamaDecoderLayer(nn.Module):
         self.qkv_proj = Linear(hidden, qkv_size, bias=arch.attention_bias)
         self.o_proj = Linear(arch.num_heads * head, hidden)
         self.post_attention_layernorm = nn.Parameter(torch.empty(hidden))
-        self.gate_up_proj = Linear(hidden, 2 * arch.intermediate_size)
+        self.gate_up_proj = GateUpLinear(hidden, arch.intermediate_size)
         self.down_proj = Linear(arch.intermediate_size, hidden)
 
     def forward(
@@ -57,8 +58,7 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
         hidden = self.o_proj(attn.reshape(n, -1), residual=hidden)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
-        gate_up = self.gate_up_proj(x)  # [n, 2 * intermediate_size]
-        mlp = layer_ops.silu_and_mul(gate_up)  # [n, intermediate_size]
+        mlp = self.gate_up_proj(x)  # silu(gate) * up: [n, intermediate_size]
         return self.down_proj(mlp, residual=hidden)
 
 

@@ -7,7 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models.linear import Linear, native_linear_available, packed_linear
+from pagedserve.core.models import layer_ops
+from pagedserve.core.models.linear import (
+    GateUpLinear,
+    Linear,
+    native_linear_available,
+    packed_gated_linear,
+    packed_linear,
+)
 
 needs_kernel = pytest.mark.skipif(
     not native_linear_available(), reason="this CPU has no AVX512-BF16"
@@ -112,3 +119,68 @@ def test_registered_op_passes_opcheck() -> None:
     for out_dtype, residual in ((torch.bfloat16, h), (torch.float32, None)):
         out = torch.empty(5, 24, dtype=out_dtype)
         torch.library.opcheck(packed_linear, (out, x, layer.packed, layer.bias, residual))
+
+
+def make_gate_up(k: int, width: int, dtype: torch.dtype, seed: int = 0) -> GateUpLinear:
+    gen = torch.Generator().manual_seed(seed)
+    layer = GateUpLinear(k, width)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(2 * width, k, generator=gen) * k**-0.5)  # type: ignore[union-attr]
+    return layer.to(dtype).requires_grad_(False)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 9, 64])
+@pytest.mark.parametrize(("k", "width"), [(576, 1536), (33, 17), (64, 16), (8, 1), (40, 40)])
+def test_gate_up_packed_matches_fp32_math_rounded_once(m: int, k: int, width: int) -> None:
+    """silu(gate) * up on the fp32 accumulators, rounded once; widths off the 16-column blocks
+    (padded with zero rows in the interleaved packing) too."""
+    layer = make_gate_up(k, width, torch.bfloat16, seed=m + width)
+    w = layer.weight.clone()  # type: ignore[union-attr]
+    assert layer.pack() and layer.packed is not None
+    x = (torch.randn(m, k) * 2).to(torch.bfloat16)
+    y = x.float() @ w.float().t()
+    want = F.silu(y[:, :width]) * y[:, width:]
+    got = layer(x)
+    assert got.shape == (m, width) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want.to(torch.bfloat16), rtol=8e-3, atol=2e-3)
+
+
+@needs_kernel
+def test_gate_up_packed_handles_extreme_gates() -> None:
+    """SiLU's exp over the whole float range: huge negative gates give -0, huge positive ones
+    the product itself, NaN stays NaN."""
+    layer = make_gate_up(2, 3, torch.bfloat16)
+    with torch.no_grad():  # gate j = x0 * gate_w[j], up j = x1
+        layer.weight.copy_(torch.tensor([[1e4, 0], [-1e4, 0], [1.0, 0], [0, 1], [0, 1], [0, 1]]))
+    layer.pack()
+    x = torch.tensor([[1.0, 2.0], [float("nan"), 1.0]], dtype=torch.bfloat16)
+    out = layer(x).float()
+    assert out[0, 0] == pytest.approx(2e4, rel=1e-2)  # silu(1e4) * 2
+    assert out[0, 1] == 0  # silu(-1e4) * 2 = -1e4 / (1 + e^1e4)
+    assert out[0, 2] == pytest.approx(2 * 0.7310586, rel=1e-2)
+    assert torch.isnan(out[1]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gate_up_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
+    layer = make_gate_up(40, 24, dtype, seed=8)
+    assert not layer.pack()
+    x = torch.randn(6, 40).to(dtype)
+    want = layer_ops.silu_and_mul(F.linear(x, layer.weight))  # type: ignore[arg-type]
+    assert torch.equal(layer(x), want)
+
+
+@needs_kernel
+def test_gate_up_refuses_bad_inputs_and_passes_opcheck() -> None:
+    layer = make_gate_up(16, 20, torch.bfloat16, seed=9)
+    layer.pack()
+    with pytest.raises(ValueError, match="features"):
+        layer(torch.zeros(2, 15, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16"):
+        layer(torch.zeros(2, 16))
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="packed"):
+        packed_gated_linear(torch.empty(3, 37, dtype=torch.bfloat16), x, layer.packed)
+    torch.library.opcheck(packed_gated_linear, (torch.empty(3, 20, dtype=torch.bfloat16), x,
+                                                layer.packed))  # fmt: skip
