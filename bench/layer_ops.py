@@ -6,8 +6,9 @@
 Part 1 times each op (median of `repeats`, both sides in the same run, interleaved) at decode
 (64 tokens) and prefill (512 tokens) shapes of SmolLM2-135M (hidden 576, 9 + 3 heads of 64,
 intermediate 1536). Part 2 times a batch-64 decode step of the default model through the engine
-with the native ops, then with layer_ops forced onto its torch fallback (the exact expressions
-llama.py ran before), in one process. Prints the load average: 3 agents share 2 cores here.
+as it runs (in bf16 on an AVX512-BF16 CPU: the native decoder stack, one call per step), then
+layer by layer with layer_ops forced onto its torch fallback (the exact expressions llama.py
+ran before; the linear layers stay native), interleaved in one process. Prints the load average.
 """
 
 from __future__ import annotations
@@ -88,19 +89,24 @@ def bench_engine(dtype: str, steps: int) -> None:
         cache=CacheConfig(num_pages=64 * 8, enable_prefix_caching=False),
     )
     engine = LLMEngine.from_config(config)
+    model = engine.model_runner.model
+    stack = model.stack
     rounds = 4  # native and torch alternate, `steps` decode steps each per round
     params = SamplingParams(max_tokens=2 * rounds * (steps + 1) + 8, temperature=0.0,
                             ignore_eos=True)  # fmt: skip
     for i in range(64):
         engine.add_request(f"r{i}", [1 + i, 2, 3, 4, 5, 6, 7, 8], params)
     engine.step()  # the prefill step
-    times: dict[str, list[float]] = {"native": [], "torch": []}
+    native = "native stack" if stack is not None else "native ops"
+    times: dict[str, list[float]] = {native: [], "torch ops, layer by layer": []}
     for _ in range(rounds):
-        for label, fallback in (("native", False), ("torch", True)):
+        for label, fallback in zip(times, (False, True), strict=True):
             layer_ops._native = (lambda t: False) if fallback else _native  # noqa: SLF001
+            model.stack = None if fallback else stack
             engine.step()  # warm-up after the switch
             times[label] += decode_step_times(engine, steps)
     layer_ops._native = _native  # noqa: SLF001
+    model.stack = stack
     for label, values in times.items():
         median, low = statistics.median(values) * 1e3, min(values) * 1e3
         print(f"decode step, batch 64, {dtype}, {label}: median {median:.1f} ms, min {low:.1f} ms")
