@@ -137,9 +137,9 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode token reads: every linear layer's weight once (as packed for
     the native kernel, when it is; a tied lm_head reads the embedding whole), the norms; an
     input embedding is only gathered, one row per token."""
-    from pagedserve.core.models.linear import Linear
+    from pagedserve.core.models.linear import PackableLinear
 
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
     in_linears = {id(p) for m in linears for p in m.parameters()}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     rest = [p for p in model.parameters() if id(p) not in in_linears | embeddings]

@@ -30,7 +30,10 @@ def native_linear_available() -> bool:
     return bool(_core.linear_bf16_supported())
 
 
-class Linear(nn.Module):
+class PackableLinear(nn.Module):
+    """nn.Linear's parameters, and pack() onto the native kernel where it applies; the two
+    layers below add their forward."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -76,6 +79,8 @@ class Linear(nn.Module):
                  x.shape[-1], self.in_features)  # fmt: skip
         return x.contiguous() if x.dim() == 2 and x.stride(1) != 1 else x
 
+
+class Linear(PackableLinear):
     def forward(
         self,
         x: torch.Tensor,  # [m, in_features]
@@ -109,7 +114,7 @@ class Linear(nn.Module):
         return out
 
 
-class GateUpLinear(Linear):
+class GateUpLinear(PackableLinear):
     """SwiGLU's gate and up projections in one layer: forward(x) = silu(x W_gate^T) * (x W_up^T),
     [m, width], from the [2 width, in_features] weight the loaders fuse (gate rows first).
 
@@ -132,7 +137,8 @@ class GateUpLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
         if self.packed is None:
-            return layer_ops.silu_and_mul(super().forward(x))
+            assert self.weight is not None
+            return layer_ops.silu_and_mul(F.linear(x, self.weight))
         x = self._check_features(x)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype, device=x.device)
         op = packed_gated_linear if torch.compiler.is_compiling() else packed_gated_linear_eager

@@ -20,7 +20,7 @@ from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_inv_freq, rope_tables
-from pagedserve.core.models.linear import GateUpLinear, Linear
+from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -99,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
         AVX512-BF16) and build the native decoder stack where every layer then runs natively;
         returns how many layers were packed. Call once, after the weights are loaded."""
-        packed = sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+        packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
         self.stack = DecoderStack.build(self.layers)
         return packed
 
