@@ -1,9 +1,10 @@
 // CPU bf16 linear layers with AVX512-BF16 (see linear.hpp). Each thread owns an equal run of
 // 32-column weight tiles and walks it in L2-sized panels: for every 8 rows of a chunk of up to
 // kChunkRows rows it sweeps the panel, so the panel is read from memory once per chunk and each
-// output row is written in one contiguous run.
+// output row is written in one contiguous run, while the next panel is prefetched into L2.
 // Within an item, a micro-tile of 8 rows x 32 columns keeps 16 fp32 accumulators in registers:
-// per pair of input features, 2 weight loads feed 16 dot-product instructions.
+// per pair of input features, 2 weight loads feed 16 dot-product instructions. The epilogue adds
+// bias and residual, or for a gated product applies SiLU-and-mul to the tile's gate and up halves.
 #include <immintrin.h>
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 // Dense bf16 products for the model's linear layers on the CPU: out = x W^T (+ bias)
-// (+ residual), accumulated in fp32 and rounded once. The weight is packed once, at load time,
+// (+ residual), or SwiGLU's silu(x W_gate^T) * (x W_up^T), accumulated in fp32 and rounded once. The weight is packed once, at load time,
 // into the operand order of AVX512-BF16's dot-product instruction, so the inner loop is one
 // 64-byte load per 16 output columns and 2 input features; no libtorch, no oneDNN.
 //
