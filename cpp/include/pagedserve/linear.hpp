@@ -1,7 +1,8 @@
 // Dense bf16 products for the model's linear layers on the CPU: out = x W^T (+ bias)
-// (+ residual), or SwiGLU's silu(x W_gate^T) * (x W_up^T), accumulated in fp32 and rounded once. The weight is packed once, at load time,
-// into the operand order of AVX512-BF16's dot-product instruction, so the inner loop is one
-// 64-byte load per 16 output columns and 2 input features; no libtorch, no oneDNN.
+// (+ residual), or SwiGLU's silu(x W_gate^T) * (x W_up^T), accumulated in fp32 and rounded
+// once. The weight is packed once, at load time, into the operand order of AVX512-BF16's
+// dot-product instruction, so the inner loop is one 64-byte load per 16 output columns and 2
+// input features; no libtorch, no oneDNN.
 //
 // Why our own: at the shapes of a small model's decode step (tens of rows, hidden 576) torch's
 // bf16 matmul neither splits across threads well nor streams weights at memory speed for one row.
