@@ -58,9 +58,10 @@ def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int |
         require(shape[1] == heads, "{} has {} heads, kv_cache has {}", name, shape[1], heads)
 
 
-def _check_index(
+def check_index(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> None:
+    """An index tensor of the metadata (also checked once per step by models/decoder_stack.py)."""
     require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
     require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
     require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)
@@ -75,7 +76,7 @@ def _check_write(
     _check_rows("key", key, kv_cache, kv_cache.shape[2])
     _check_rows("value", value, kv_cache, kv_cache.shape[2])
     require(key.shape == value.shape, "key and value must have the same shape")
-    _check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
+    check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
 
 
 def _check_attention(
@@ -100,9 +101,9 @@ def _check_attention(
     require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
     num_reqs = page_table.shape[0]
     device = kv_cache.device
-    _check_index("page_table", page_table, torch.int32, page_table.shape, device)
-    _check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), device)
-    _check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), device)
+    check_index("page_table", page_table, torch.int32, page_table.shape, device)
+    check_index("seq_lens", seq_lens, torch.int32, (num_reqs,), device)
+    check_index("query_start_loc", query_start_loc, torch.int32, (num_reqs + 1,), device)
     require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
     require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
     require(math.isfinite(scale), "scale must be finite, got {}", scale)

@@ -22,6 +22,7 @@ from torch import nn
 
 from pagedserve.core import native
 from pagedserve.core.attention.base import AttentionMetadata
+from pagedserve.core.attention.ops import check_index
 from pagedserve.core.native import require
 
 _core = native.core
@@ -120,21 +121,13 @@ class DecoderStack:
                      and cache.device.type == "cpu" and cache.is_contiguous(),
                      "every kv cache must be a contiguous {} bfloat16 CPU tensor",
                      tuple(shape))  # fmt: skip
-        num_reqs = meta.page_table.shape[0]
-        for name, t, dtype, size in (
-            ("slot_mapping", meta.slot_mapping, torch.int64, (n,)),
-            ("seq_lens", meta.seq_lens, torch.int32, (num_reqs,)),
-            ("query_start_loc", meta.query_start_loc, torch.int32, (num_reqs + 1,)),
-        ):
-            require(t.dtype == dtype and t.shape == size and t.device.type == "cpu"
-                     and t.is_contiguous(),
-                     "{} must be a contiguous {} {} CPU tensor, got {} {}", name, size, dtype,
-                     t.dtype, tuple(t.shape))  # fmt: skip
-        page_table = meta.page_table
-        require(page_table.dim() == 2 and page_table.dtype == torch.int32
-                 and page_table.device.type == "cpu"
-                 and (page_table.stride(-1) == 1 or page_table.shape[-1] <= 1),
-                 "page_table must be a 2-D int32 CPU tensor with contiguous rows")  # fmt: skip
+        page_table, cpu = meta.page_table, hidden.device
+        require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
+        num_reqs = page_table.shape[0]
+        check_index("slot_mapping", meta.slot_mapping, torch.int64, (n,), cpu)
+        check_index("page_table", page_table, torch.int32, page_table.shape, cpu)
+        check_index("seq_lens", meta.seq_lens, torch.int32, (num_reqs,), cpu)
+        check_index("query_start_loc", meta.query_start_loc, torch.int32, (num_reqs + 1,), cpu)
         require(0 <= meta.max_query_len <= meta.max_seq_len,
                  "need 0 <= max_query_len <= max_seq_len")  # fmt: skip
 
