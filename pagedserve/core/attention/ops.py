@@ -109,6 +109,13 @@ def _check_attention(
     require(math.isfinite(scale), "scale must be finite, got {}", scale)
 
 
+def page_table_stride(page_table: torch.Tensor) -> int:
+    """The elements between rows, which the kernels read as each row's capacity. A single row's
+    stride is arbitrary (e.g. a transposed view): its width is its capacity then."""
+    rows, width = page_table.shape
+    return page_table.stride(0) if rows > 1 else width
+
+
 def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:
     view = _core.KvCacheView()
     view.data = kv_cache.data_ptr()
@@ -179,10 +186,7 @@ def _attention_args(
     args.query = _token_tensor(query)
     args.cache = _cache_view(kv_cache)
     args.page_table = page_table.data_ptr()
-    # A single row's stride is arbitrary (e.g. a transposed view); the kernel reads it as the
-    # row's capacity, which is then its width.
-    rows, width = page_table.shape
-    args.page_table_stride = page_table.stride(0) if rows > 1 else width
+    args.page_table_stride = page_table_stride(page_table)
     args.seq_lens = seq_lens.data_ptr()
     args.query_start_loc = query_start_loc.data_ptr()
     args.num_reqs, args.num_tokens, args.num_heads = page_table.shape[0], *query.shape[:2]

@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedserve.core import native
 from pagedserve.core.attention.base import AttentionMetadata
-from pagedserve.core.attention.ops import check_index
+from pagedserve.core.attention.ops import check_index, page_table_stride
 from pagedserve.core.native import require
 
 _core = native.core
@@ -65,9 +65,6 @@ class DecoderStack:
         self._check(hidden, cos, signed_sin, kv_caches, meta)
         n = hidden.shape[0]
         page_table = meta.page_table
-        rows, width = page_table.shape
-        # A single row's stride is arbitrary (a view); the kernel reads it as the row's capacity.
-        page_table_stride = page_table.stride(0) if rows > 1 else width
         self._native.forward(
             hidden=hidden.data_ptr(),
             cos=cos.data_ptr(),
@@ -78,10 +75,10 @@ class DecoderStack:
             page_size=kv_caches[0].shape[3],
             slot_mapping=meta.slot_mapping.data_ptr(),
             page_table=page_table.data_ptr(),
-            page_table_stride=page_table_stride,
+            page_table_stride=page_table_stride(page_table),
             seq_lens=meta.seq_lens.data_ptr(),
             query_start_loc=meta.query_start_loc.data_ptr(),
-            num_reqs=rows,
+            num_reqs=page_table.shape[0],
             num_tokens=n,
             max_query_len=meta.max_query_len,
             max_seq_len=meta.max_seq_len,
