@@ -71,4 +71,4 @@ def test_bookkeeping_never_imports_torch(module: str) -> None:
 def test_each_compiled_module_has_one_importer() -> None:
     for compiled in ("pagedserve._core", "pagedserve._cuda"):
         importers = [n for n, imported in modules().items() if compiled in imported]
-        assert importers == ["pagedserve.core.native"], (compiled, importers)
+        assert importers == ["pagedserve.core.ops.native"], (compiled, importers)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedserve.core.native import core as _native
+from pagedserve.core.ops.native import core as _native
 
 AdmissionError: type[ValueError] = _native.AdmissionError
 """A request that can never run: empty prompt, longer than max_model_len, or more KV pages than
