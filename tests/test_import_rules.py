@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +73,31 @@ def test_each_compiled_module_has_one_importer() -> None:
     for compiled in ("pagedserve._core", "pagedserve._cuda"):
         importers = [n for n, imported in modules().items() if compiled in imported]
         assert importers == ["pagedserve.core.ops.native"], (compiled, importers)
+
+
+TOKENIZER_SIDE = (
+    "pagedserve.core.tokenizer",
+    "pagedserve.core.tokenizers",
+    "pagedserve.core.gguf_reader",
+)
+
+
+def test_tokenizers_never_import_models_ops_or_torch() -> None:
+    found = 0
+    for name, imported in modules().items():
+        if name.startswith(TOKENIZER_SIDE):
+            found += 1
+            for i in imported:
+                assert i.split(".")[0] != "torch", f"{name} imports {i}"
+                assert not i.startswith(("pagedserve.core.models", "pagedserve.core.ops")), name
+    assert found >= 5
+
+
+def test_loading_the_tokenizer_side_imports_no_torch() -> None:
+    """Transitively, at run time: a GGUF vocabulary loads without torch or the native ops."""
+    code = (
+        "import sys, pagedserve.core.tokenizer; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('pagedserve.core.ops')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
