@@ -17,15 +17,16 @@ NO_TORCH = ["scheduler", "kv_cache"]
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 
 
-def imports_of(path: Path) -> set[str]:
-    """Top-level names this file imports, with pagedserve's own spelled out in full."""
+def imports_of(path: Path, every_from: bool = False) -> set[str]:
+    """Top-level names this file imports, with pagedserve's own spelled out in full
+    (every_from: `from pagedserve.x import name` counts pagedserve.x.name too)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            if node.module == "pagedserve":
+            if node.module == "pagedserve" or (every_from and node.module.startswith("pagedserve")):
                 names.update(f"pagedserve.{alias.name}" for alias in node.names)
     return names
 
@@ -101,3 +102,27 @@ def test_loading_the_tokenizer_side_imports_no_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_import_cycles() -> None:
+    """Every import of pagedserve's own modules (TYPE_CHECKING and function-level ones too)
+    points one way: app -> routes -> state, never back."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        # a module's own packages run before it whatever it imports: not an edge
+        own = {i for i in imports_of(path, every_from=True) if i.startswith("pagedserve.")}
+        graph[name] = {i for i in own if not name.startswith(i + ".")}
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path[path.index(name) :], name))
+        if name in done or name not in graph:
+            return
+        for target in graph[name]:
+            visit(target, (*path, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())
