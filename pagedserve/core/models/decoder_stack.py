@@ -59,11 +59,11 @@ def _applies(layer: nn.Module) -> bool:
 def _weights(layer: nn.Module) -> LayerWeights:
     bias = layer.qkv_proj.bias
     return LayerWeights(
-        input_layernorm=layer.input_layernorm.data_ptr(),
+        input_norm=layer.input_layernorm.data_ptr(),
         qkv=layer.qkv_proj.packed.data_ptr(),
         qkv_bias=0 if bias is None else bias.data_ptr(),
         o=layer.o_proj.packed.data_ptr(),
-        post_attention_layernorm=layer.post_attention_layernorm.data_ptr(),
+        post_norm=layer.post_attention_layernorm.data_ptr(),
         gate_up=layer.gate_up_proj.packed.data_ptr(),
         down=layer.down_proj.packed.data_ptr(),
     )

@@ -41,18 +41,9 @@ class StackShape:
     """The attention's softmax scale."""
 
 
-@dataclass(frozen=True, slots=True)
-class LayerWeights:
-    """The data pointers of one layer's bf16 weights (projections packed by ops/linear.py)."""
-
-    input_layernorm: int
-    qkv: int
-    qkv_bias: int
-    """0: no bias."""
-    o: int
-    post_attention_layernorm: int
-    gate_up: int
-    down: int
+LayerWeights = _core.DecoderLayerWeights
+"""One layer's bf16 weights, named (data pointers; qkv_bias 0: none; projections packed by
+ops/linear.py): LayerWeights(input_norm=, qkv=, qkv_bias=, o=, post_norm=, gate_up=, down=)."""
 
 
 class NativeDecoderStack:
@@ -69,7 +60,7 @@ class NativeDecoderStack:
             intermediate_size=shape.intermediate_size,
             rms_norm_eps=shape.rms_norm_eps,
             scale=shape.scale,
-            layers=[_pointer_list(w) for w in layers],
+            layers=list(layers),
         )
 
     def __call__(
@@ -145,8 +136,3 @@ class NativeDecoderStack:
         check_index("query_start_loc", meta.query_start_loc, torch.int32, (num_reqs + 1,), cpu)
         require(0 <= meta.max_query_len <= meta.max_seq_len,
                  "need 0 <= max_query_len <= max_seq_len")  # fmt: skip
-
-
-def _pointer_list(w: LayerWeights) -> list[int]:
-    return [w.input_layernorm, w.qkv, w.qkv_bias, w.o, w.post_attention_layernorm, w.gate_up,
-            w.down]  # fmt: skip

@@ -54,9 +54,19 @@ def _check_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: f
 def rms_norm_eager(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """out [n, hidden] = rms_norm(x [n, hidden]) * weight [hidden]."""
     _check_norm(out, x, weight, eps)
-    _core.rms_norm(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.data_ptr(),
-                   x.shape[0], x.shape[1], eps, DTYPES[x.dtype], _SUM_LANES,
-                   torch.get_num_threads())  # fmt: skip
+    _core.rms_norm(
+        out=out.data_ptr(),
+        out_stride=out.stride(0),
+        x=x.data_ptr(),
+        x_stride=x.stride(0),
+        weight=weight.data_ptr(),
+        num_rows=x.shape[0],
+        hidden_size=x.shape[1],
+        eps=eps,
+        dtype=DTYPES[x.dtype],
+        sum_lanes=_SUM_LANES,
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -80,9 +90,20 @@ def rotary_eager(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) 
     """In place: qk [n, heads, head_size] = qk * cos + roll(qk, head_size / 2) * signed_sin."""
     _check_rotary(qk, cos, signed_sin)
     n, heads, head_size = qk.shape
-    _core.rotary(qk.data_ptr(), qk.stride(0), qk.stride(1), cos.data_ptr(), cos.stride(0),
-                 signed_sin.data_ptr(), signed_sin.stride(0), n, heads, head_size,
-                 DTYPES[qk.dtype], torch.get_num_threads())  # fmt: skip
+    _core.rotary(
+        qk=qk.data_ptr(),
+        token_stride=qk.stride(0),
+        head_stride=qk.stride(1),
+        cos=cos.data_ptr(),
+        cos_stride=cos.stride(0),
+        signed_sin=signed_sin.data_ptr(),
+        signed_sin_stride=signed_sin.stride(0),
+        num_tokens=n,
+        num_heads=heads,
+        head_size=head_size,
+        dtype=DTYPES[qk.dtype],
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
@@ -99,9 +120,16 @@ def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
 def silu_and_mul_eager(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     """out [n, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
     _check_silu(out, gate_up)
-    _core.silu_and_mul(out.data_ptr(), out.stride(0), gate_up.data_ptr(), gate_up.stride(0),
-                       out.shape[0], out.shape[1], DTYPES[out.dtype],
-                       torch.get_num_threads())  # fmt: skip
+    _core.silu_and_mul(
+        out=out.data_ptr(),
+        out_stride=out.stride(0),
+        gate_up=gate_up.data_ptr(),
+        gate_up_stride=gate_up.stride(0),
+        num_rows=out.shape[0],
+        intermediate_size=out.shape[1],
+        dtype=DTYPES[out.dtype],
+        num_threads=torch.get_num_threads(),
+    )
 
 
 rms_norm_op = NativeOp.declare("rms_norm", rms_norm_eager, _check_norm, mutates=("out",))
