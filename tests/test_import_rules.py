@@ -13,7 +13,7 @@ import pagedserve
 
 PACKAGE = Path(pagedserve.__file__).parent
 STDLIB_ONLY = ["config", "sampling_params", "request", "outputs", "errors", "kv_cache"]
-NO_TORCH = ["scheduler", "kv_cache"]
+NO_TORCH = ["scheduler", "kv_cache", "gguf_reader", "ops.native"]
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 
 
@@ -68,6 +68,14 @@ def test_stdlib_only_modules(module: str) -> None:
 def test_bookkeeping_never_imports_torch(module: str) -> None:
     imported = modules()[f"pagedserve.core.{module}"]
     assert not any(i.split(".")[0] == "torch" for i in imported)
+
+
+def test_ops_never_import_models() -> None:
+    """The models build on the ops, never the other way."""
+    ops = {n: i for n, i in modules().items() if n.startswith("pagedserve.core.ops")}
+    assert len(ops) >= 6
+    for name, imported in ops.items():
+        assert not any(i.startswith("pagedserve.core.models") for i in imported), name
 
 
 def test_each_compiled_module_has_one_importer() -> None:
