@@ -77,6 +77,14 @@ def render(value_files: list[str], sets: tuple[str, ...] = ()) -> list[dict[str,
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def lint(value_files: list[str]) -> subprocess.CompletedProcess[str]:
+    """`helm lint --strict` of the chart with these values (warnings fail too)."""
+    cmd = [helm_binary(), "lint", "--strict", str(CHART)]
+    for name in value_files:
+        cmd += ["--values", str(CHART / "ci" / name)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def render_set(name: str, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     return render(VALUE_SETS[name], sets)
 

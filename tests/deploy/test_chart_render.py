@@ -15,6 +15,7 @@ from tests.deploy.chart import (
     RenderError,
     epp_configs,
     find,
+    lint,
     render,
     render_set,
     validate_custom,
@@ -49,6 +50,12 @@ def test_every_object_validates(value_set: str) -> None:
     assert {obj["kind"] for obj in objects} == EXPECTED_KINDS[value_set]
     assert len(configs) == ("InferencePool" in EXPECTED_KINDS[value_set])
     print(f"{value_set}: {checked}")
+
+
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_helm_lint_strict(value_set: str) -> None:
+    result = lint(VALUE_SETS[value_set])
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_gpu_value_set_asks_for_one_gpu_per_rank_on_gpu_nodes() -> None:
@@ -86,6 +93,10 @@ def test_hub_fetch_downloads_into_the_served_folder() -> None:
         (("server.tensorParallelSize=0",), "server.tensorParallelSize"),
         (("inferenceExtension.enabled=true", "inferenceExtension.httpRoute.gateway.name="),
          "gateway.name"),
+        # values.schema.json: a misspelt or mistyped value is refused, not ignored.
+        (("server.gracefulTimout=10",), "gracefulTimout is not allowed"),
+        (("server.port=http",), "server.port: Invalid type"),
+        (("inferenceExtension.failureMode=FailSoft",), "inferenceExtension.failureMode"),
     ],
 )  # fmt: skip
 def test_values_that_cannot_work_are_refused(sets: tuple[str, ...], message: str) -> None:
