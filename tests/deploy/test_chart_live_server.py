@@ -19,8 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.deploy.chart import find, render_set, server_container
-from tests.deploy.test_chart_matches_server import _scraped_metric_names, parse_server
+from tests.deploy.chart import (
+    find,
+    parse_server,
+    render_set,
+    scraped_metric_names,
+    server_container,
+)
 from tests.openai_compat.conftest import LOAD_TIMEOUT_S, free_port
 
 VALUE_SET = "cpu+inference-extension"
@@ -100,7 +105,7 @@ def _samples(text: str) -> dict[str, str]:
 def test_the_metrics_the_cluster_reads_are_exported(pod: Pod) -> None:
     samples = _samples(httpx.get(pod.url + "/metrics").text)
     exported = {key.split("{", 1)[0] for key in samples}
-    wanted = _scraped_metric_names(pod.objects)
+    wanted = scraped_metric_names(pod.objects)
     assert wanted <= exported, wanted - exported
     # The prefix-cache scorer reads the page size and the page count from these labels.
     (info,) = [key for key in samples if key.startswith("vllm:cache_config_info{")]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import base64
 import math
-import re
 from importlib.metadata import entry_points
-from typing import Any
 
 import pytest
 from starlette.routing import Route
@@ -16,29 +14,17 @@ from starlette.routing import Route
 from pagedserve import cli
 from pagedserve.openai_compat.app import OPEN_PATHS
 from pagedserve.openai_compat.routes import ROUTES
-from pagedserve.openai_compat.server_config import ServerConfig
-from tests.deploy.chart import VALUE_SETS, find, render_set, server_container
-
-TP_FLAG = "--tensor-parallel-size"
-TP_MISSING = (
-    "pagedserve serve has no --tensor-parallel-size yet (the tensor-parallel part of issue 14)"
+from tests.deploy.chart import (
+    TP_FLAG,
+    TP_MISSING,
+    VALUE_SETS,
+    find,
+    has_flag,
+    parse_server,
+    render_set,
+    scraped_metric_names,
+    server_container,
 )
-
-
-def _has_flag(flag: str) -> bool:
-    _, unknown = cli.build_parser().parse_known_args(["serve", flag, "2"])
-    return not unknown
-
-
-def parse_server(args: list[str], env: dict[str, str] | None = None) -> ServerConfig:
-    """The ServerConfig `pagedserve <args>` builds. A tensor-parallel flag that the parser does
-    not know yet is left out here; test_server_args_parse checks it when the flag exists."""
-    if TP_FLAG in args and not _has_flag(TP_FLAG):
-        at = args.index(TP_FLAG)
-        args = args[:at] + args[at + 2 :]
-    parsed = cli.build_parser().parse_args(args)
-    server, _ = cli.configs_from_args(parsed, env or {})
-    return server
 
 
 def _routes() -> dict[str, set[str]]:
@@ -54,7 +40,7 @@ def test_server_args_parse(value_set: str) -> None:
     assert [ep.value for ep in entry_points(group="console_scripts", name="pagedserve")] == [
         "pagedserve.cli:main"
     ]
-    if TP_FLAG in args and not _has_flag(TP_FLAG):
+    if TP_FLAG in args and not has_flag(TP_FLAG):
         print(f"SKIP {value_set}: {TP_MISSING}; its rendering and schemas are checked elsewhere")
         pytest.skip(TP_MISSING)
     parsed = cli.build_parser().parse_args(args)
@@ -113,26 +99,6 @@ def test_api_key_reaches_the_server_from_a_secret(value_set: str) -> None:
         assert server.api_key == key == "sk-test-only"
 
 
-def _scraped_metric_names(objects: list[dict[str, Any]]) -> set[str]:
-    """Every metric name some object reads from the pods' /metrics."""
-    names = set()
-    for obj in objects:
-        if (
-            obj["kind"] == "Deployment"
-            and obj["metadata"]["labels"].get("app.kubernetes.io/component") == "endpoint-picker"
-        ):
-            args = obj["spec"]["template"]["spec"]["containers"][0]["args"]
-            names |= {
-                v for a, v in zip(args, args[1:], strict=False) if a.endswith("-metric") and v
-            }
-        if obj["kind"] == "HorizontalPodAutoscaler":
-            names |= {m["pods"]["metric"]["name"] for m in obj["spec"]["metrics"]}
-        if obj["kind"] == "ScaledObject":
-            for trigger in obj["spec"]["triggers"]:
-                names |= set(re.findall(r"[a-z_]+:[a-z_]+", trigger["metadata"]["query"]))
-    return names
-
-
 def test_scraped_paths_are_open_routes() -> None:
     objects = render_set("cpu+inference-extension")
     (endpoint,) = find(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]
@@ -144,8 +110,8 @@ def test_scraped_paths_are_open_routes() -> None:
 
 def test_metric_names_read_by_the_cluster() -> None:
     """The names the EPP, the HPA and KEDA read; the live test checks the server exports them."""
-    names = _scraped_metric_names(render_set("cpu+inference-extension"))
-    names |= _scraped_metric_names(render_set("gpu-tp2+inference-extension"))
+    names = scraped_metric_names(render_set("cpu+inference-extension"))
+    names |= scraped_metric_names(render_set("gpu-tp2+inference-extension"))
     assert names == {
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
