@@ -92,7 +92,7 @@ app.kubernetes.io/component: endpoint-picker
 {{- $args := list "serve" -}}
 {{- $model := include "pagedserve.modelArg" . -}}
 {{- if $model -}}{{- $args = append $args $model -}}{{- end -}}
-{{- $args = concat $args (list "--host" "0.0.0.0" "--port" (toString (int $s.port))) -}}
+{{- $args = concat $args (list "--host" $s.host "--port" (toString (int $s.port))) -}}
 {{- $args = concat $args (list "--graceful-timeout" (toString $s.gracefulTimeout)) -}}
 {{- if gt (int $s.tensorParallelSize) 1 -}}
 {{- $args = concat $args (list "--tensor-parallel-size" (toString (int $s.tensorParallelSize))) -}}
