@@ -113,7 +113,7 @@ def test_the_metrics_the_cluster_reads_are_exported(pod: Pod) -> None:
 
 
 def _stream(pod: Pod, first_chunk: threading.Event, out: dict[str, Any]) -> None:
-    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 16,
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 8,
             "ignore_eos": True, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}}  # fmt: skip
     lines = []
@@ -142,7 +142,7 @@ def test_sigterm_drains_the_request_in_flight_then_exits(pod: Pod) -> None:
     assert code == 0, pod.log_path.read_text()
     assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]"
     usage = json.loads(out["lines"][-2].removeprefix("data: "))["usage"]
-    assert usage["completion_tokens"] == 16  # the whole request, not cut by the shutdown
+    assert usage["completion_tokens"] == 8  # the whole request, not cut by the shutdown
     grace = find(pod.objects, "Deployment", "model-server")["spec"]["template"]["spec"][
         "terminationGracePeriodSeconds"
     ]
