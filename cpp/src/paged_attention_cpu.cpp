@@ -5,6 +5,12 @@
 // the intrinsic kernels of paged_attention_cpu_avx512*.hpp. Everywhere else the portable loops
 // below serve: plain loops over head_size or a 16-key chunk, written so the compiler vectorizes
 // them (`omp simd`). Both keep fp32 scores, softmax and accumulators.
+//
+// Batch invariance (issue 16): a query vector's arithmetic depends only on its own position and
+// keys, never on how many vectors share its work item, where its prefill chunk starts, the other
+// requests of the call or the thread count. Keys are always scored transposed (each score summed
+// over head_size in order), key blocks start at multiples of block_keys from position 0, a
+// block's keys past a vector's horizon get weight exactly 0, and items never split a context.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,7 +61,7 @@ constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at le
 constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
 constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
 constexpr int kGroupRows = 4;     // query vectors scored together (shared key loads)
-constexpr int kDotMaxRows = 8;    // below this many query vectors, a dot per key beats transposing
+constexpr int kWidenMinRows = 8;  // from this many query vectors, bf16 values are widened once
 
 struct WorkItem {
     std::int64_t req, kv_head, row0, rows;
@@ -74,7 +80,7 @@ struct Scratch {
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
           acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
-          s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
+          s(kGroupRows * width), zero(d), k_pages(pages_per_block),
           v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
 };
 
@@ -163,11 +169,11 @@ std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t
 }
 
 // Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t when asked.
+// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t.
 // Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
-                        std::int64_t num_keys, std::int64_t d_len, bool transpose, Scratch& sc) {
+                        std::int64_t num_keys, std::int64_t d_len, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const T* cache = static_cast<const T*>(c.data);
     std::int64_t n = 0;
@@ -183,11 +189,9 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
             sc.k_pages[p] = sc.k.data() + n * d_len;
             sc.v_pages[p] = sc.v.data() + n * d_len;
         }
-        if (transpose) {
-            const float* k = sc.k_pages[p];
-            for (std::int64_t j = 0; j < np; ++j)
-                for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
-        }
+        const float* k = sc.k_pages[p];
+        for (std::int64_t j = 0; j < np; ++j)
+            for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
         n += np;
     }
     return n;
@@ -248,21 +252,14 @@ void softmax_rows(Scratch& sc, std::int64_t m, std::int64_t rows, const std::int
 // Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
-                 std::int64_t n, std::int64_t first_pos, bool transpose) {
+                 std::int64_t n, std::int64_t first_pos) {
     const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
     std::int64_t valid[kR];
     const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, valid);
     if (n_max <= 0) return;
     float* s = sc.s.data();
     const float* q = sc.q.data() + m * d_len;
-    if (transpose) {
-        scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
-    } else {
-        for (int r = 0; r < kR; ++r)
-            for (std::int64_t p = 0; p * ps < n_max; ++p)
-                scores_dot<kD>(q + r * d_len, sc.k_pages[p], std::min(ps, n_max - p * ps), d_len,
-                               s + r * sc.width + p * ps);
-    }
+    scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
     softmax_rows<kD>(sc, m, kR, valid, n_max, d_len);
     // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.
     constexpr int kPv = std::min(kR, kD == 0 ? 1 : (kD <= 64 ? 4 : 2));
@@ -295,16 +292,13 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
-    const bool transpose = m_len >= kDotMaxRows;
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
     for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
-        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, transpose, sc);
+        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, sc);
         std::int64_t m = 0;
-        if (transpose) {
-            for (; m + kGroupRows <= m_len; m += kGroupRows)
-                attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos, transpose);
-        }
-        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos, transpose);
+        for (; m + kGroupRows <= m_len; m += kGroupRows)
+            attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos);
+        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos);
     }
     finish_item<T, kD>(a, w, sc);
 }

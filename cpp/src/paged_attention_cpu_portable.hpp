@@ -3,18 +3,6 @@
 // Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
 #pragma once
 
-// Scores of query vector q against keys [0, n) stored as rows (k: [n][head_size]).
-template <int kD>
-void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_rt, float* s) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    for (std::int64_t j = 0; j < n; ++j) {
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (std::int64_t d = 0; d < d_len; ++d) sum += q[d] * k[j * d_len + d];
-        s[j] = sum;
-    }
-}
-
 // Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
 // 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
 // hide the FMA latency and share each loaded k_t row.

@@ -208,10 +208,10 @@ void test_attention_matches_naive_bf16() {
     const DType bf = DType::kBFloat16;
     const std::vector<std::int32_t> decodes = {1, 1, 1, 1}, contexts = {1, 15, 17, 130};
     const Case cases[] = {
-        // Decodes with 3 query heads per KV head (fewer than 8 vectors per item: dot path).
+        // Decodes with 3 query heads per KV head (fewer than 8 vectors: values read unwidened).
         {2, 3, 64, 16, decodes, contexts, bf},
         {2, 3, 128, 16, decodes, contexts, bf},
-        // 8 query heads per KV head: 8 vectors per item cross to the transposed (prefill) path.
+        // 8 query heads per KV head: 8 vectors per item widen bf16 values once per block.
         {1, 8, 64, 16, decodes, contexts, bf},
         {2, 8, 128, 16, decodes, contexts, bf},
         // A 37-token chunk at context 100; group 4 splits it into query blocks of 32 and 5.

@@ -1,5 +1,6 @@
 """The model's linear layers: nn.Linear's parameters, a fused residual add, and on CPUs with
-AVX512-BF16 the native bf16 kernel of pagedserve._core over a weight packed once at load.
+AVX512-BF16 the native bf16 (and fp32) kernel of pagedserve._core over a weight packed once at
+load.
 
     y = layer(x)                        x W^T (+ bias)
     h = layer(x, residual=h)            h + x W^T (+ bias), rounded once
@@ -9,11 +10,16 @@ AVX512-BF16 the native bf16 kernel of pagedserve._core over a weight packed once
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
 1.1-1.3x slower at 64 rows and 1.7-2.5x slower at one row (weights streamed for a single
 request), and it cannot fuse the residual add or write fp32 logits; bench/linear.py measures
-both side by side. Anywhere else (float32, float16, CUDA, a CPU without
-AVX512-BF16) the torch expressions run, exactly as before, so the float32 oracle path is untouched.
+both side by side. Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
+matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
+while the native kernels sum every output over k in order whatever the rows. Anywhere else
+(float16, CUDA, a CPU without AVX512-BF16) the torch expressions run, and are not batch-invariant.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -52,12 +58,12 @@ class PackableLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, {kind}"
 
     def pack(self) -> bool:
-        """Repack the weight for the native kernel (CPU, bfloat16, AVX512-BF16) and drop the
-        [out, in] copy; False (and nothing changes) where the kernel does not apply."""
+        """Repack the weight for the native kernel (CPU, bfloat16 or float32, AVX512-BF16) and
+        drop the [out, in] copy; False (and nothing changes) where the kernel does not apply."""
         weight = self.weight
         if weight is None or self.packed is not None:
             return self.packed is not None
-        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        if weight.device.type != "cpu" or weight.dtype not in _KERNELS:
             return False
         if not native_linear_available():
             return False
@@ -67,9 +73,9 @@ class PackableLinear(nn.Module):
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
         n, k = weight.shape
-        packed = torch.empty(_core.packed_linear_elements(n, k), dtype=torch.bfloat16)
-        _core.pack_linear_weight_bf16(weight.data_ptr(), n, k, packed.data_ptr(),
-                                      torch.get_num_threads())  # fmt: skip
+        kernel = _KERNELS[weight.dtype]
+        packed = torch.empty(kernel.elements(n, k), dtype=weight.dtype)
+        kernel.pack(weight.data_ptr(), n, k, packed.data_ptr(), torch.get_num_threads())
         return packed
 
     def _check_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,9 +136,10 @@ class GateUpLinear(PackableLinear):
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
         rows, k = _core.gated_rows(self.width), weight.shape[1]
-        packed = torch.empty(_core.packed_linear_elements(rows, k), dtype=torch.bfloat16)
-        _core.pack_gated_weight_bf16(weight.data_ptr(), self.width, k, packed.data_ptr(),
-                                     torch.get_num_threads())  # fmt: skip
+        kernel = _KERNELS[weight.dtype]
+        packed = torch.empty(kernel.elements(rows, k), dtype=weight.dtype)
+        kernel.pack_gated(weight.data_ptr(), self.width, k, packed.data_ptr(),
+                          torch.get_num_threads())  # fmt: skip
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
@@ -146,6 +153,35 @@ class GateUpLinear(PackableLinear):
         return out
 
 
+@dataclass(frozen=True)
+class _Kernel:
+    """The native entry points for one weight dtype."""
+
+    elements: Callable[[int, int], int]
+    pack: Callable[..., None]
+    pack_gated: Callable[..., None]
+    out_dtypes: tuple[torch.dtype, ...]  # what a plain product may write
+
+
+_KERNELS = {
+    torch.bfloat16: _Kernel(_core.packed_linear_elements, _core.pack_linear_weight_bf16,
+                            _core.pack_gated_weight_bf16, (torch.bfloat16, torch.float32)),
+    torch.float32: _Kernel(_core.packed_linear_elements_f32, _core.pack_linear_weight_f32,
+                           _core.pack_gated_weight_f32, (torch.float32,)),
+}  # fmt: skip
+
+
+def _check_x(x: torch.Tensor, packed: torch.Tensor) -> None:
+    require(x.dtype == packed.dtype and x.device.type == "cpu" and x.dim() == 2,
+             "x must be a 2-D {} CPU tensor, got {} {} on {}", packed.dtype, x.dtype,
+             tuple(x.shape), x.device)  # fmt: skip
+
+
+def _packed_size(packed: torch.Tensor, n: int, k: int) -> int:
+    require(packed.dtype in _KERNELS, "packed must be bfloat16 or float32, got {}", packed.dtype)
+    return int(_KERNELS[packed.dtype].elements(n, k))
+
+
 def _check(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -153,50 +189,62 @@ def _check(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
 ) -> None:
-    """x [m, k] bf16 CPU; out [m, n] bf16 or fp32; rows contiguous in their last dim."""
-    require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
-             "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
-             tuple(x.shape), x.device)  # fmt: skip
+    """x [m, k] in packed's dtype (bf16 or fp32), CPU; out [m, n] bf16 or fp32 (fp32 only for
+    an fp32 weight); rows contiguous in their last dim."""
+    _check_x(x, packed)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
              "out must be [{}, n] on cpu, got {}", x.shape[0], tuple(out.shape))  # fmt: skip
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
-    require(out.dtype in (torch.bfloat16, torch.float32),
-             "out must be bfloat16 or float32, got {}", out.dtype)  # fmt: skip
-    require(packed.dtype == torch.bfloat16 and packed.numel() == _packed_size(n, k),
-             "packed holds {} elements, a packed [{}, {}] weight has {}", packed.numel(), n, k,
-             _packed_size(n, k))  # fmt: skip
+    size = _packed_size(packed, n, k)
+    require(out.dtype in _KERNELS[packed.dtype].out_dtypes,
+             "out must be one of {}, got {}", _KERNELS[packed.dtype].out_dtypes,
+             out.dtype)  # fmt: skip
+    require(packed.numel() == size, "packed holds {} elements, a packed [{}, {}] weight has {}",
+             packed.numel(), n, k, size)  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
     if bias is not None:
-        require(bias.shape == (n,) and bias.dtype == torch.bfloat16 and bias.is_contiguous(),
-                 "bias must be [{}] contiguous bfloat16", n)  # fmt: skip
+        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
+                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
     if residual is not None:
-        require(residual.shape == (m, n) and residual.dtype == torch.bfloat16
+        require(residual.shape == (m, n) and residual.dtype == x.dtype
                  and residual.stride(1) == 1,
-                 "residual must be [{}, {}] bfloat16, got {} {}", m, n, residual.dtype,
+                 "residual must be [{}, {}] {}, got {} {}", m, n, x.dtype, residual.dtype,
                  tuple(residual.shape))  # fmt: skip
 
 
-def _packed_size(n: int, k: int) -> int:
-    return int(_core.packed_linear_elements(n, k))
+def _run(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    n: int,
+    gated_width: int,
+) -> None:
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
+    m, k, threads = x.shape[0], x.shape[1], torch.get_num_threads()
+    if packed.dtype == torch.float32:
+        _core.linear_f32(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
+                         res_stride, out.data_ptr(), out.stride(0), m, n, k, gated_width,
+                         threads)  # fmt: skip
+    else:
+        _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
+                          res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
+                          m, n, k, gated_width, threads)  # fmt: skip
 
 
 def packed_linear_eager(
     out: torch.Tensor,  # [m, n] bf16 or fp32
-    x: torch.Tensor,  # [m, k] bf16
+    x: torch.Tensor,  # [m, k] bf16 or fp32 (the weight's dtype)
     packed: torch.Tensor,  # Linear.pack()'s buffer for an [n, k] weight
-    bias: torch.Tensor | None,  # [n] bf16
-    residual: torch.Tensor | None,  # [m, n] bf16, may be out itself
+    bias: torch.Tensor | None,  # [n], x's dtype
+    residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
 ) -> None:
     """out = x W^T (+ bias) (+ residual): the op's body, called straight by eager code."""
     _check(out, x, packed, bias, residual)
-    m, n, k = x.shape[0], out.shape[1], x.shape[1]
-    _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                      0 if bias is None else bias.data_ptr(),
-                      0 if residual is None else residual.data_ptr(),
-                      0 if residual is None else residual.stride(0), out.data_ptr(),
-                      out.stride(0), out.dtype == torch.float32, m, n, k, 0,
-                      torch.get_num_threads())  # fmt: skip
+    _run(out, x, packed, bias, residual, out.shape[1], 0)
 
 
 packed_linear = torch.library.custom_op(
@@ -206,35 +254,31 @@ packed_linear.register_fake(_check)
 
 
 def _check_gated(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> None:
-    """x [m, k] bf16 CPU; out [m, width] bf16; packed: GateUpLinear's buffer for that width."""
-    require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
-             "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
-             tuple(x.shape), x.device)  # fmt: skip
+    """x [m, k] CPU in packed's dtype; out [m, width] likewise; packed: GateUpLinear's buffer."""
+    _check_x(x, packed)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu"
-             and out.dtype == torch.bfloat16,
-             "out must be [{}, width] bfloat16 on cpu, got {} {}", x.shape[0], out.dtype,
+             and out.dtype == x.dtype,
+             "out must be [{}, width] {} on cpu, got {} {}", x.shape[0], x.dtype, out.dtype,
              tuple(out.shape))  # fmt: skip
     width, k = out.shape[1], x.shape[1]
     rows = int(_core.gated_rows(width)) if width > 0 else 0
-    require(width > 0 and packed.dtype == torch.bfloat16
-             and packed.numel() == _packed_size(rows, k),
+    size = _packed_size(packed, rows, k) if rows else 0
+    require(width > 0 and packed.numel() == size,
              "packed holds {} elements, a gated [2 x {}, {}] weight has {}", packed.numel(),
-             width, k, _packed_size(rows, k) if rows else 0)  # fmt: skip
+             width, k, size)  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
 
 
 def packed_gated_linear_eager(
-    out: torch.Tensor,  # [m, width] bf16
-    x: torch.Tensor,  # [m, k] bf16
+    out: torch.Tensor,  # [m, width], x's dtype
+    x: torch.Tensor,  # [m, k] bf16 or fp32
     packed: torch.Tensor,  # GateUpLinear.pack()'s buffer
 ) -> None:
     """out = silu(x W_gate^T) * (x W_up^T): the op's body, called straight by eager code."""
     _check_gated(out, x, packed)
-    m, width, k = x.shape[0], out.shape[1], x.shape[1]
-    _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), 0, 0, 0, out.data_ptr(),
-                      out.stride(0), False, m, _core.gated_rows(width), k, width,
-                      torch.get_num_threads())  # fmt: skip
+    width = out.shape[1]
+    _run(out, x, packed, None, None, _core.gated_rows(width), width)
 
 
 packed_gated_linear = torch.library.custom_op(
