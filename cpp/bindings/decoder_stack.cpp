@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pagedserve/decoder_stack.hpp"
@@ -22,16 +23,27 @@ using LayerPointers = std::vector<Ptr>;
 pagedserve::DecoderStack make_stack(std::int64_t hidden_size, std::int64_t num_heads,
                                     std::int64_t num_kv_heads, std::int64_t head_size,
                                     std::int64_t intermediate_size, float rms_norm_eps,
-                                    float scale, const std::vector<LayerPointers>& layers) {
+                                    float scale, const std::vector<LayerPointers>& layers,
+                                    const std::vector<std::int64_t>& sliding_windows,
+                                    const std::vector<float>& logit_softcaps) {
     pagedserve::DecoderShape shape;
     shape.hidden_size = hidden_size, shape.num_heads = num_heads;
     shape.num_kv_heads = num_kv_heads, shape.head_size = head_size;
     shape.intermediate_size = intermediate_size, shape.rms_norm_eps = rms_norm_eps;
     shape.scale = scale;
+    const auto per_layer = [&](std::size_t size, const char* name) {
+        if (size != 0 && size != layers.size())
+            throw py::value_error(std::string(name) + ": one value per layer, or none");
+    };
+    per_layer(sliding_windows.size(), "sliding_windows");
+    per_layer(logit_softcaps.size(), "logit_softcaps");
     std::vector<pagedserve::DecoderLayerWeights> weights;
     for (const LayerPointers& p : layers) {
         if (p.size() != 7) throw py::value_error("each layer takes 7 weight pointers");
         pagedserve::DecoderLayerWeights w;
+        const std::size_t i = weights.size();
+        if (!sliding_windows.empty()) w.sliding_window = sliding_windows[i];
+        if (!logit_softcaps.empty()) w.logit_softcap = logit_softcaps[i];
         w.input_norm = pointer<const std::uint16_t>(p[0]);
         w.qkv = pointer<const std::uint16_t>(p[1]);
         w.qkv_bias = pointer<const std::uint16_t>(p[2]);
@@ -74,7 +86,9 @@ void bind_decoder_stack(py::module_& m) {
     py::class_<pagedserve::DecoderStack>(m, "DecoderStack")
         .def(py::init(&make_stack), py::arg("hidden_size"), py::arg("num_heads"),
              py::arg("num_kv_heads"), py::arg("head_size"), py::arg("intermediate_size"),
-             py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"))
+             py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"),
+             py::arg("sliding_windows") = std::vector<std::int64_t>{},
+             py::arg("logit_softcaps") = std::vector<float>{})
         .def_property_readonly("num_layers", &pagedserve::DecoderStack::num_layers)
         .def("forward", &forward, py::arg("hidden"), py::arg("cos"), py::arg("signed_sin"),
              py::arg("rope_stride"), py::arg("kv_caches"), py::arg("num_pages"),

@@ -151,22 +151,43 @@ inline __mmask16 lanes_below(std::int64_t count) {
                        : static_cast<__mmask16>((1u << std::max<std::int64_t>(count, 0)) - 1);
 }
 
+// Lanes c .. c + 15 that fall in [lo, hi).
+inline __mmask16 lanes_in(std::int64_t c, std::int64_t lo, std::int64_t hi) {
+    return static_cast<__mmask16>(lanes_below(hi - c) & ~lanes_below(lo - c));
+}
+
+// soft_cap on 16 lanes: cap * tanh(s / cap), tanh from exp_nonpositive16 as in soft_cap.
+inline __m512 soft_cap16(__m512 s, float cap) {
+    const __m512 x = _mm512_div_ps(s, _mm512_set1_ps(cap));
+    const __m512 e = exp_nonpositive16(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    const __m512 signed_t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+    return _mm512_mul_ps(_mm512_set1_ps(cap), signed_t);
+}
+
 // softmax_step on 16 lanes at a time: s has room for whole registers up to round_up(n).
 template <int kD>
-void softmax_step_avx512(float* s, std::int64_t valid, std::int64_t n, float& row_max,
-                         float& row_sum, float* acc) {
+void softmax_step_avx512(float* s, const Span& span, float& row_max, float& row_sum, float* acc) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    const std::int64_t first = span.lo / 16 * 16;  // the register holding key lo
+    if (span.softcap > 0.0f) {
+        for (std::int64_t c = first; c < span.hi; c += 16)
+            _mm512_storeu_ps(s + c, soft_cap16(_mm512_loadu_ps(s + c), span.softcap));
+    }
     __m512 mx = _mm512_set1_ps(neg_inf);
-    for (std::int64_t c = 0; c < valid; c += 16)
-        mx = _mm512_mask_max_ps(mx, lanes_below(valid - c), mx, _mm512_loadu_ps(s + c));
+    for (std::int64_t c = first; c < span.hi; c += 16)
+        mx = _mm512_mask_max_ps(mx, lanes_in(c, span.lo, span.hi), mx, _mm512_loadu_ps(s + c));
     const float new_max = std::max(row_max, _mm512_reduce_max_ps(mx));
-    // row_max == -inf only before the first block, when acc and row_sum are still zero.
+    // row_max == -inf only before the vector's first block, when acc and row_sum are still zero.
     const float alpha = row_max == neg_inf ? 0.0f : exp_nonpositive(row_max - new_max);
     const __m512 m = _mm512_set1_ps(new_max);
     __m512 sum = _mm512_setzero_ps();
-    for (std::int64_t c = 0; c < n; c += 16) {  // keys in [valid, n) get weight 0
+    for (std::int64_t c = 0; c < span.n; c += 16) {  // keys outside [lo, hi) get weight 0
         const __m512 e = _mm512_maskz_mov_ps(
-            lanes_below(valid - c), exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + c), m)));
+            lanes_in(c, span.lo, span.hi),
+            exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + c), m)));
         _mm512_storeu_ps(s + c, e);
         sum = _mm512_add_ps(sum, e);
     }

@@ -106,11 +106,11 @@ void pv_block(Scratch& sc, std::int64_t m, std::int64_t rows, std::int64_t n) {
 template <typename T, typename V, int kD, bool kDp, int kR>
 void attend_rows_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
                         std::int64_t n, std::int64_t first_pos) {
-    std::int64_t valid[kR];
-    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, valid);
+    std::int64_t lo[kR], hi[kR];
+    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, lo, hi);
     if (n_max <= 0) return;
     scores_t_block<kD, kDp, kR>(a, sc, m, n_max);
-    softmax_rows<kD>(sc, m, kR, valid, n_max, kD);
+    softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, kD);
     pv_block<V, kD>(sc, m, kR, n_max);
 }
 
@@ -152,7 +152,8 @@ void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) 
     load_queries<T, kD>(a, w, sc);
     if constexpr (kDp) load_raw_queries<T, kD>(a, w, sc);
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
+    for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
+         key0 += sc.block_keys) {
         const std::int64_t n = gather_block<T>(a, w, key0, num_keys, sc);
         transpose_keys<T, kD, kDp>(sc, n);
         if (m_len < kWidenMinRows) {  // few vectors (decode): values straight from the cache

@@ -21,6 +21,8 @@ class NativeAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         # Eager code calls the op bodies straight (the dispatcher costs ~100 us a call, twice per
         # layer per step); only traced code needs the registered ops.
@@ -39,5 +41,7 @@ class NativeAttentionBackend(AttentionBackend):
             meta.max_query_len,
             meta.max_seq_len,
             scale,
+            sliding_window,
+            logit_softcap,
         )
         return out

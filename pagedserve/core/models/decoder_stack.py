@@ -44,6 +44,8 @@ class DecoderStack:
             rms_norm_eps=first.eps,
             scale=first.scale,
             layers=[_weight_pointers(layer) for layer in layers],
+            sliding_windows=[layer.sliding_window for layer in layers],
+            logit_softcaps=[layer.logit_softcap for layer in layers],
         )
 
     @classmethod

@@ -24,9 +24,10 @@ def cached_request(head_size: int, group: int, page_size: int, dtype: torch.dtyp
     return kv_cache.to(dtype), pages.int(), query.to(dtype)
 
 
-def attend(kv_cache, pages, query, chunks: list[tuple[int, int]]) -> torch.Tensor:
+def attend(kv_cache, pages, query, chunks: list[tuple[int, int]], **options) -> torch.Tensor:
     """Attention for each (start, end) query chunk of the one request, all chunks as separate
-    requests of one call (the same pages): rows start .. end - 1 of the output, in order."""
+    requests of one call (the same pages): rows start .. end - 1 of the output, in order.
+    options: paged_attention's keyword options (sliding_window, logit_softcap)."""
     page_table = pages[None, :].repeat(len(chunks), 1).contiguous()
     q = torch.cat([query[s:e] for s, e in chunks])
     q_lens = [e - s for s, e in chunks]
@@ -41,7 +42,8 @@ def attend(kv_cache, pages, query, chunks: list[tuple[int, int]]) -> torch.Tenso
     )
     out = torch.full_like(q, float("nan"))
     ops.paged_attention(out, q, kv_cache, meta.page_table, meta.seq_lens, meta.query_start_loc,
-                        meta.max_query_len, meta.max_seq_len, query.shape[2] ** -0.5)  # fmt: skip
+                        meta.max_query_len, meta.max_seq_len, query.shape[2] ** -0.5,
+                        **options)  # fmt: skip
     return out
 
 
