@@ -66,4 +66,6 @@ def _weights(layer: nn.Module) -> LayerWeights:
         post_norm=layer.post_attention_layernorm.data_ptr(),
         gate_up=layer.gate_up_proj.packed.data_ptr(),
         down=layer.down_proj.packed.data_ptr(),
+        sliding_window=layer.sliding_window,
+        logit_softcap=layer.logit_softcap,
     )
