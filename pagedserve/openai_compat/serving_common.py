@@ -191,8 +191,7 @@ def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
         logger.error("request %s failed in the engine: %s", output.request_id, output.error)
         raise errors.internal(output.request_id)
     if output.finished:
-        reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
-        metrics.record(output.metrics, reasons)
+        metrics.record(output.metrics)
 
 
 async def merge_streams(
