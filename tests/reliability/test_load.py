@@ -11,7 +11,6 @@ import random
 
 import httpx
 import psutil
-import pytest
 
 from tests.openai_compat.conftest import Server
 from tests.reliability.conftest import check_completion_stream, stream_completion, wait_idle
@@ -23,8 +22,7 @@ NUM_LEAVING = 100
 NUM_STAYING = 28
 LEAVING_MAX_TOKENS = 64
 STAYING_MAX_TOKENS = 8
-RSS_TARGET = 0.05
-RSS_HARD_LIMIT = 0.15
+RSS_LIMIT = 0.05
 UNAWAITED = ("Task was destroyed but it is pending", "was never awaited")
 
 
@@ -53,10 +51,7 @@ def test_three_waves_of_256_streams(rserver: Server) -> None:
         rss.append(process.memory_info().rss)
     growth = rss[-1] / rss[0] - 1
     print(f"RSS after each wave: {[r >> 20 for r in rss]} MiB (+{growth:.1%})")  # for -rP
-    assert growth < RSS_HARD_LIMIT, f"RSS after each wave: {rss} (+{growth:.1%})"
-    if growth >= RSS_TARGET:
-        # Not yet met (issue 6 asks for 5%): reported, not hidden; a gross leak fails above.
-        pytest.xfail(f"RSS after wave 3 is +{growth:.1%} over wave 1 (target 5%): {rss}")
+    assert growth < RSS_LIMIT, f"RSS after each wave: {[r >> 20 for r in rss]} MiB (+{growth:.1%})"
 
 
 async def _leave_early(client: httpx.AsyncClient, rng: random.Random, i: int) -> int:
