@@ -24,6 +24,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
+from pagedserve.openai_compat.request_log import HEADER as REQUEST_ID_HEADER
+from pagedserve.openai_compat.request_log import RequestIdMiddleware
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.serving_chat import ChatService
@@ -137,8 +139,9 @@ def create_app(
 
 
 def _middleware(config: ServerConfig) -> list[Middleware]:
-    """CORS outermost, so browsers' preflight requests are answered before the key check."""
-    middleware = []
+    """The request id outermost (every response carries it), then CORS, so browsers'
+    preflight requests are answered before the key check."""
+    middleware = [Middleware(RequestIdMiddleware, access_log=config.access_log)]
     if config.allowed_origins:
         middleware.append(
             Middleware(
@@ -146,6 +149,7 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
                 allow_origins=list(config.allowed_origins),
                 allow_methods=["*"],
                 allow_headers=["*"],
+                expose_headers=[REQUEST_ID_HEADER],
             )
         )
     if config.api_key:

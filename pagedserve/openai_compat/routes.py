@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,6 +22,7 @@ from pagedserve.openai_compat.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagedserve.openai_compat.request_log import current_request_id
 from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
 from pagedserve.openai_compat.serving_common import off_loop, require_in_vocabulary
 from pagedserve.openai_compat.streaming import ClientGone, JSONResponse, error_response
@@ -47,7 +47,7 @@ def endpoint(fn: Endpoint) -> Endpoint:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except Exception:
-            request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+            request_id = current_request_id.get()
             logger.exception("request %s %s failed", request_id, request.url.path)
             return error_response(errors.internal(request_id))
 
