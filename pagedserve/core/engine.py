@@ -43,6 +43,10 @@ class LLMEngine:
         self._seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
         self._num_generated_tokens = 0
+        # Draws of the requests that give no seed: one generator, seeded once from --seed, so
+        # the same requests in the same order (the same steps) sample the same tokens.
+        self._unseeded = torch.Generator(device=self.model_runner.device)
+        self._unseeded.manual_seed(config.model.seed)
         self._finished_reasons: collections.Counter[str] = collections.Counter()
 
     @classmethod
@@ -198,6 +202,7 @@ class LLMEngine:
             vocab_size=self.tokenizer.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device=self.model_runner.device,
+            shared_generator=self._unseeded,
         )
 
     def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
