@@ -39,6 +39,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "allowed_origins", {"nargs": "+", "metavar": "ORIGIN"}),
     (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
     (ServerConfig, "graceful_timeout", {"type": float}),
+    (ServerConfig, "access_log", {"action": argparse.BooleanOptionalAction}),
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
@@ -155,6 +156,21 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     return exit_code
 
 
+def configure_logging(config: ServerConfig) -> None:
+    """One handler on the root logger; every line carries its request's X-Request-Id ("-"
+    outside a request). The access log, when asked, prints whatever the log level."""
+    from pagedserve.openai_compat.request_log import RequestIdFilter, access_logger
+
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s",
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
+    if config.access_log:
+        access_logger.setLevel(logging.INFO)
+
+
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 MALLOC_ARENAS = 2
 
@@ -189,10 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server, engine = configs_from_args(args, os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(server)
     limit_malloc_arenas()
     return _run(run_server(server, engine))
 

@@ -7,6 +7,7 @@ caller's, offline); AsyncEngine is the only bridge to asyncio.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -42,6 +43,12 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
+        self._num_generated_tokens = 0
+        # Draws of the requests that give no seed: one generator, seeded once from --seed, so
+        # the same requests in the same order (the same steps) sample the same tokens.
+        self._unseeded = torch.Generator(device=self.model_runner.device)
+        self._unseeded.manual_seed(config.model.seed)
+        self._finished_reasons: collections.Counter[str] = collections.Counter()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -118,6 +125,13 @@ class LLMEngine:
         return generator
 
     def abort(self, request_id: str) -> None:
+        """The client is gone: its unfinished outputs end with reason `abort`."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finished_reasons["abort"] += _num_unfinished(request)
+        self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
@@ -138,6 +152,8 @@ class LLMEngine:
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             **dataclasses.asdict(scheduler.stats()),
+            num_generated_tokens=self._num_generated_tokens,
+            finished_reasons=dict(self._finished_reasons),
         )
 
     # ---- the step -------------------------------------------------------------------------------
@@ -187,6 +203,7 @@ class LLMEngine:
             vocab_size=self.tokenizer.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device=self.model_runner.device,
+            shared_generator=self._unseeded,
         )
 
     def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
@@ -259,6 +276,7 @@ class LLMEngine:
             metrics.inter_token_latencies.append(now - metrics.last_token_time)
         metrics.last_token_time = now
         metrics.num_generated_tokens += 1
+        self._num_generated_tokens += 1
 
     def _finish(
         self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool
@@ -268,6 +286,7 @@ class LLMEngine:
             delta.text += seq.detokenizer.flush()
         seq.finish_reason = delta.finish_reason = reason
         seq.stop_reason = delta.stop_reason = stop_reason
+        self._finished_reasons[reason] += 1
         self.scheduler.finish(seq.seq_id)
         self._seqs.pop(seq.seq_id, None)
 
@@ -291,7 +310,8 @@ class LLMEngine:
             request = self._requests.get(request_id)
             if request is None:
                 continue
-            self.abort(request_id)
+            self._finished_reasons["error"] += _num_unfinished(request)
+            self._drop(request_id)
             for seq in request.seqs:
                 if not seq.finished:
                     seq.pending().finish_reason = seq.finish_reason = "error"
@@ -312,3 +332,8 @@ class LLMEngine:
 
     def all_request_ids(self) -> list[str]:
         return list(self._requests)
+
+
+def _num_unfinished(request: Request) -> int:
+    """Outputs of the request still running, the n > 1 children not yet added included."""
+    return request.params.n - sum(1 for seq in request.seqs if seq.finished)

@@ -77,7 +77,7 @@ def _sample(logits: torch.Tensor, random: RandomRows) -> torch.Tensor:
     x = _take(logits, random.rows)
     probs = torch.softmax(x.div_(random.temperature[:, None]), dim=-1)
     del x
-    draw = _UniformDraw(random.generators, probs.device)
+    draw = _UniformDraw(random.generators, probs.device, random.shared_generator)
     tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     with_k = random.top_k < probs.shape[1]
     if bool(with_k.any()):
@@ -132,16 +132,24 @@ def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 class _UniformDraw:
     """Uniforms in [0, 1) (float64) for rows given by position among the sampling rows."""
 
-    def __init__(self, generators: list[torch.Generator | None], device: torch.device) -> None:
+    def __init__(
+        self,
+        generators: list[torch.Generator | None],
+        device: torch.device,
+        shared: torch.Generator | None = None,
+    ) -> None:
         self._generators = generators
         self._device = device
+        self._shared = shared
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         picked = [self._generators[i] for i in rows.tolist()]
         shared = [i for i, g in enumerate(picked) if g is None]
         u = torch.empty(len(picked), dtype=torch.float64, device=self._device)
         if shared:
-            u[shared] = torch.rand(len(shared), dtype=torch.float64, device=self._device)
+            u[shared] = torch.rand(
+                len(shared), dtype=torch.float64, device=self._device, generator=self._shared
+            )
         for i, g in enumerate(picked):
             if g is not None:  # per-row draws: the only Python loop over rows
                 u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=g.device)[0].to(

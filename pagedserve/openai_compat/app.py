@@ -22,6 +22,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.request_log import HEADER as REQUEST_ID_HEADER
+from pagedserve.openai_compat.request_log import RequestIdMiddleware
 from pagedserve.openai_compat.responses import error_response
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
@@ -104,8 +106,9 @@ def create_app(
 
 
 def _middleware(config: ServerConfig) -> list[Middleware]:
-    """CORS outermost, so browsers' preflight requests are answered before the key check."""
-    middleware = []
+    """The request id outermost (every response carries it), then CORS, so browsers'
+    preflight requests are answered before the key check."""
+    middleware = [Middleware(RequestIdMiddleware, access_log=config.access_log)]
     if config.allowed_origins:
         middleware.append(
             Middleware(
@@ -113,6 +116,7 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
                 allow_origins=list(config.allowed_origins),
                 allow_methods=["*"],
                 allow_headers=["*"],
+                expose_headers=[REQUEST_ID_HEADER],
             )
         )
     if config.api_key:

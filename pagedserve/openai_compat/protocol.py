@@ -95,6 +95,14 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """What the chat template sees: role, content as text, and name when given (as
+        transformers passes the message dicts)."""
+        message = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
 
 class FieldError(ValueError):
     """A bad value found by a validator; `param` names the field for the error envelope."""
@@ -137,21 +145,22 @@ class _SamplingFields(_Strict):
     """Fields shared by chat and completions requests."""
 
     model: str | None = None
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's ranges, so a value OpenAI refuses is a 400 naming the field here too.
+    frequency_penalty: float | None = Field(default=0.0, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=0.0, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = None
     stop: Annotated[str | list[str] | None, AfterValidator(_no_nul)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     user: str | None = None
     # Extensions (vLLM names).
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
@@ -175,6 +184,10 @@ class _SamplingFields(_Strict):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's `continuous_usage_stats`)."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -24,6 +24,10 @@ class ServerConfig:
     """Seconds SIGTERM waits for requests in flight before stopping."""
     log_level: str = "info"
     """Logging level: debug, info, warning or error."""
+    access_log: bool = False
+    """Log one line per request when its response ends (peer, method, path, status, seconds,
+    and the request's X-Request-Id, as every log line of a request carries it), whatever
+    --log-level."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -20,6 +20,7 @@ from pagedserve.openai_compat.serving_common import (
     new_id,
     now,
     off_loop,
+    running_usage,
     sampling_params,
     stream_outputs,
     usage,
@@ -37,7 +38,7 @@ def render_chat(
             "/v1/completions.",
             param="messages",
         )
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    plain = [m.for_template() for m in messages]
     try:
         return template.render(plain, add_generation_prompt=add_generation_prompt)
     except ValueError as exc:  # ChatTemplateError: e.g. roles in an order the template refuses
@@ -73,7 +74,8 @@ class ChatService:
         head = ctx.header(request_id, "chat.completion", now())
         [stream] = ctx.start(request_id, [prompt_ids], params, "messages")
         if req.stream:
-            chunks = self._chunks(head, stream, params.n, top_k, req.include_usage())
+            usage_flags = (req.include_usage(), req.continuous_usage())
+            chunks = self._chunks(head, stream, params.n, top_k, usage_flags, len(prompt_ids))
             return SSEResponse(sse_frames(chunks, request_id))
         final = await until_disconnect(receive, collect([stream], ctx.metrics, "messages"))
         return JSONResponse(self._response(head, final[0], top_k))
@@ -107,19 +109,22 @@ class ChatService:
         stream: AsyncIterator[RequestOutput],
         n: int,
         top_k: int | None,
-        include_usage: bool,
+        usage_flags: tuple[bool, bool],
+        num_prompt: int,
     ) -> AsyncIterator[dict[str, Any]]:
+        """usage_flags: (usage chunk at the end, usage on every chunk)."""
+        include_usage, continuous = usage_flags
         head = {**head, "object": "chat.completion.chunk"}
         if include_usage:
             head["usage"] = None
         tokenizer = self.ctx.engine.tokenizer
         for index in range(n):
             role = {"role": "assistant", "content": ""}
-            yield {**head, "choices": [_choice(index, role, None, None)]}
-        num_prompt, num_generated, cached = 0, 0, 0
+            yield {**head, "choices": [_choice(index, role, None, None)],
+                   **running_usage(continuous, num_prompt, 0)}  # fmt: skip
+        num_generated, cached = 0, 0
         with engine_errors("messages"):
             async for _, out in stream_outputs([stream], self.ctx.metrics):
-                num_prompt = len(out.prompt_token_ids)
                 cached = out.metrics.num_cached_tokens if out.metrics else cached
                 for o in out.outputs:
                     num_generated += len(o.token_ids)
@@ -130,7 +135,8 @@ class ChatService:
                         logprobs = chat_logprobs(tokenizer, o.logprobs or [], top_k)
                     delta = {"content": o.text} if o.text else {}
                     choice = _choice(o.index, delta, logprobs, o.finish_reason)
-                    yield {**head, "choices": [choice]}
+                    yield {**head, "choices": [choice],
+                           **running_usage(continuous, num_prompt, num_generated)}  # fmt: skip
         if include_usage:
             yield {**head, "choices": [], "usage": usage(num_prompt, num_generated, cached)}
 

@@ -185,14 +185,19 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
+def running_usage(continuous: bool, num_prompt: int, num_generated: int) -> dict[str, Any]:
+    """`{"usage": ...}` so far, to merge into a chunk, when `stream_options.
+    continuous_usage_stats` asked for usage on every chunk (as vLLM gives it); else nothing."""
+    return {"usage": usage(num_prompt, num_generated)} if continuous else {}
+
+
 def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
     """Record a finished request; raise a 500 when the engine failed it."""
     if output.error is not None:
         logger.error("request %s failed in the engine: %s", output.request_id, output.error)
         raise errors.internal(output.request_id)
     if output.finished:
-        reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
-        metrics.record(output.metrics, reasons)
+        metrics.record(output.metrics)
 
 
 async def merge_streams(

@@ -70,6 +70,8 @@ class FakeEngine:
         self.active: set[str] = set()
         self.aborted: list[str] = []
         self.seen_params: list[SamplingParams] = []
+        self.num_generated = 0
+        self.finished_reasons: dict[str, int] = {}
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if num_prompt_tokens + (params.max_tokens or 0) > self.max_model_len:
@@ -117,16 +119,23 @@ class FakeEngine:
                     metrics.num_generated_tokens = num * params.n
                     out.metrics = metrics
                 finished = last
+                self.num_generated += params.n
+                if last:
+                    self._count_ended("length", params.n)
                 yield out
         finally:
             self.active.discard(request_id)
             if not finished:
                 self.aborted.append(request_id)
+                self._count_ended("abort", params.n)
+
+    def _count_ended(self, reason: str, n: int) -> None:
+        self.finished_reasons[reason] = self.finished_reasons.get(reason, 0) + n
 
     def stats(self) -> EngineStats:
         used = len(self.active)
         return EngineStats(used, 0, self.num_pages, self.page_size, self.num_pages - used, used, 0,
-                           10, 4, 0)  # fmt: skip
+                           10, 4, 0, self.num_generated, dict(self.finished_reasons))  # fmt: skip
 
     async def shutdown(self) -> None:
         return None

@@ -60,6 +60,9 @@ class RandomRows:
     top_p: torch.Tensor
     min_p: torch.Tensor
     generators: list[torch.Generator | None]
+    shared_generator: torch.Generator | None = None
+    """Draws for the rows without their own generator (the engine's, seeded once from
+    --seed); None: torch's global RNG."""
 
 
 @dataclass
@@ -85,6 +88,7 @@ class SamplingBatch:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         device: torch.device,
+        shared_generator: torch.Generator | None = None,
     ) -> SamplingBatch:
         greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
         random = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
@@ -93,7 +97,9 @@ class SamplingBatch:
             num_rows=len(rows),
             vocab_size=vocab_size,
             greedy_rows=torch.tensor(greedy, dtype=torch.long, device=device),
-            random=_random_rows(rows, random, vocab_size, device) if random else None,
+            random=_random_rows(rows, random, vocab_size, device, shared_generator)
+            if random
+            else None,
             edits=_edits(rows, vocab_size, eos_token_ids, device),
             logprob_rows=asked,
             logprob_ks=[rows[i].params.logprobs or 0 for i in asked],
@@ -105,7 +111,11 @@ def _is_greedy(params: SamplingParams) -> bool:
 
 
 def _random_rows(
-    rows: Sequence[SamplingRow], picked: list[int], vocab_size: int, device: torch.device
+    rows: Sequence[SamplingRow],
+    picked: list[int],
+    vocab_size: int,
+    device: torch.device,
+    shared_generator: torch.Generator | None,
 ) -> RandomRows:
     params = [rows[i].params for i in picked]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -116,6 +126,7 @@ def _random_rows(
         top_p=_floats([p.top_p for p in params], device),
         min_p=_floats([p.min_p for p in params], device),
         generators=[rows[i].generator for i in picked],
+        shared_generator=shared_generator,
     )
 
 
