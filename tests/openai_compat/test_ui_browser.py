@@ -146,6 +146,9 @@ def streamed_text(response: Response) -> tuple[str, int]:
     return text, tokens
 
 
+PROMPT = "Give me three tips for better sleep."  # SmolLM2 answers with a Markdown list
+
+
 def test_an_answer_streams_token_by_token_then_regenerate_and_copy(
     page: Page, server: Server
 ) -> None:
@@ -153,22 +156,22 @@ def test_an_answer_streams_token_by_token_then_regenerate_and_copy(
     open_ready(page, server)
     page.evaluate(GROWTH)
     with page.expect_response("**/v1/chat/completions") as response:
-        send(page, "List three colours of the rainbow, as a Markdown list.", max_tokens=32)
+        send(page, PROMPT, max_tokens=48)
     text = wait_answer(page)
     lengths = page.evaluate("window.__lengths")
     assert len({n for n in lengths if n}) >= 3, lengths  # the DOM grew over several frames
-    assert (text, 32) == streamed_text(response.value)  # all of what the server sent, as sent
+    assert (text, 48) == streamed_text(response.value)  # all of what the server sent, as sent
     stats = page.text_content(".message.assistant .stats") or ""
-    assert re.fullmatch(r"TTFT \d+\.\d\d s · \d+\.\d tok/s · 32 tokens", stats), stats
+    assert re.fullmatch(r"TTFT \d+\.\d\d s · \d+\.\d tok/s · 48 tokens", stats), stats
     screenshot(page, "chat")
 
     with page.expect_response("**/v1/chat/completions") as again:
         page.click(".message.assistant .regenerate")
     regenerated = wait_answer(page)
-    assert (regenerated, 32) == streamed_text(again.value)
+    assert (regenerated, 48) == streamed_text(again.value)
     assert page.locator(".message.assistant").count() == 1  # in place of the first answer
     assert json.loads(again.value.request.post_data or "")["messages"] == [
-        {"role": "user", "content": "List three colours of the rainbow, as a Markdown list."}
+        {"role": "user", "content": PROMPT}
     ]  # the first answer left the history
     page.click(".message.assistant .copy")
     page.wait_for_function("t => navigator.clipboard.readText().then(c => c === t)",
@@ -199,7 +202,6 @@ def test_live_view_follows_a_long_answer_and_stop_aborts_it(page: Page, server: 
         timeout=60_000,
     )
     page.wait_for_selector("#now-running[data-value='1']")
-    screenshot(page, "live")
     page.click("#stop")
     wait_answer(page)
     assert "stopped" in (page.text_content(".message.assistant .stats") or "")
@@ -209,6 +211,7 @@ def test_live_view_follows_a_long_answer_and_stop_aborts_it(page: Page, server: 
     assert server.metric("vllm:num_requests_running") == 0
     assert server.metric("pagedserve:kv_pages_used") == 0  # the aborted request's pages are free
     page.wait_for_selector("#now-running[data-value='0']")
+    screenshot(page, "live")  # the charts hold the whole answer, rise and release
 
 
 ANSWER = (
@@ -263,3 +266,40 @@ def test_model_output_cannot_inject_html(page: Page, scripted: str) -> None:
     user = page.locator(".message.user .body").text_content()
     assert user == '<img src=y onerror="window.__xss = 5">'
     assert console.errors == []
+
+
+MARKDOWN = """# Title
+A *soft* and **strong** line with `code`,
+a second line and a [link](https://example.com/a_b).
+
+* * *
+
+1. one
+2. two
+
+3. three after a blank line
+- bullet snake_case __bold__
+> quoted
+```py
+x = 1 < 2
+```"""
+
+
+def test_markdown_subset(page: Page, scripted: str) -> None:
+    page.goto(scripted + "/")
+    html = page.evaluate(
+        """async (text) => {
+            const { blocks } = await import("./ui/markdown.js");
+            const div = document.createElement("div");
+            div.append(...blocks(text));
+            return div.innerHTML;
+        }""",
+        MARKDOWN,
+    )
+    assert html == (
+        "<h3>Title</h3><p>A <em>soft</em> and <strong>strong</strong> line with <code>code</code>"
+        ',<br>a second line and a <a href="https://example.com/a_b" target="_blank" '
+        'rel="noopener noreferrer">link</a>.</p><hr><ol start="1"><li>one</li><li>two</li>'
+        "<li>three after a blank line</li></ol><ul><li>bullet snake_case <strong>bold</strong>"
+        "</li></ul><blockquote><p>quoted</p></blockquote><pre><code>x = 1 &lt; 2</code></pre>"
+    )

@@ -11,6 +11,7 @@ const HEADING = /^(#{1,6})\s+(.*)$/;
 const BULLET = /^\s*[-*+]\s+(.*)$/;
 const NUMBERED = /^\s*\d+[.)]\s+(.*)$/;
 const QUOTE = /^\s*>\s?(.*)$/;
+const RULE = /^\s*([-*_])(\s*\1){2,}\s*$/;
 
 function el(tag, ...children) {
   const node = document.createElement(tag);
@@ -59,15 +60,21 @@ function withBreaks(lines) {
   return nodes;
 }
 
-// Consumes lines from `i` while `pattern` matches; returns [captured texts, next index].
-function run(lines, i, pattern) {
+// Consumes lines from `i` while `pattern` matches (blank lines between two matches too, when
+// `loose`); returns [captured texts, next index].
+function run(lines, i, pattern, loose = false) {
   const items = [];
-  while (i < lines.length && pattern.test(lines[i])) items.push(lines[i++].match(pattern)[1]);
-  return [items, i];
+  for (;;) {
+    while (i < lines.length && pattern.test(lines[i])) items.push(lines[i++].match(pattern)[1]);
+    let next = i;
+    while (loose && next < lines.length && !lines[next].trim()) next++;
+    if (next === i || next >= lines.length || !pattern.test(lines[next])) return [items, i];
+    i = next;
+  }
 }
 
 function isSpecial(line) {
-  return FENCE.test(line) || HEADING.test(line) || BULLET.test(line) ||
+  return FENCE.test(line) || RULE.test(line) || HEADING.test(line) || BULLET.test(line) ||
     NUMBERED.test(line) || QUOTE.test(line);
 }
 
@@ -83,15 +90,21 @@ export function blocks(text) {
       for (i++; i < lines.length && !FENCE.test(lines[i]); i++) code.push(lines[i]);
       i++;  // the closing fence (absent while an answer is still streaming)
       out.push(el("pre", el("code", code.join("\n"))));
+    } else if (RULE.test(line)) {
+      out.push(document.createElement("hr"));
+      i++;
     } else if (HEADING.test(line)) {
       const [, hashes, title] = line.match(HEADING);
       out.push(el(`h${Math.min(hashes.length + 2, 6)}`, ...inline(title)));
       i++;
     } else if (BULLET.test(line) || NUMBERED.test(line)) {
       const pattern = BULLET.test(line) ? BULLET : NUMBERED;
+      const list = el(pattern === BULLET ? "ul" : "ol");
+      if (pattern === NUMBERED) list.start = parseInt(line, 10);
       let items;
-      [items, i] = run(lines, i, pattern);
-      out.push(el(pattern === BULLET ? "ul" : "ol", ...items.map((t) => el("li", ...inline(t)))));
+      [items, i] = run(lines, i, pattern, true);
+      list.append(...items.map((t) => el("li", ...inline(t))));
+      out.push(list);
     } else if (QUOTE.test(line)) {
       let quoted;
       [quoted, i] = run(lines, i, QUOTE);
