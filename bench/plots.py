@@ -66,7 +66,7 @@ def from_run_dir(run_dir: Path) -> Source:
         note += f"; load {meta['load_before']} -> {meta.get('load_after', '?')} on shared cores"
     date = meta.get("date", "date not recorded")
     runs = load_runs(run_dir)
-    first = next((r for (_, case), r in sorted(runs.items()) if case.startswith("c")), {})
+    first = next((r for server in STYLE for _, r in grid(runs, server)), {})
     workload = ""
     if first.get("requested_prompt_tokens"):
         workload = f"{first['requested_prompt_tokens']}-token prompts, "

@@ -41,6 +41,7 @@ def test_run_folder_and_results_table_plot_the_same(
     for server, speed in SERVERS.items():
         for c in (1, 8, 32):
             (run_dir / f"{server}__c{c}.json").write_text(json.dumps(_report(c, speed)))
+    (run_dir / "offline__c32.json").write_text(json.dumps({"output_tok_per_s": 50.0}))
     meta = {"date": "2026-01-01 12:00", "cpu": "Test CPU 9000", "quick": True,
             "load_before": "1.0 1.0 1.0", "load_after": "2.0 2.0 2.0",
             "setup": "Servers one at a time; prompts 128/1000 tokens, outputs 128 (c1-c64)."}  # fmt: skip

@@ -165,10 +165,11 @@ def test_an_answer_streams_token_by_token_then_regenerate_and_copy(
     assert re.fullmatch(r"TTFT \d+\.\d\d s · \d+\.\d tok/s · 48 tokens", stats), stats
     screenshot(page, "chat")
 
+    page.fill("#max_tokens", "12")  # regenerate uses the settings as they are now
     with page.expect_response("**/v1/chat/completions") as again:
         page.click(".message.assistant .regenerate")
     regenerated = wait_answer(page)
-    assert (regenerated, 48) == streamed_text(again.value)
+    assert (regenerated, 12) == streamed_text(again.value)
     assert page.locator(".message.assistant").count() == 1  # in place of the first answer
     assert json.loads(again.value.request.post_data or "")["messages"] == [
         {"role": "user", "content": PROMPT}
@@ -212,6 +213,8 @@ def test_live_view_follows_a_long_answer_and_stop_aborts_it(page: Page, server: 
     assert server.metric("pagedserve:kv_pages_used") == 0  # the aborted request's pages are free
     page.wait_for_selector("#now-running[data-value='0']")
     screenshot(page, "live")  # the charts hold the whole answer, rise and release
+    page.click("#clear")  # "New chat"
+    assert page.locator("#messages > li").count() == 0
 
 
 ANSWER = (

@@ -92,7 +92,10 @@ export class Chat {
       setBusy(false);
       node.classList.remove("streaming");
       node.dataset.text = result.text;
-      if (result.text) this.history.push({ role: "assistant", content: result.text });
+      // Not when "New chat" removed the answer while it streamed.
+      if (result.text && node.isConnected) {
+        this.history.push({ role: "assistant", content: result.text });
+      }
       node.querySelector(".stats").textContent = stats(result);
       node.querySelector(".regenerate").hidden = false;
     }

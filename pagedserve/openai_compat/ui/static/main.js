@@ -11,13 +11,16 @@ let model = "";
 async function connect() {
   try {
     const info = await (await fetch("ui/info", { cache: "no-store" })).json();
-    if (!info.ready) throw new Error("the model is loading");
+    if (!info.ready) throw new Error("the model is loading (or the engine stopped; see /health)");
     live.showInfo(info);
     if (info.api_key_required && !apiKey()) return askForKey();
     const models = await getJSON("v1/models");
     model = models.data[0].id;
     $("model-name").textContent = model;
-    $("max_tokens").max = String(models.data[0].max_model_len);
+    const maxLen = models.data[0].max_model_len;
+    $("max_tokens").max = String(maxLen);
+    // Leave room for the conversation: the server refuses prompt + max_tokens > max_model_len.
+    if (Number($("max_tokens").value) > maxLen / 2) $("max_tokens").value = String(maxLen >> 1);
   } catch (error) {
     if (error instanceof AuthError) return askForKey();
     $("model-name").textContent = `not ready: ${error.message}`;
