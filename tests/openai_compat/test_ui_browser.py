@@ -166,14 +166,16 @@ def test_an_answer_streams_token_by_token_then_regenerate_and_copy(
     screenshot(page, "chat")
 
     page.fill("#max_tokens", "12")  # regenerate uses the settings as they are now
+    page.fill("#system", "You answer briefly.")
     with page.expect_response("**/v1/chat/completions") as again:
         page.click(".message.assistant .regenerate")
     regenerated = wait_answer(page)
     assert (regenerated, 12) == streamed_text(again.value)
     assert page.locator(".message.assistant").count() == 1  # in place of the first answer
     assert json.loads(again.value.request.post_data or "")["messages"] == [
-        {"role": "user", "content": PROMPT}
-    ]  # the first answer left the history
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": PROMPT},
+    ]  # the system prompt leads; the first answer left the history
     page.click(".message.assistant .copy")
     page.wait_for_function("t => navigator.clipboard.readText().then(c => c === t)",
                            arg=regenerated)  # fmt: skip
