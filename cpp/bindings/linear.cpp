@@ -1,11 +1,12 @@
 // pybind11 glue for the bf16 linear kernel (linear.hpp). Plain arguments, pointers as ints, the
 // GIL released while it runs: it is called several times per layer and step.
-// pagedserve/core/models/linear.py is the only caller.
+// pagedserve/core/ops/linear.py is the only caller.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 
 #include "pagedserve/linear.hpp"
+#include "bindings.hpp"
 #include "pointers.hpp"
 
 namespace py = pybind11;

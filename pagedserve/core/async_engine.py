@@ -118,7 +118,7 @@ class AsyncEngine:
         self.num_pages = engine.parts.kv_layout.num_pages
         self.kv_layout = engine.parts.kv_layout
         runner = engine.parts.model_runner
-        self.dtype = str(runner.dtype).removeprefix("torch.")  # "bfloat16", for /server_info
+        self.dtype = str(runner.dtype).removeprefix("torch.")  # "bfloat16", for /ui/info
         self.device = str(runner.device)
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}

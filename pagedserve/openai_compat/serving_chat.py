@@ -12,6 +12,7 @@ from pagedserve.core.outputs import RequestOutput
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.logprobs import chat_logprobs
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, ChatMessage
+from pagedserve.openai_compat.responses import JSONResponse
 from pagedserve.openai_compat.serving_common import (
     ServingContext,
     collect,
@@ -23,12 +24,7 @@ from pagedserve.openai_compat.serving_common import (
     stream_outputs,
     usage,
 )
-from pagedserve.openai_compat.streaming import (
-    JSONResponse,
-    SSEResponse,
-    sse_frames,
-    until_disconnect,
-)
+from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
 
 
 def render_chat(

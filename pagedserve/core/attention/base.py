@@ -54,6 +54,9 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache, then attends over it."""
 
     name: str
+    native_decoder_stack: bool = False
+    """Its kernels are the ones ops/decoder_stack.py calls, so a model may run all its layers in
+    that one native call instead of calling forward() layer by layer."""
 
     @abstractmethod
     def forward(

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
-from pagedserve.core.models import layer_ops
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_inv_freq, rope_tables
 from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.ops import layer_ops
 
 
 class LlamaDecoderLayer(nn.Module):

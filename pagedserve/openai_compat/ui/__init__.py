@@ -19,10 +19,10 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pagedserve import __version__
-from pagedserve.openai_compat.streaming import JSONResponse
+from pagedserve.openai_compat.responses import JSONResponse
 
 if TYPE_CHECKING:
-    from pagedserve.openai_compat.app import ServerState
+    from pagedserve.openai_compat.state import ServerState
 
 STATIC_DIR = Path(__file__).parent / "static"
 OPEN_PREFIX = "/ui/"

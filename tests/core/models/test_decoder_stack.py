@@ -11,8 +11,8 @@ import torch
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
-from pagedserve.core.models.linear import native_linear_available
 from pagedserve.core.models.resolve import resolve_model
+from pagedserve.core.ops.linear import native_linear_available
 from tests.core.models.paged_driver import PagedBatch
 from tests.tiny_models import write_hf_model
 

@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models import layer_ops
-from pagedserve.core.models.linear import (
-    GateUpLinear,
-    Linear,
+from pagedserve.core.models.linear import GateUpLinear, Linear
+from pagedserve.core.ops import layer_ops
+from pagedserve.core.ops.linear import (
     native_linear_available,
     packed_gated_linear,
     packed_linear,
@@ -118,7 +117,7 @@ def test_registered_op_passes_opcheck() -> None:
     x, h = torch.randn(5, 40).to(torch.bfloat16), torch.randn(5, 24).to(torch.bfloat16)
     for out_dtype, residual in ((torch.bfloat16, h), (torch.float32, None)):
         out = torch.empty(5, 24, dtype=out_dtype)
-        torch.library.opcheck(packed_linear, (out, x, layer.packed, layer.bias, residual))
+        torch.library.opcheck(packed_linear.op, (out, x, layer.packed, layer.bias, residual))
 
 
 def make_gate_up(k: int, width: int, dtype: torch.dtype, seed: int = 0) -> GateUpLinear:
@@ -182,5 +181,5 @@ def test_gate_up_refuses_bad_inputs_and_passes_opcheck() -> None:
     x = torch.randn(3, 16).to(torch.bfloat16)
     with pytest.raises(ValueError, match="packed"):
         packed_gated_linear(torch.empty(3, 37, dtype=torch.bfloat16), x, layer.packed)
-    torch.library.opcheck(packed_gated_linear, (torch.empty(3, 20, dtype=torch.bfloat16), x,
+    torch.library.opcheck(packed_gated_linear.op, (torch.empty(3, 20, dtype=torch.bfloat16), x,
                                                 layer.packed))  # fmt: skip
