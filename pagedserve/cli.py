@@ -37,6 +37,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "api_key", {}),
     (ServerConfig, "served_model_name", {}),
     (ServerConfig, "allowed_origins", {"nargs": "+", "metavar": "ORIGIN"}),
+    (ServerConfig, "ui", {"action": argparse.BooleanOptionalAction}),
     (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
     (ServerConfig, "graceful_timeout", {"type": float}),
     (ServerConfig, "access_log", {"action": argparse.BooleanOptionalAction}),

@@ -119,6 +119,9 @@ class AsyncEngine:
         self.page_size = engine.parts.kv_layout.spec.page_size
         self.num_pages = engine.parts.kv_layout.num_pages
         self.kv_layout = engine.parts.kv_layout
+        runner = engine.parts.model_runner
+        self.dtype = str(runner.dtype).removeprefix("torch.")  # "bfloat16", for /ui/info
+        self.device = str(runner.device)
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}
         self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)

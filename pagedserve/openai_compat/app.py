@@ -28,11 +28,12 @@ from pagedserve.openai_compat.responses import error_response
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.state import ServerState
+from pagedserve.openai_compat.ui import OPEN_PREFIX, ui_routes
 
 logger = logging.getLogger("pagedserve.server")
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-"""Reachable without the API key (probes and Prometheus)."""
+OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
+"""Reachable without the API key (probes, Prometheus, the page); so is everything under /ui/."""
 
 
 class APIKeyMiddleware:
@@ -43,7 +44,7 @@ class APIKeyMiddleware:
         self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and not _is_open(scope["path"]):
             header = Headers(scope=scope).get("authorization", "")
             scheme, _, token = header.partition(" ")
             ok = scheme.lower() == "bearer" and hmac.compare_digest(
@@ -53,6 +54,10 @@ class APIKeyMiddleware:
                 await error_response(errors.invalid_api_key())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIX)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -96,7 +101,7 @@ def create_app(
 
     middleware = _middleware(config)
     app = Starlette(
-        routes=ROUTES,
+        routes=ROUTES + (ui_routes() if config.ui else []),
         middleware=middleware,
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,

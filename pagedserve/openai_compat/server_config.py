@@ -22,6 +22,8 @@ class ServerConfig:
     """Largest request body accepted; larger ones get 413."""
     graceful_timeout: float = 30.0
     """Seconds SIGTERM waits for requests in flight before stopping."""
+    ui: bool = True
+    """Serve the built-in chat page and live server view at / (--no-ui turns it off)."""
     log_level: str = "info"
     """Logging level: debug, info, warning or error."""
     access_log: bool = False
