@@ -42,7 +42,12 @@ class ByteTokenizer:
 
 
 class TagTemplate:
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    source = "<{{ role }}>{{ content }}"
+    variables = frozenset({"messages", "add_generation_prompt"})
+
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
