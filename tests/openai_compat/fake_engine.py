@@ -74,6 +74,9 @@ class FakeEngine:
         self.active: set[str] = set()
         self.aborted: list[str] = []
         self.seen_params: list[SamplingParams] = []
+        self.seen_prompts: list[list[int]] = []
+        self.script: str | None = None
+        """When set, every output is this text (one character per token), then "stop"."""
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if num_prompt_tokens + (params.max_tokens or 0) > self.max_model_len:
@@ -86,6 +89,7 @@ class FakeEngine:
     ) -> AsyncIterator[RequestOutput]:
         self.check_admission(len(prompt_token_ids), params)
         self.seen_params.append(params)
+        self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         finished = False
@@ -95,21 +99,24 @@ class FakeEngine:
                 yield RequestOutput(request_id, prompt_token_ids, [out], True, error="boom")
                 return
             num = params.max_tokens or self.default_max_tokens
+            if self.script is not None:
+                num = min(num, len(self.script))
             prompt_lps = None
             if params.prompt_logprobs is not None:
                 k = params.prompt_logprobs
                 prompt_lps = [None] + [_logprob(t, k) for t in prompt_token_ids[1:]]
             for step in range(num):
                 await asyncio.sleep(self.token_delay)
-                token = ord("a") + step % 26
+                token = ord("a") + step % 26 if self.script is None else ord(self.script[step])
                 last = step == num - 1
+                reason = "stop" if self.script is not None and num == len(self.script) else "length"
                 outs = [
                     CompletionOutput(
                         index,
                         chr(token),
                         [token],
                         [_logprob(token, params.logprobs)] if params.logprobs is not None else None,
-                        "length" if last else None,
+                        reason if last else None,
                     )
                     for index in range(params.n)
                 ]
