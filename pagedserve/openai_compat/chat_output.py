@@ -30,18 +30,23 @@ class OutputPlan:
     prompt_text: str = ""
     """The rendered prompt (the reasoning parser checks whether it opened <think>)."""
     tool_parser: Callable[[], ToolParser] | None = None
+    single_call: bool = False
+    """parallel_tool_calls false: calls after the first are dropped."""
 
     def new_choice(self) -> ChoiceParser:
         reasoning = ReasoningParser(self.prompt_text) if self.reasoning else None
         tools = self.tool_parser() if self.tool_parser is not None else None
-        return ChoiceParser(reasoning, tools)
+        return ChoiceParser(reasoning, tools, self.single_call)
 
 
 class ChoiceParser:
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None) -> None:
+    def __init__(
+        self, reasoning: ReasoningParser | None, tools: ToolParser | None, single_call: bool
+    ) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self.num_calls = 0
+        self._max_index = 0 if single_call else None
 
     def feed(self, text: str, final: bool) -> ChoiceDelta:
         out = ChoiceDelta()
@@ -61,8 +66,11 @@ class ChoiceParser:
         return self._with_calls(out, parsed)
 
     def _with_calls(self, out: ChoiceDelta, parsed: ParsedDelta) -> ChoiceDelta:
-        out.content, out.calls = parsed.content, parsed.calls
-        self.num_calls += sum(1 for c in parsed.calls if c.name is not None)
+        calls = parsed.calls
+        if self._max_index is not None:
+            calls = [c for c in calls if c.index <= self._max_index]
+        out.content, out.calls = parsed.content, calls
+        self.num_calls += sum(1 for c in calls if c.name is not None)
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:

@@ -129,7 +129,7 @@ class ChatService:
         )
         # A constrained output is the constraint's language from its first token: no thinking.
         reasoning = spec is None and wants_reasoning(ctx.reasoning_parser, template.source)
-        output = OutputPlan(reasoning, text, tools.parser)
+        output = OutputPlan(reasoning, text, tools.parser, req.parallel_tool_calls is False)
         prompt_ids = ctx.engine.tokenizer.encode(text, add_special_tokens=False)
         return _Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
 

@@ -140,3 +140,15 @@ def test_fallback_prompt_for_a_template_without_tools(engine: FakeEngine) -> Non
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {
         "city": "Paris"
     }
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(client: TestClient, engine) -> None:
+    engine.script = CALL + "\n" + CALL.replace("Paris", "Oslo")
+    quiet = {"enable_thinking": False}
+    both = chat(client, tools=TOOLS, chat_template_kwargs=quiet)["choices"][0]["message"][
+        "tool_calls"
+    ]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in both] == ["Paris", "Oslo"]
+    one = chat(client, tools=TOOLS, parallel_tool_calls=False, chat_template_kwargs=quiet)
+    one = one["choices"][0]["message"]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in one["tool_calls"]] == ["Paris"]

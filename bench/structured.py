@@ -1,0 +1,133 @@
+"""Constrained decoding costs (issue 13), on the default model, offline engine:
+
+    python bench/structured.py [--repeats 3] [--batch 32] [--max-tokens 64]
+
+1. c=32 output tok/s, every sequence under a json_schema vs the same run unconstrained,
+   alternated A/B and repeated (medians). The schema's one string never has to close and both
+   runs ignore EOS, so both generate exactly batch x max_tokens tokens: the ratio is the cost of
+   the masks and matchers alone.
+2. Grammar compile time for 50-property schemas (each one new to the LRU; the first compile also
+   builds xgrammar's view of the 49k-token vocabulary, reported apart).
+3. The mask's cost per step: fill + apply over `batch` constrained rows of [batch, vocab] logits.
+
+Prints a markdown table with the CPU model; paste it into bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.core.sampling_params import StructuredOutputs
+from pagedserve.core.structured import GrammarCache, GrammarState
+from pagedserve.core.structured.bitmask import GrammarMasker
+
+OPEN_STRING = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+
+
+def cpu_model() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def fifty_properties(tag: int) -> dict:
+    kinds = [{"type": "string", "maxLength": 16}, {"type": "integer"}, {"type": "boolean"},
+             {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4},
+             {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}]  # fmt: skip
+    props = {f"field_{tag}_{i}": kinds[i % len(kinds)] for i in range(50)}
+    return {"type": "object", "properties": props, "required": list(props)[:25]}
+
+
+def throughput(llm: LLM, batch: int, max_tokens: int, repeats: int) -> dict[str, list[float]]:
+    prompts = [f"Write a short story number {i} as JSON:" for i in range(batch)]
+    spec = StructuredOutputs("json_schema", json.dumps(OPEN_STRING))
+    runs = {
+        "unconstrained": SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        "json_schema": SamplingParams(
+            temperature=0, max_tokens=max_tokens, ignore_eos=True, structured=spec
+        ),
+    }
+    llm.generate(prompts[:2], runs["json_schema"])  # warm: compile, first steps
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, params in runs.items():
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            elapsed = time.perf_counter() - start
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            assert tokens == batch * max_tokens, (name, tokens)
+            rates[name].append(tokens / elapsed)
+    return rates
+
+
+def compile_times(llm: LLM, count: int) -> tuple[float, list[float]]:
+    cache = GrammarCache(llm.engine.tokenizer)
+    start = time.perf_counter()
+    cache.compile(StructuredOutputs("json_object"))  # builds the vocabulary view once
+    first = time.perf_counter() - start
+    times = []
+    for tag in range(count):
+        spec = StructuredOutputs("json_schema", json.dumps(fifty_properties(tag)))
+        start = time.perf_counter()
+        cache.compile(spec)
+        times.append(time.perf_counter() - start)
+    return first, times
+
+
+def mask_cost(llm: LLM, batch: int, steps: int) -> list[float]:
+    tokenizer = llm.engine.tokenizer
+    compiled = llm.engine.grammars.compile(
+        StructuredOutputs("json_schema", json.dumps(OPEN_STRING))
+    )
+    states = [GrammarState(compiled) for _ in range(batch)]
+    prefix = tokenizer.encode('{"story": "Once upon a time', add_special_tokens=False)
+    for i, state in enumerate(states):  # rows at different places in the grammar
+        for token in prefix[: 1 + i % len(prefix)]:
+            state.advance(token)
+    masker = GrammarMasker()
+    rows = list(range(batch))
+    logits = torch.randn(batch, tokenizer.vocab_size)
+    times = []
+    for _ in range(steps):
+        scratch = logits.clone()
+        start = time.perf_counter()
+        masker.apply(scratch, rows, states)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    args = p.parse_args()
+    llm = LLM("", max_model_len=512, num_pages=1024, max_num_seqs=args.batch)
+    rates = throughput(llm, args.batch, args.max_tokens, args.repeats)
+    first, compiles = compile_times(llm, 5)
+    masks = mask_cost(llm, args.batch, 50)
+    free, constrained = (statistics.median(rates[k]) for k in ("unconstrained", "json_schema"))
+    print(f"CPU: {cpu_model()}, torch threads {torch.get_num_threads()}\n")
+    print("| measure | value |\n|---|---|")
+    print(f"| c={args.batch} output tok/s, unconstrained (median of {args.repeats}) | {free:.1f} |")
+    print(f"| c={args.batch} output tok/s, json_schema on every request | {constrained:.1f} |")
+    print(f"| overhead | {100 * (1 - constrained / free):.1f}% |")
+    print(f"| runs (tok/s) | free {[round(r, 1) for r in rates['unconstrained']]}, "
+          f"json {[round(r, 1) for r in rates['json_schema']]} |")  # fmt: skip
+    print(f"| first compile (vocabulary view + json_object) | {first * 1e3:.0f} ms |")
+    print(f"| 50-property schema compile, median of {len(compiles)} | "
+          f"{statistics.median(compiles) * 1e3:.1f} ms (max {max(compiles) * 1e3:.1f}) |")  # fmt: skip
+    print(f"| mask per step, {args.batch} constrained rows (fill + apply), median | "
+          f"{statistics.median(masks) * 1e3:.2f} ms ({statistics.median(masks) / args.batch * 1e6:.0f} us/row) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
