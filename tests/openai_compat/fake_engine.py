@@ -7,6 +7,7 @@ builds can be checked exactly without a model.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,8 +76,16 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.seen_params: list[SamplingParams] = []
         self.seen_prompts: list[list[int]] = []
+        self.compiled: list[object] = []
+        self.compile_gate: threading.Event | None = None
         self.script: str | None = None
         """When set, every output is this text (one character per token), then "stop"."""
+
+    def compile_grammar(self, spec: object) -> None:
+        """Called on a worker thread by the server; `compile_gate` (if set) holds it there."""
+        self.compiled.append(spec)
+        if self.compile_gate is not None:
+            assert self.compile_gate.wait(30), "compile_gate never opened"
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if num_prompt_tokens + (params.max_tokens or 0) > self.max_model_len:

@@ -5,6 +5,7 @@ the fallback prompt for a template without a tool section."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -152,3 +153,30 @@ def test_parallel_tool_calls_false_keeps_the_first_call(client: TestClient, engi
     one = chat(client, tools=TOOLS, parallel_tool_calls=False, chat_template_kwargs=quiet)
     one = one["choices"][0]["message"]
     assert [json.loads(c["function"]["arguments"])["city"] for c in one["tool_calls"]] == ["Paris"]
+
+
+def test_a_compiling_grammar_never_stalls_other_streams(client: TestClient, engine) -> None:
+    """The compile of request A is held on its worker thread until request B has streamed to
+    the end: were it compiled on the event loop, B could never finish (and this would hang)."""
+    engine.compile_gate = threading.Event()
+    statuses: list[int] = []
+    body = {"messages": ASK, "max_tokens": 3, "response_format": {"type": "json_object"}}
+    slow = threading.Thread(
+        target=lambda: statuses.append(client.post("/v1/chat/completions", json=body).status_code)
+    )
+    slow.start()
+    while not engine.compiled:
+        threading.Event().wait(0.01)
+    engine.script = "Other stream."
+    assert (
+        "".join(
+            c["choices"][0]["delta"].get("content", "")
+            for c in streamed(client, chat_template_kwargs={"enable_thinking": False})
+            if c["choices"]
+        )
+        == "Other stream."
+    )
+    assert not statuses  # A is still compiling
+    engine.compile_gate.set()
+    slow.join(30)
+    assert statuses == [200]
