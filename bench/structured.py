@@ -118,6 +118,32 @@ def mask_cost(llm: LLM, batch: int, steps: int) -> tuple[list[float], list[float
     return times, accepts
 
 
+def fill_vs_apply(llm: LLM, batch: int, steps: int) -> dict[str, list[float]]:
+    """The two halves of the mask, apart: filling with 1 and 2 threads (interleaved), applying."""
+    import xgrammar
+
+    compiled = llm.engine.grammars.compile(
+        StructuredOutputs("json_schema", json.dumps(OPEN_STRING))
+    )
+    matchers = [GrammarState(compiled).matcher for _ in range(batch)]
+    vocab = llm.engine.tokenizer.vocab_size
+    bitmask = xgrammar.allocate_token_bitmask(batch, vocab)
+    fillers = {n: xgrammar.BatchGrammarMatcher(max_threads=n) for n in (1, 2)}
+    logits = torch.randn(batch, vocab)
+    times: dict[str, list[float]] = {"fill 1 thread": [], "fill 2 threads": [], "apply": []}
+    for _ in range(steps):
+        for n, filler in fillers.items():
+            start = time.perf_counter()
+            filler.batch_fill_next_token_bitmask(matchers, bitmask)
+            times[f"fill {n} thread{'s' if n > 1 else ''}"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        xgrammar.apply_token_bitmask_inplace(
+            logits, bitmask, vocab_size=vocab, indices=list(range(batch))
+        )
+        times["apply"].append(time.perf_counter() - start)
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3, help="A/B rounds (0: component costs only)")
@@ -128,6 +154,7 @@ def main() -> None:
     rates = throughput(llm, args.batch, args.max_tokens, args.repeats) if args.repeats else {}
     first, compiles = compile_times(llm, 5)
     masks, accepts = mask_cost(llm, args.batch, 40)
+    halves = fill_vs_apply(llm, args.batch, 40)
     print(f"CPU: {cpu_model()}, torch threads {torch.get_num_threads()}\n")
     print("| measure | value |\n|---|---|")
     for clock in CLOCKS if rates else ():
@@ -144,6 +171,9 @@ def main() -> None:
           f"{statistics.median(compiles) * 1e3:.1f} ms (max {max(compiles) * 1e3:.1f}) |")  # fmt: skip
     print(f"| mask per step, {args.batch} constrained rows (fill + apply), median | "
           f"{statistics.median(masks) * 1e3:.2f} ms ({statistics.median(masks) / args.batch * 1e6:.0f} us/row) |")  # fmt: skip
+    for name, values in halves.items():
+        print(f"| {name}, {args.batch} rows, median (min) | "
+              f"{statistics.median(values) * 1e3:.3f} ms ({min(values) * 1e3:.3f}) |")  # fmt: skip
     print(f"| matcher advance per step, {args.batch} rows, median | "
           f"{statistics.median(accepts) * 1e3:.2f} ms |")  # fmt: skip
 
