@@ -62,7 +62,7 @@ def plan_tools(req: ChatCompletionRequest, template: ChatTemplate, configured: s
     choice = req.tool_choice or ("auto" if tools else "none")
     fallback = "tools" not in template.variables
     if not tools:
-        if choice != "none":
+        if choice not in ("none", "auto"):  # auto without tools changes nothing: accepted
             raise errors.invalid("tool_choice needs tools.", "tool_choice")
         return ToolPlan(None, fallback, None, None)
     names = [t.function.name for t in tools]
