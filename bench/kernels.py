@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.attention import ops
 from pagedserve.core.attention.reference import paged_attention_reference
+from pagedserve.core.ops import attention as ops
 
 MODELS = {"smollm2-135m": (9, 3, 64), "llama-8b": (32, 8, 128)}  # heads, kv heads, head_size
 PAGE_SIZE = 16

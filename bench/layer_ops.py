@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models import layer_ops
-from pagedserve.core.models.layers import apply_rotary
+from pagedserve.core.ops import layer_ops
+from pagedserve.core.ops.layer_ops import apply_rotary
 
 HIDDEN, HEADS, KV_HEADS, HEAD, INTER = 576, 9, 3, 64, 1536
 

@@ -22,7 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models.linear import Linear, native_linear_available
+from pagedserve.core.models.linear import Linear
+from pagedserve.core.ops.linear import native_linear_available
 
 # (name, in_features, out_features, residual add, fp32 output)
 LAYERS = (

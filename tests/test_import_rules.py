@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,19 +13,20 @@ import pagedserve
 
 PACKAGE = Path(pagedserve.__file__).parent
 STDLIB_ONLY = ["config", "sampling_params", "request", "outputs", "errors", "kv_cache"]
-NO_TORCH = ["scheduler", "kv_cache"]
+NO_TORCH = ["scheduler", "kv_cache", "gguf_reader", "ops.native"]
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 
 
-def imports_of(path: Path) -> set[str]:
-    """Top-level names this file imports, with pagedserve's own spelled out in full."""
+def imports_of(path: Path, every_from: bool = False) -> set[str]:
+    """Top-level names this file imports, with pagedserve's own spelled out in full
+    (every_from: `from pagedserve.x import name` counts pagedserve.x.name too)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            if node.module == "pagedserve":
+            if node.module == "pagedserve" or (every_from and node.module.startswith("pagedserve")):
                 names.update(f"pagedserve.{alias.name}" for alias in node.names)
     return names
 
@@ -68,7 +70,67 @@ def test_bookkeeping_never_imports_torch(module: str) -> None:
     assert not any(i.split(".")[0] == "torch" for i in imported)
 
 
+def test_ops_never_import_models() -> None:
+    """The models build on the ops, never the other way."""
+    ops = {n: i for n, i in modules().items() if n.startswith("pagedserve.core.ops")}
+    assert len(ops) >= 6
+    for name, imported in ops.items():
+        assert not any(i.startswith("pagedserve.core.models") for i in imported), name
+
+
 def test_each_compiled_module_has_one_importer() -> None:
     for compiled in ("pagedserve._core", "pagedserve._cuda"):
         importers = [n for n, imported in modules().items() if compiled in imported]
-        assert importers == ["pagedserve.core.native"], (compiled, importers)
+        assert importers == ["pagedserve.core.ops.native"], (compiled, importers)
+
+
+TOKENIZER_SIDE = (
+    "pagedserve.core.tokenizer",
+    "pagedserve.core.tokenizers",
+    "pagedserve.core.gguf_reader",
+)
+
+
+def test_tokenizers_never_import_models_ops_or_torch() -> None:
+    found = 0
+    for name, imported in modules().items():
+        if name.startswith(TOKENIZER_SIDE):
+            found += 1
+            for i in imported:
+                assert i.split(".")[0] != "torch", f"{name} imports {i}"
+                assert not i.startswith(("pagedserve.core.models", "pagedserve.core.ops")), name
+    assert found >= 5
+
+
+def test_loading_the_tokenizer_side_imports_no_torch() -> None:
+    """Transitively, at run time: a GGUF vocabulary loads without torch or the native ops."""
+    code = (
+        "import sys, pagedserve.core.tokenizer; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('pagedserve.core.ops')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_import_cycles() -> None:
+    """Every import of pagedserve's own modules (TYPE_CHECKING and function-level ones too)
+    points one way: app -> routes -> state, never back."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        # a module's own packages run before it whatever it imports: not an edge
+        own = {i for i in imports_of(path, every_from=True) if i.startswith("pagedserve.")}
+        graph[name] = {i for i in own if not name.startswith(i + ".")}
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path[path.index(name) :], name))
+        if name in done or name not in graph:
+            return
+        for target in graph[name]:
+            visit(target, (*path, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())

@@ -1,5 +1,6 @@
-// pybind11 glue for the bf16 CPU decoder stack (decoder_stack.hpp): pointers as ints, the GIL
-// released while a step runs. pagedserve/core/models/decoder_stack.py is the only caller.
+// pybind11 glue for the bf16 CPU decoder stack (decoder_stack.hpp): pointers as ints, each
+// layer's weights a named struct (DecoderLayerWeights), the GIL released while a step runs.
+// pagedserve/core/ops/decoder_stack.py is the only caller.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,41 +8,55 @@
 #include <vector>
 
 #include "pagedserve/decoder_stack.hpp"
+#include "bindings.hpp"
 #include "pointers.hpp"
 
 namespace py = pybind11;
 
 namespace {
 
+using pagedserve::DecoderLayerWeights;
+using pagedserve::bindings::def_pointer;
 using pagedserve::bindings::pointer;
 using pagedserve::bindings::Ptr;
 
-// (input_norm, qkv, qkv_bias, o, post_norm, gate_up, down) packed-weight pointers per layer.
-using LayerPointers = std::vector<Ptr>;
+void bind_layer_weights(py::module_& m) {
+    py::class_<DecoderLayerWeights> cls(m, "DecoderLayerWeights");
+    cls.def(py::init([](Ptr input_norm, Ptr qkv, Ptr qkv_bias, Ptr o, Ptr post_norm, Ptr gate_up,
+                        Ptr down, std::int64_t sliding_window, float logit_softcap) {
+                using W = const std::uint16_t;
+                DecoderLayerWeights w{pointer<W>(input_norm), pointer<W>(qkv),
+                                      pointer<W>(qkv_bias),   pointer<W>(o),
+                                      pointer<W>(post_norm),  pointer<W>(gate_up),
+                                      pointer<W>(down)};
+                w.sliding_window = sliding_window;
+                w.logit_softcap = logit_softcap;
+                return w;
+            }),
+            py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("qkv_bias"),
+            py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
+            py::arg("sliding_window") = 0, py::arg("logit_softcap") = 0.0f);
+    cls.def_readonly("sliding_window", &DecoderLayerWeights::sliding_window);
+    cls.def_readonly("logit_softcap", &DecoderLayerWeights::logit_softcap);
+    def_pointer(cls, "input_norm", &DecoderLayerWeights::input_norm);
+    def_pointer(cls, "qkv", &DecoderLayerWeights::qkv);
+    def_pointer(cls, "qkv_bias", &DecoderLayerWeights::qkv_bias);
+    def_pointer(cls, "o", &DecoderLayerWeights::o);
+    def_pointer(cls, "post_norm", &DecoderLayerWeights::post_norm);
+    def_pointer(cls, "gate_up", &DecoderLayerWeights::gate_up);
+    def_pointer(cls, "down", &DecoderLayerWeights::down);
+}
 
 pagedserve::DecoderStack make_stack(std::int64_t hidden_size, std::int64_t num_heads,
                                     std::int64_t num_kv_heads, std::int64_t head_size,
                                     std::int64_t intermediate_size, float rms_norm_eps,
-                                    float scale, const std::vector<LayerPointers>& layers) {
+                                    float scale, std::vector<DecoderLayerWeights> layers) {
     pagedserve::DecoderShape shape;
     shape.hidden_size = hidden_size, shape.num_heads = num_heads;
     shape.num_kv_heads = num_kv_heads, shape.head_size = head_size;
     shape.intermediate_size = intermediate_size, shape.rms_norm_eps = rms_norm_eps;
     shape.scale = scale;
-    std::vector<pagedserve::DecoderLayerWeights> weights;
-    for (const LayerPointers& p : layers) {
-        if (p.size() != 7) throw py::value_error("each layer takes 7 weight pointers");
-        pagedserve::DecoderLayerWeights w;
-        w.input_norm = pointer<const std::uint16_t>(p[0]);
-        w.qkv = pointer<const std::uint16_t>(p[1]);
-        w.qkv_bias = pointer<const std::uint16_t>(p[2]);
-        w.o = pointer<const std::uint16_t>(p[3]);
-        w.post_norm = pointer<const std::uint16_t>(p[4]);
-        w.gate_up = pointer<const std::uint16_t>(p[5]);
-        w.down = pointer<const std::uint16_t>(p[6]);
-        weights.push_back(w);
-    }
-    return pagedserve::DecoderStack(shape, std::move(weights));
+    return pagedserve::DecoderStack(shape, std::move(layers));
 }
 
 void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_sin,
@@ -71,6 +86,7 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
 }  // namespace
 
 void bind_decoder_stack(py::module_& m) {
+    bind_layer_weights(m);
     py::class_<pagedserve::DecoderStack>(m, "DecoderStack")
         .def(py::init(&make_stack), py::arg("hidden_size"), py::arg("num_heads"),
              py::arg("num_kv_heads"), py::arg("head_size"), py::arg("intermediate_size"),

@@ -11,7 +11,7 @@
 namespace pagedserve {
 namespace {
 
-// The vector width of torch's CPU sum, whose order rms_norm_cpu reproduces (layer_ops.py).
+// The vector width of torch's CPU sum, whose order rms_norm_cpu reproduces (ops/layer_ops.py).
 constexpr int kSumLanes = 8;
 
 void check(bool ok, const char* message) {
@@ -51,6 +51,8 @@ DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWe
     for (const DecoderLayerWeights& w : layers_) {
         check(w.input_norm && w.qkv && w.o && w.post_norm && w.gate_up && w.down,
               "DecoderStack: a layer is missing a weight");
+        check(w.sliding_window >= 0 && w.logit_softcap >= 0.0f,
+              "DecoderStack: a layer's sliding_window and logit_softcap must be >= 0");
     }
 }
 
@@ -83,9 +85,12 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     const std::int64_t q_size = s.num_heads * d, kv_size = s.num_kv_heads * d;
     const std::int64_t qkv_size = q_size + 2 * kv_size, inter = s.intermediate_size;
     std::uint16_t* h = step.hidden;
+    const auto norm_args = [&](const std::uint16_t* weight) {
+        return RmsNormArgs{{x_.data(), hidden}, {h, hidden}, weight, n, hidden,
+                           s.rms_norm_eps, DType::kBFloat16, kSumLanes};
+    };
 
-    rms_norm_cpu({x_.data(), hidden}, {h, hidden}, w.input_norm, n, hidden, s.rms_norm_eps,
-                 DType::kBFloat16, kSumLanes, num_threads);
+    rms_norm_cpu(norm_args(w.input_norm), num_threads);
     project(x_.data(), hidden, w.qkv, w.qkv_bias, nullptr, qkv_.data(), qkv_size, n, num_threads);
 
     // q and k side by side: one rotary call over heads + kv_heads.
@@ -116,11 +121,11 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     attend.num_reqs = step.num_reqs, attend.num_tokens = n, attend.num_heads = s.num_heads;
     attend.max_query_len = step.max_query_len, attend.max_seq_len = step.max_seq_len;
     attend.scale = s.scale, attend.dtype = DType::kBFloat16;
+    attend.sliding_window = w.sliding_window, attend.logit_softcap = w.logit_softcap;
     paged_attention_cpu(attend, num_threads);
 
     project(attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, num_threads);
-    rms_norm_cpu({x_.data(), hidden}, {h, hidden}, w.post_norm, n, hidden, s.rms_norm_eps,
-                 DType::kBFloat16, kSumLanes, num_threads);
+    rms_norm_cpu(norm_args(w.post_norm), num_threads);
     project_gated(x_.data(), hidden, w.gate_up, mlp_.data(), inter, n, num_threads);
     project(mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, num_threads);
 }

@@ -219,12 +219,10 @@ void with_storage_type(DType dtype, Op op) {
 
 }  // namespace
 
-void rms_norm_cpu(RowView out, RowView x, const void* weight, std::int64_t num_rows,
-                  std::int64_t hidden_size, float eps, DType dtype, int sum_lanes,
-                  int num_threads) {
-    const NormShape s{num_rows, hidden_size, eps, sum_lanes, std::max(1, num_threads)};
-    with_storage_type(dtype, [&](auto tag) {
-        rms_norm_impl(out, x, static_cast<const decltype(tag)*>(weight), s);
+void rms_norm_cpu(const RmsNormArgs& a, int num_threads) {
+    const NormShape s{a.num_rows, a.hidden_size, a.eps, a.sum_lanes, std::max(1, num_threads)};
+    with_storage_type(a.dtype, [&](auto tag) {
+        rms_norm_impl(a.out, a.x, static_cast<const decltype(tag)*>(a.weight), s);
     });
 }
 

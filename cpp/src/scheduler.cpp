@@ -20,7 +20,7 @@ void require_positive(int32_t value, const char* field) {
 
 enum class Status { kWaiting, kRunning, kDone };
 
-struct Request {
+struct Sequence {
     int64_t seq_id = 0;
     std::vector<int32_t> token_ids;  // prompt, then every generated token
     int32_t num_prompt_tokens = 0;
@@ -65,7 +65,7 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     plan_.positions.resize(tokens);
     plan_.slot_mapping.resize(tokens);
     plan_.preempted_seq_ids.reserve(seqs);
-    plan_requests_.reserve(seqs);
+    plan_sequences_.reserve(seqs);
     running_.reserve(seqs);
 }
 
@@ -74,7 +74,7 @@ Scheduler::~Scheduler() = default;
 void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
                             int32_t num_prompt_tokens, int64_t max_tokens,
                             bool use_prefix_cache) {
-    if (requests_.count(seq_id))
+    if (sequences_.count(seq_id))
         throw std::invalid_argument("seq_id " + std::to_string(seq_id) + " is already in use");
     if (num_prompt_tokens < 1) throw AdmissionError("prompt_token_ids is empty");
     if (max_tokens < 1)
@@ -94,7 +94,7 @@ void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
     for (int32_t i = 0; i < num_prompt_tokens; ++i)
         if (prompt_token_ids[i] < 0)
             throw std::invalid_argument("prompt_token_ids must be >= 0");
-    auto r = std::make_unique<Request>();
+    auto r = std::make_unique<Sequence>();
     r->seq_id = seq_id;
     r->token_ids.reserve(static_cast<size_t>(total));
     r->token_ids.assign(prompt_token_ids, prompt_token_ids + num_prompt_tokens);
@@ -102,12 +102,12 @@ void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
     r->max_tokens = static_cast<int32_t>(max_tokens);
     r->use_prefix_cache = use_prefix_cache;
     waiting_.push_back(r.get());
-    requests_.emplace(seq_id, std::move(r));
+    sequences_.emplace(seq_id, std::move(r));
 }
 
-const Request& Scheduler::find(int64_t seq_id) const {
-    auto it = requests_.find(seq_id);
-    if (it == requests_.end())
+const Sequence& Scheduler::find(int64_t seq_id) const {
+    auto it = sequences_.find(seq_id);
+    if (it == sequences_.end())
         throw std::out_of_range("unknown seq_id " + std::to_string(seq_id));
     return *it->second;
 }
@@ -137,9 +137,9 @@ void Scheduler::finish(int64_t seq_id) { remove(seq_id); }
 void Scheduler::abort(int64_t seq_id) { remove(seq_id); }
 
 void Scheduler::remove(int64_t seq_id) {
-    auto it = requests_.find(seq_id);
-    if (it == requests_.end()) return;
-    Request* r = it->second.get();
+    auto it = sequences_.find(seq_id);
+    if (it == sequences_.end()) return;
+    Sequence* r = it->second.get();
     if (r->status == Status::kRunning) {
         running_.erase(std::find(running_.begin(), running_.end(), r));
     } else {
@@ -149,10 +149,10 @@ void Scheduler::remove(int64_t seq_id) {
     r->status = Status::kDone;
     // Kept alive until the next schedule(): the pending plan may still point at it.
     retired_.push_back(std::move(it->second));
-    requests_.erase(it);
+    sequences_.erase(it);
 }
 
-void Scheduler::release(Request& r) {
+void Scheduler::release(Sequence& r) {
     allocator_.release_all(r.pages);
     r.num_computed = 0;
     r.num_registered = 0;
@@ -182,12 +182,12 @@ void Scheduler::reset_plan() {
     plan_.max_query_len = plan_.max_seq_len = plan_.max_pages = 0;
     plan_.query_start_loc[0] = 0;
     plan_.preempted_seq_ids.clear();
-    plan_requests_.clear();
+    plan_sequences_.clear();
 }
 
 void Scheduler::schedule_running(int32_t& budget) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-        Request& r = *running_[i];
+        Sequence& r = *running_[i];
         const int32_t num_new = std::min(r.num_tokens() - r.num_computed, budget);
         if (r.length_done() || num_new <= 0) continue;
         // Only requests after i (not yet in the plan) or r itself can be preempted here.
@@ -197,12 +197,12 @@ void Scheduler::schedule_running(int32_t& budget) {
     }
 }
 
-bool Scheduler::ensure_pages(Request& r, int32_t num_tokens) {
+bool Scheduler::ensure_pages(Sequence& r, int32_t num_tokens) {
     const int32_t need = ceil_div(num_tokens, config_.page_size) -
                          static_cast<int32_t>(r.pages.size());
     if (need <= 0) return true;
     while (need > allocator_.num_available_pages()) {
-        Request* victim = pick_victim();
+        Sequence* victim = pick_victim();
         preempt(*victim);
         if (victim == &r) return false;
     }
@@ -210,14 +210,14 @@ bool Scheduler::ensure_pages(Request& r, int32_t num_tokens) {
     return true;
 }
 
-Request* Scheduler::pick_victim() {
+Sequence* Scheduler::pick_victim() {
     // The newest running request that still computes; the caller itself is always a candidate.
     for (auto it = running_.rbegin(); it != running_.rend(); ++it)
         if (!(*it)->length_done()) return *it;
     return nullptr;  // unreachable: the caller is running and not length_done
 }
 
-void Scheduler::preempt(Request& r) {
+void Scheduler::preempt(Sequence& r) {
     running_.erase(std::find(running_.begin(), running_.end(), &r));
     release(r);
     r.status = Status::kWaiting;
@@ -229,7 +229,7 @@ void Scheduler::preempt(Request& r) {
 void Scheduler::admit_waiting(int32_t& budget) {
     while (!waiting_.empty() && budget > 0 &&
            static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-        Request& r = *waiting_.front();
+        Sequence& r = *waiting_.front();
         if (!try_admit(r, budget)) break;
         waiting_.pop_front();
         r.status = Status::kRunning;
@@ -238,7 +238,7 @@ void Scheduler::admit_waiting(int32_t& budget) {
     }
 }
 
-bool Scheduler::try_admit(Request& r, int32_t budget) {
+bool Scheduler::try_admit(Sequence& r, int32_t budget) {
     const int32_t page_size = config_.page_size;
     const bool use_cache = allocator_.prefix_caching() && r.use_prefix_cache;
     int32_t hits = 0;
@@ -270,12 +270,12 @@ bool Scheduler::try_admit(Request& r, int32_t budget) {
     return true;
 }
 
-void Scheduler::emit(Request& r, int32_t num_new) {
+void Scheduler::emit(Sequence& r, int32_t num_new) {
     StepPlan& p = plan_;
     const int32_t row = p.num_reqs++;
     const int32_t computed = r.num_computed;
     const int32_t page_size = config_.page_size;
-    plan_requests_.push_back(&r);
+    plan_sequences_.push_back(&r);
     p.seq_ids[row] = r.seq_id;
     p.num_scheduled_tokens[row] = num_new;
     p.num_computed_tokens[row] = computed;
@@ -310,7 +310,7 @@ void Scheduler::finish_plan() {
     if (p.page_table.size() < cells) p.page_table.resize(cells);  // grows only: no churn
     if (cells > 0) std::memset(p.page_table.data(), 0, cells * sizeof(int32_t));
     for (int32_t row = 0; row < p.num_reqs; ++row) {
-        const std::vector<int32_t>& pages = plan_requests_[row]->pages;
+        const std::vector<int32_t>& pages = plan_sequences_[row]->pages;
         std::memcpy(p.page_table.data() + row * width, pages.data(),
                     pages.size() * sizeof(int32_t));
     }
@@ -328,7 +328,7 @@ void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t n
     plan_pending_ = false;
     int32_t k = 0;  // index into the sampled tokens, in row order like logits_indices
     for (int32_t row = 0; row < plan_.num_reqs; ++row) {
-        Request& r = *plan_requests_[row];
+        Sequence& r = *plan_sequences_[row];
         const bool samples = k < num_sampled && plan_.logits_indices[k] ==
                                                     plan_.query_start_loc[row + 1] - 1;
         const int32_t token = samples ? sampled_token_ids[k++] : 0;
@@ -339,7 +339,7 @@ void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t n
     }
 }
 
-void Scheduler::register_full_pages(Request& r) {
+void Scheduler::register_full_pages(Sequence& r) {
     const int32_t page_size = config_.page_size;
     const int32_t num_full = r.num_computed / page_size;
     while (!r.reg_broken && r.num_registered < num_full) {

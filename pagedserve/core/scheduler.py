@@ -8,11 +8,11 @@ are read-only numpy views into scheduler-owned buffers: valid until the next `sc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from pagedserve.core.native import core as _native
+from pagedserve.core.ops.native import core as _native
 
 AdmissionError: type[ValueError] = _native.AdmissionError
 """A request that can never run: empty prompt, longer than max_model_len, or more KV pages than
@@ -57,6 +57,10 @@ class SchedulerStats:
     """Cumulative."""
 
 
+_PLAN_FIELDS = tuple(f.name for f in fields(StepPlan))
+_STATS_FIELDS = tuple(f.name for f in fields(SchedulerStats))
+
+
 class Scheduler:
     """Continuous batching over a paged KV cache with chunked prefill and prefix caching.
 
@@ -95,7 +99,8 @@ class Scheduler:
         self._native.add_request(seq_id, prompt_token_ids, max_tokens, use_prefix_cache)
 
     def schedule(self) -> StepPlan:
-        return StepPlan(*self._native.schedule())
+        plan = self._native.schedule()  # the bound C++ StepPlan: named fields, numpy views
+        return StepPlan(**{name: getattr(plan, name) for name in _PLAN_FIELDS})
 
     def update(self, plan: StepPlan, sampled_token_ids: np.ndarray) -> None:
         """Advance every request of `plan` (the last one scheduled) and append its samples.
@@ -129,7 +134,8 @@ class Scheduler:
         return int(self._native.num_cached_tokens(seq_id))
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(*self._native.stats())
+        stats = self._native.stats()
+        return SchedulerStats(**{name: getattr(stats, name) for name in _STATS_FIELDS})
 
     # Introspection (tests, debugging): not needed by the engine.
     def page_ids(self, seq_id: int) -> list[int]:

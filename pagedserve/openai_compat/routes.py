@@ -2,77 +2,26 @@
 
 from __future__ import annotations
 
-import logging
-import secrets
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from pagedserve import __version__
-from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pagedserve.openai_compat.openapi import openapi_document
+from pagedserve.openai_compat.parsing import parse
 from pagedserve.openai_compat.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagedserve.openai_compat.responses import JSONResponse, endpoint
 from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
 from pagedserve.openai_compat.serving_common import off_loop, require_in_vocabulary
-from pagedserve.openai_compat.streaming import ClientGone, JSONResponse, error_response
-
-if TYPE_CHECKING:
-    from pagedserve.openai_compat.app import ServerState
-
-logger = logging.getLogger("pagedserve.server")
-M = TypeVar("M", bound=BaseModel)
-Endpoint = Callable[[Request], Awaitable[Response]]
-CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show why
-
-
-def endpoint(fn: Endpoint) -> Endpoint:
-    """API errors become OpenAI envelopes; anything else is a logged 500."""
-
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except errors.APIError as exc:
-            return error_response(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        except Exception:
-            request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
-            logger.exception("request %s %s failed", request_id, request.url.path)
-            return error_response(errors.internal(request_id))
-
-    return wrapped
-
-
-async def parse(request: Request, model: type[M], limit: int) -> M:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise errors.too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise errors.too_large(limit)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise errors.invalid(f"The body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise errors.invalid("The body must be a JSON object.")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise errors.from_validation_error(exc) from None
+from pagedserve.openai_compat.state import ServerState
 
 
 def _state(request: Request) -> ServerState:
@@ -179,4 +128,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "root": ctx.engine.model_name,
         "parent": None,
         "max_model_len": ctx.engine.max_model_len,
+        # Greedy and seeded results depend on the request alone, not the batch (issue 16).
+        "batch_invariant": ctx.engine.batch_invariant,
     }

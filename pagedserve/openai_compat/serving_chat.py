@@ -16,6 +16,7 @@ from pagedserve.openai_compat.chat_output import OutputPlan
 from pagedserve.openai_compat.logprobs import chat_logprobs
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, ChatMessage
 from pagedserve.openai_compat.reasoning import wants_reasoning
+from pagedserve.openai_compat.responses import JSONResponse
 from pagedserve.openai_compat.serving_common import (
     ServingContext,
     collect,
@@ -27,12 +28,7 @@ from pagedserve.openai_compat.serving_common import (
     stream_outputs,
     usage,
 )
-from pagedserve.openai_compat.streaming import (
-    JSONResponse,
-    SSEResponse,
-    sse_frames,
-    until_disconnect,
-)
+from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
 from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
 from pagedserve.openai_compat.tools import ToolPlan, plan_tools, template_messages
 

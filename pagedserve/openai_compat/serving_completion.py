@@ -18,6 +18,7 @@ from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogpro
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.logprobs import CompletionLogprobs, merge_completion_logprobs
 from pagedserve.openai_compat.protocol import CompletionRequest
+from pagedserve.openai_compat.responses import JSONResponse
 from pagedserve.openai_compat.serving_common import (
     ServingContext,
     collect,
@@ -29,12 +30,7 @@ from pagedserve.openai_compat.serving_common import (
     stream_outputs,
     usage,
 )
-from pagedserve.openai_compat.streaming import (
-    JSONResponse,
-    SSEResponse,
-    sse_frames,
-    until_disconnect,
-)
+from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
 from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
 
 

@@ -1,4 +1,4 @@
-"""Responses: orjson bodies, Server-Sent Events, and aborting work when the client goes away.
+"""Streamed responses: Server-Sent Events, and aborting work when the client goes away.
 
 Every exit path of a stream (done, error, client gone) closes the chunk iterator; the serving
 layer's iterators close the engine generators in `finally`, and those abort the request, which
@@ -23,17 +23,6 @@ logger = logging.getLogger("pagedserve.server")
 T = TypeVar("T")
 DONE_FRAME = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
-
-
-def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def sse_frame(payload: Any) -> bytes:

@@ -153,7 +153,7 @@ def test_update_checks_its_plan() -> None:
 
 
 def test_native_page_allocator_binding() -> None:
-    from pagedserve.core.native import core
+    from pagedserve.core.ops.native import core
 
     a = core.PageAllocator(4, 2, True)
     pages = a.allocate(2)

@@ -22,7 +22,7 @@ import atheris
 import numpy as np
 
 with atheris.instrument_imports():
-    from pagedserve.core.native import core
+    from pagedserve.core.ops.native import core
     from pagedserve.core.scheduler import Scheduler
 
 EXPECTED = (ValueError, IndexError, RuntimeError, TypeError, OverflowError)

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedserve.core.native import core
+from pagedserve.core.ops.native import core
 from pagedserve.core.scheduler import Scheduler
 
 EXPECTED = (ValueError, IndexError, RuntimeError, TypeError, OverflowError)

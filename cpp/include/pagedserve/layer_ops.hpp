@@ -3,7 +3,7 @@
 //
 // Every op computes in fp32 and rounds once to the storage dtype (float32 or bfloat16; every
 // tensor an op touches shares it). Rows are contiguous; `*_stride` arguments are element strides
-// between rows (tokens). pagedserve/core/models/layer_ops.py is the only caller.
+// between rows (tokens). pagedserve/core/ops/layer_ops.py is the only caller.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +21,17 @@ struct RowView {
 // out = x / sqrt(mean(x^2) + eps) * weight over rows of `hidden_size`. `sum_lanes` is the
 // vector width (8 or 16) whose summation order the mean reproduces: torch's CPU sum uses its
 // own vector width, and float32 results match torch bit for bit only with the same order.
-void rms_norm_cpu(RowView out, RowView x, const void* weight, std::int64_t num_rows,
-                  std::int64_t hidden_size, float eps, DType dtype, int sum_lanes,
-                  int num_threads);
+struct RmsNormArgs {
+    RowView out;
+    RowView x;
+    const void* weight = nullptr;  // [hidden_size], contiguous
+    std::int64_t num_rows = 0;
+    std::int64_t hidden_size = 0;
+    float eps = 0.0f;
+    DType dtype = DType::kFloat32;
+    int sum_lanes = 8;
+};
+void rms_norm_cpu(const RmsNormArgs& args, int num_threads);
 
 // In place, HF rotate-half form over qk [num_tokens, num_heads, head_size]:
 // qk = qk * cos + roll(qk, head_size / 2) * signed_sin, with cos and signed_sin one

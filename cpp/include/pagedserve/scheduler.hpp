@@ -30,7 +30,7 @@ struct SchedulerConfig {
     bool enable_prefix_caching = true;
 };
 
-struct Request;  // scheduler.cpp
+struct Sequence;  // scheduler.cpp
 
 // The arrays of one step, in scheduler-owned buffers that stay valid until the next schedule().
 // Sizes: num_reqs rows for per-request arrays, num_tokens for per-token ones.
@@ -90,27 +90,27 @@ class Scheduler {
     int32_t num_computed_tokens(int64_t seq_id) const;
 
   private:
-    const Request& find(int64_t seq_id) const;
+    const Sequence& find(int64_t seq_id) const;
     void remove(int64_t seq_id);
     void reset_plan();
     void schedule_running(int32_t& budget);
     void admit_waiting(int32_t& budget);
-    bool try_admit(Request& r, int32_t budget);
-    bool ensure_pages(Request& r, int32_t num_tokens);
-    Request* pick_victim();
-    void preempt(Request& r);
-    void emit(Request& r, int32_t num_new);
+    bool try_admit(Sequence& r, int32_t budget);
+    bool ensure_pages(Sequence& r, int32_t num_tokens);
+    Sequence* pick_victim();
+    void preempt(Sequence& r);
+    void emit(Sequence& r, int32_t num_new);
     void finish_plan();
-    void register_full_pages(Request& r);
-    void release(Request& r);
+    void register_full_pages(Sequence& r);
+    void release(Sequence& r);
 
     SchedulerConfig config_;
     PageAllocator allocator_;
-    std::unordered_map<int64_t, std::unique_ptr<Request>> requests_;
-    std::vector<Request*> running_;       // admission order: back() is the newest
-    std::deque<Request*> waiting_;        // FCFS; preempted requests go to the front
-    std::vector<std::unique_ptr<Request>> retired_;  // aborted/finished, freed next schedule()
-    std::vector<Request*> plan_requests_;  // the requests of plan_, in row order
+    std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
+    std::vector<Sequence*> running_;       // admission order: back() is the newest
+    std::deque<Sequence*> waiting_;        // FCFS; preempted requests go to the front
+    std::vector<std::unique_ptr<Sequence>> retired_;  // aborted/finished, freed next schedule()
+    std::vector<Sequence*> plan_sequences_;  // the requests of plan_, in row order
     StepPlan plan_;
     bool plan_pending_ = false;  // plan_ awaits its update()
     int32_t max_pages_per_seq_;

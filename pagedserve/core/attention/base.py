@@ -54,6 +54,9 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache, then attends over it."""
 
     name: str
+    native_decoder_stack: bool = False
+    """Its kernels are the ones ops/decoder_stack.py calls, so a model may run all its layers in
+    that one native call instead of calling forward() layer by layer."""
 
     @abstractmethod
     def forward(
@@ -64,5 +67,7 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,  # > 0: a query at position i sees keys j > i - sliding_window
+        logit_softcap: float = 0.0,  # > 0: scores = logit_softcap * tanh(scores / logit_softcap)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         ...

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.core.attention import ops
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.ops import attention as ops
 
 
 class NativeAttentionBackend(AttentionBackend):
     """Writes this step's K/V with reshape_and_cache, then runs paged_attention over the cache."""
 
     name = "native"
+    native_decoder_stack = True
 
     def forward(
         self,
@@ -21,15 +22,12 @@ class NativeAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        # Eager code calls the op bodies straight (the dispatcher costs ~100 us a call, twice per
-        # layer per step); only traced code needs the registered ops.
-        compiling = torch.compiler.is_compiling()
-        write = ops.reshape_and_cache if compiling else ops.reshape_and_cache_eager
-        attend = ops.paged_attention if compiling else ops.paged_attention_eager
-        write(key, value, kv_cache, meta.slot_mapping)
+        ops.reshape_and_cache(key, value, kv_cache, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        attend(
+        ops.paged_attention(
             out,
             query,
             kv_cache,
@@ -39,5 +37,7 @@ class NativeAttentionBackend(AttentionBackend):
             meta.max_query_len,
             meta.max_seq_len,
             scale,
+            sliding_window,
+            logit_softcap,
         )
         return out

@@ -1,16 +1,12 @@
-"""The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, CPU).
+"""Where the native decoder stack (ops/decoder_stack.py) applies, and each layer's weights.
 
     stack = DecoderStack.build(model.layers)       # None where it does not apply
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
-It runs llama.py's layers kernel for kernel in C++ (RMSNorm, packed qkv, rotary, cache write,
-paged attention, o + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so the
-results are the per-layer path's bit for bit (a test holds them equal); what it saves is the
-Python between the ~240 kernel calls of a step: 1.35 s of a 9.4 s offline run here, 1.117x
-offline throughput side by side (bench/RESULTS.md). It applies where every piece of a layer runs natively anyway: bfloat16 on a
-CPU with AVX512-BF16 (all projections packed), the native attention backend, eager mode (traced
-code keeps the per-layer ops). Everything else, float32 and so the transformers oracle included,
-runs the layers one by one as before.
+It applies where every piece of a layer runs natively anyway: bfloat16 on a CPU with
+AVX512-BF16 (all projections packed), an attention backend whose kernels the stack calls
+(`native_decoder_stack`), eager mode (traced code keeps the per-layer ops). Everything else,
+float32 and so the transformers oracle included, runs the layers one by one as before.
 """
 
 from __future__ import annotations
@@ -20,113 +16,27 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from pagedserve.core import native
-from pagedserve.core.attention.base import AttentionMetadata
-from pagedserve.core.attention.ops import check_index, page_table_stride
-from pagedserve.core.native import require
-
-_core = native.core
+from pagedserve.core.ops.decoder_stack import LayerWeights, NativeDecoderStack, StackShape
 
 
-class DecoderStack:
-    def __init__(self, layers: Sequence[nn.Module]) -> None:
-        first = layers[0]
-        self._layers = list(layers)  # keeps every weight the native stack points at alive
-        self.hidden_size = first.input_layernorm.shape[0]
-        self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
-        self.head_size = first.head_size
-        self._native = _core.DecoderStack(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size,
-            intermediate_size=first.intermediate_size,
-            rms_norm_eps=first.eps,
-            scale=first.scale,
-            layers=[_weight_pointers(layer) for layer in layers],
-        )
-
+class DecoderStack(NativeDecoderStack):
     @classmethod
     def build(cls, layers: Sequence[nn.Module]) -> DecoderStack | None:
         """A stack over these LlamaDecoderLayers, or None unless every layer is bf16 on the CPU
-        with packed projections and the native attention backend."""
+        with packed projections and an attention backend the native stack can stand in for."""
         if not layers or not all(_applies(layer) for layer in layers):
             return None
-        return cls(layers)
-
-    def __call__(
-        self,
-        hidden: torch.Tensor,  # [n, hidden_size] bf16, the residual stream: updated in place
-        cos: torch.Tensor,  # [n, 1, head_size] bf16
-        signed_sin: torch.Tensor,  # [n, 1, head_size] bf16
-        kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, d]
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        self._check(hidden, cos, signed_sin, kv_caches, meta)
-        n = hidden.shape[0]
-        page_table = meta.page_table
-        self._native.forward(
-            hidden=hidden.data_ptr(),
-            cos=cos.data_ptr(),
-            signed_sin=signed_sin.data_ptr(),
-            rope_stride=cos.stride(0),
-            kv_caches=[cache.data_ptr() for cache in kv_caches],
-            num_pages=kv_caches[0].shape[1],
-            page_size=kv_caches[0].shape[3],
-            slot_mapping=meta.slot_mapping.data_ptr(),
-            page_table=page_table.data_ptr(),
-            page_table_stride=page_table_stride(page_table),
-            seq_lens=meta.seq_lens.data_ptr(),
-            query_start_loc=meta.query_start_loc.data_ptr(),
-            num_reqs=page_table.shape[0],
-            num_tokens=n,
-            max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
-            num_threads=torch.get_num_threads(),
+        first = layers[0]
+        shape = StackShape(
+            hidden_size=first.input_layernorm.shape[0],
+            num_heads=first.num_heads,
+            num_kv_heads=first.num_kv_heads,
+            head_size=first.head_size,
+            intermediate_size=first.intermediate_size,
+            rms_norm_eps=first.eps,
+            scale=first.scale,
         )
-        return hidden
-
-    def _check(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        signed_sin: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> None:
-        """Once per step, what the per-layer wrappers check once per call (the kernels check
-        slots, page ids and lengths themselves)."""
-        n = hidden.shape[0]
-        require(hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
-                 and hidden.shape == (n, self.hidden_size) and hidden.is_contiguous(),
-                 "hidden must be a contiguous [{}, {}] bfloat16 CPU tensor, got {} {}", n,
-                 self.hidden_size, hidden.dtype, tuple(hidden.shape))  # fmt: skip
-        for name, table in (("cos", cos), ("signed_sin", signed_sin)):
-            require(table.dtype == torch.bfloat16 and table.device.type == "cpu"
-                     and table.shape[0] == n and table.numel() == n * self.head_size
-                     and table.stride(-1) == 1 and table.stride(0) >= self.head_size,
-                     "{} must be [{}, 1, {}] bfloat16 rows", name, n, self.head_size)  # fmt: skip
-        require(len(kv_caches) == len(self._layers), "{} kv caches for {} layers",
-                 len(kv_caches), len(self._layers))  # fmt: skip
-        shape = kv_caches[0].shape
-        require(len(shape) == 5 and shape[0] == 2 and shape[2] == self.num_kv_heads
-                 and shape[4] == self.head_size,
-                 "kv_cache must be [2, num_pages, {}, page_size, {}], got {}", self.num_kv_heads,
-                 self.head_size, tuple(shape))  # fmt: skip
-        for cache in kv_caches:
-            require(cache.shape == shape and cache.dtype == torch.bfloat16
-                     and cache.device.type == "cpu" and cache.is_contiguous(),
-                     "every kv cache must be a contiguous {} bfloat16 CPU tensor",
-                     tuple(shape))  # fmt: skip
-        page_table, cpu = meta.page_table, hidden.device
-        require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
-        num_reqs = page_table.shape[0]
-        check_index("slot_mapping", meta.slot_mapping, torch.int64, (n,), cpu)
-        check_index("page_table", page_table, torch.int32, page_table.shape, cpu)
-        check_index("seq_lens", meta.seq_lens, torch.int32, (num_reqs,), cpu)
-        check_index("query_start_loc", meta.query_start_loc, torch.int32, (num_reqs + 1,), cpu)
-        require(0 <= meta.max_query_len <= meta.max_seq_len,
-                 "need 0 <= max_query_len <= max_seq_len")  # fmt: skip
+        return cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
 
 
 def _applies(layer: nn.Module) -> bool:
@@ -137,7 +47,7 @@ def _applies(layer: nn.Module) -> bool:
         and layer.o_proj.bias is None
         and layer.gate_up_proj.bias is None
         and layer.down_proj.bias is None
-        and getattr(attention, "name", None) == "native"
+        and getattr(attention, "native_decoder_stack", False)
         and all(
             w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous()
             for w in (layer.input_layernorm, layer.post_attention_layernorm)
@@ -146,14 +56,16 @@ def _applies(layer: nn.Module) -> bool:
     )
 
 
-def _weight_pointers(layer: nn.Module) -> list[int]:
+def _weights(layer: nn.Module) -> LayerWeights:
     bias = layer.qkv_proj.bias
-    return [
-        layer.input_layernorm.data_ptr(),
-        layer.qkv_proj.packed.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        layer.o_proj.packed.data_ptr(),
-        layer.post_attention_layernorm.data_ptr(),
-        layer.gate_up_proj.packed.data_ptr(),
-        layer.down_proj.packed.data_ptr(),
-    ]
+    return LayerWeights(
+        input_norm=layer.input_layernorm.data_ptr(),
+        qkv=layer.qkv_proj.packed.data_ptr(),
+        qkv_bias=0 if bias is None else bias.data_ptr(),
+        o=layer.o_proj.packed.data_ptr(),
+        post_norm=layer.post_attention_layernorm.data_ptr(),
+        gate_up=layer.gate_up_proj.packed.data_ptr(),
+        down=layer.down_proj.packed.data_ptr(),
+        sliding_window=layer.sliding_window,
+        logit_softcap=layer.logit_softcap,
+    )

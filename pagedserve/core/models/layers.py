@@ -57,11 +57,3 @@ def rope_tables(
     cos_full = torch.cat((cos, cos), dim=-1)
     signed_sin = torch.cat((-sin, sin), dim=-1)
     return cos_full.to(device=device, dtype=dtype), signed_sin.to(device=device, dtype=dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x [num_tokens, heads, head_size]; cos/signed_sin [num_tokens, 1, head_size].
-
-    The torch form, and the reference layer_ops.rotary (native on CPU) must equal."""
-    half = x.shape[-1] // 2
-    return torch.addcmul(x * cos, x.roll(half, dims=-1), signed_sin)

@@ -16,8 +16,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.gguf_reader import gguf_reader
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset(

@@ -15,7 +15,7 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
-from pagedserve.core.models.gguf_reader import gguf_reader
+from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
 from pagedserve.core.tokenizers.hf import HFTokenizer, byte_alphabet
 from pagedserve.core.tokenizers.spm import SentencePieceTokenizer

@@ -8,7 +8,8 @@ import pytest
 import torch
 from attention_batches import devices, make_batch
 
-from pagedserve.core.attention import ops, reference
+from pagedserve.core.attention import reference
+from pagedserve.core.ops import attention as ops
 
 # A mixed batch: a one-token prompt, a request with no query this step, decodes at and across
 # page boundaries, a prefill chunk that starts mid-page and spans pages, and a fresh prompt.

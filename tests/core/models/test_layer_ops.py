@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models import layer_ops
-from pagedserve.core.models.layers import apply_rotary, rope_inv_freq, rope_tables
+from pagedserve.core.models.layers import rope_inv_freq, rope_tables
+from pagedserve.core.ops import layer_ops
+from pagedserve.core.ops.layer_ops import apply_rotary
 
 DTYPES = (torch.float32, torch.bfloat16)
 EPS = 1e-5
@@ -113,6 +114,6 @@ def test_bad_shapes_and_dtypes_raise_value_error_naming_the_argument() -> None:
 def test_registered_ops_trace_and_match_the_eager_bodies() -> None:
     x, weight = torch.randn(3, 32), torch.randn(32)
     gate_up, qk, cos = torch.randn(3, 64), torch.randn(3, 2, 32), torch.randn(3, 1, 32)
-    torch.library.opcheck(layer_ops.rms_norm_op, (torch.empty(3, 32), x, weight, EPS))
-    torch.library.opcheck(layer_ops.rotary_op, (qk, cos, cos))
-    torch.library.opcheck(layer_ops.silu_and_mul_op, (torch.empty(3, 32), gate_up))
+    torch.library.opcheck(layer_ops.rms_norm_op.op, (torch.empty(3, 32), x, weight, EPS))
+    torch.library.opcheck(layer_ops.rotary_op.op, (qk, cos, cos))
+    torch.library.opcheck(layer_ops.silu_and_mul_op.op, (torch.empty(3, 32), gate_up))

@@ -1,9 +1,9 @@
 """The one importer of the compiled modules.
 
 `core` is pagedserve._core (always built). `cuda` is pagedserve._cuda, or None when the package
-was built without a CUDA toolkit. Typed wrappers (core/scheduler.py, core/attention/ops.py,
-core/models/layer_ops.py, core/models/linear.py) use these and `require` for their argument
-checks; nothing else imports the compiled modules.
+was built without a CUDA toolkit. The typed wrappers (core/scheduler.py and the op modules
+beside this one) use these and `require` for their argument checks; nothing else imports the
+compiled modules. Torch-free: the scheduler's bookkeeping imports it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Fused per-token ops of a Llama layer, native on CPU (namespace `pagedserve`).
 
     rms_norm(x, weight, eps) -> out               F.rms_norm over the last dim
-    rotary(qk, cos, signed_sin)                   layers.apply_rotary (in place on CPU)
+    rotary(qk, cos, signed_sin)                   apply_rotary (in place on CPU)
     silu_and_mul(gate_up) -> out                  F.silu(gate) * up over [n, 2 * I] -> [n, I]
 
 On CPU in float32 or bfloat16 these call the kernels of pagedserve._core (fp32 math, one
 rounding; float32 results equal torch's expressions bit for bit). Anywhere else (CUDA, float16)
 they return those torch expressions, so other devices run exactly as before. The native bodies
-(`*_eager`, output tensors passed in) are also registered custom ops for traced code
-(torch.compile); eager code calls the bodies straight, skipping the dispatcher (~100 us per call
-on CPU). Their checks raise ValueError naming the argument.
+(`*_eager`, output tensors passed in) are NativeOps (ops/base.py): registered custom ops for
+traced code, called straight by eager code. Their checks raise ValueError naming the argument.
 """
 
 from __future__ import annotations
@@ -17,28 +16,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core import native
-from pagedserve.core.models.layers import apply_rotary
-from pagedserve.core.native import require
+from pagedserve.core.ops import native
+from pagedserve.core.ops.base import CPU_DTYPES, DTYPES, NativeOp, check_rows
+from pagedserve.core.ops.native import require
 
 _core = native.core
-_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
 # The native mean sums in the order of torch's CPU sum kernel, whose vectors hold 8 floats (its
 # AVX2 build runs even where torch reports AVX512); tests check the float32 results bit for bit.
 _SUM_LANES = 8
 
 
 def _native(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype in _DTYPES
-
-
-def _check_rows(name: str, t: torch.Tensor, like: torch.Tensor, width: int) -> None:
-    """t: [n, width] in like's dtype and device, rows contiguous."""
-    require(t.dim() == 2 and t.shape[1] == width, "{} must be [num_tokens, {}], got {}", name,
-             width, tuple(t.shape))  # fmt: skip
-    require(t.dtype == like.dtype, "{} dtype {} must match {}", name, t.dtype, like.dtype)
-    require(t.device == like.device, "{} is on {}, expected {}", name, t.device, like.device)
-    require(t.stride(1) == 1 or width <= 1, "{} must be contiguous in its last dim", name)
+    return t.device.type == "cpu" and t.dtype in CPU_DTYPES
 
 
 def _check_native(name: str, t: torch.Tensor) -> None:
@@ -51,8 +40,8 @@ def _check_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: f
     _check_native("x", x)
     require(x.dim() == 2, "x must be [num_tokens, hidden_size], got {}", tuple(x.shape))
     hidden = x.shape[1]
-    _check_rows("x", x, x, hidden)
-    _check_rows("out", out, x, hidden)
+    check_rows("x", x, x, "x", hidden_size=hidden)
+    check_rows("out", out, x, "x", hidden_size=hidden)
     require(out.shape[0] == x.shape[0], "out has {} rows, x has {}", out.shape[0], x.shape[0])
     require(weight.shape == (hidden,), "weight must be [{}], got {}", hidden,
             tuple(weight.shape))  # fmt: skip
@@ -65,9 +54,19 @@ def _check_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: f
 def rms_norm_eager(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """out [n, hidden] = rms_norm(x [n, hidden]) * weight [hidden]."""
     _check_norm(out, x, weight, eps)
-    _core.rms_norm(out.data_ptr(), out.stride(0), x.data_ptr(), x.stride(0), weight.data_ptr(),
-                   x.shape[0], x.shape[1], eps, _DTYPES[x.dtype], _SUM_LANES,
-                   torch.get_num_threads())  # fmt: skip
+    _core.rms_norm(
+        out=out.data_ptr(),
+        out_stride=out.stride(0),
+        x=x.data_ptr(),
+        x_stride=x.stride(0),
+        weight=weight.data_ptr(),
+        num_rows=x.shape[0],
+        hidden_size=x.shape[1],
+        eps=eps,
+        dtype=DTYPES[x.dtype],
+        sum_lanes=_SUM_LANES,
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -91,9 +90,20 @@ def rotary_eager(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) 
     """In place: qk [n, heads, head_size] = qk * cos + roll(qk, head_size / 2) * signed_sin."""
     _check_rotary(qk, cos, signed_sin)
     n, heads, head_size = qk.shape
-    _core.rotary(qk.data_ptr(), qk.stride(0), qk.stride(1), cos.data_ptr(), cos.stride(0),
-                 signed_sin.data_ptr(), signed_sin.stride(0), n, heads, head_size,
-                 _DTYPES[qk.dtype], torch.get_num_threads())  # fmt: skip
+    _core.rotary(
+        qk=qk.data_ptr(),
+        token_stride=qk.stride(0),
+        head_stride=qk.stride(1),
+        cos=cos.data_ptr(),
+        cos_stride=cos.stride(0),
+        signed_sin=signed_sin.data_ptr(),
+        signed_sin_stride=signed_sin.stride(0),
+        num_tokens=n,
+        num_heads=heads,
+        head_size=head_size,
+        dtype=DTYPES[qk.dtype],
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
@@ -101,8 +111,8 @@ def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     require(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0,
              "gate_up must be [num_tokens, 2 * intermediate_size], got {}",
              tuple(gate_up.shape))  # fmt: skip
-    _check_rows("gate_up", gate_up, gate_up, gate_up.shape[1])
-    _check_rows("out", out, gate_up, gate_up.shape[1] // 2)
+    check_rows("gate_up", gate_up, gate_up, "gate_up", width=gate_up.shape[1])
+    check_rows("out", out, gate_up, "gate_up", intermediate_size=gate_up.shape[1] // 2)
     require(out.shape[0] == gate_up.shape[0], "out has {} rows, gate_up has {}", out.shape[0],
              gate_up.shape[0])  # fmt: skip
 
@@ -110,20 +120,31 @@ def _check_silu(out: torch.Tensor, gate_up: torch.Tensor) -> None:
 def silu_and_mul_eager(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     """out [n, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
     _check_silu(out, gate_up)
-    _core.silu_and_mul(out.data_ptr(), out.stride(0), gate_up.data_ptr(), gate_up.stride(0),
-                       out.shape[0], out.shape[1], _DTYPES[out.dtype],
-                       torch.get_num_threads())  # fmt: skip
+    _core.silu_and_mul(
+        out=out.data_ptr(),
+        out_stride=out.stride(0),
+        gate_up=gate_up.data_ptr(),
+        gate_up_stride=gate_up.stride(0),
+        num_rows=out.shape[0],
+        intermediate_size=out.shape[1],
+        dtype=DTYPES[out.dtype],
+        num_threads=torch.get_num_threads(),
+    )
 
 
-# The registered ops run the same bodies; their fake (meta) versions only check the arguments.
-rms_norm_op = torch.library.custom_op("pagedserve::rms_norm", rms_norm_eager, mutates_args=("out",))
-rms_norm_op.register_fake(_check_norm)
-rotary_op = torch.library.custom_op("pagedserve::rotary", rotary_eager, mutates_args=("qk",))
-rotary_op.register_fake(_check_rotary)
-silu_and_mul_op = torch.library.custom_op(
-    "pagedserve::silu_and_mul", silu_and_mul_eager, mutates_args=("out",)
+rms_norm_op = NativeOp.declare("rms_norm", rms_norm_eager, _check_norm, mutates=("out",))
+rotary_op = NativeOp.declare("rotary", rotary_eager, _check_rotary, mutates=("qk",))
+silu_and_mul_op = NativeOp.declare(
+    "silu_and_mul", silu_and_mul_eager, _check_silu, mutates=("out",)
 )
-silu_and_mul_op.register_fake(_check_silu)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, heads, head_size]; cos/signed_sin [num_tokens, 1, head_size].
+
+    The torch form, and the reference rotary (native on CPU) must equal."""
+    half = x.shape[-1] // 2
+    return torch.addcmul(x * cos, x.roll(half, dims=-1), signed_sin)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -131,15 +152,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if not _native(x):
         return F.rms_norm(x, x.shape[-1:], weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
-    (rms_norm_op if torch.compiler.is_compiling() else rms_norm_eager)(out, x, weight, eps)
+    rms_norm_op(out, x, weight, eps)
     return out
 
 
 def rotary(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """layers.apply_rotary; on CPU in place into qk (which it returns)."""
+    """apply_rotary; on CPU in place into qk (which it returns)."""
     if not _native(qk):
         return apply_rotary(qk, cos, signed_sin)
-    (rotary_op if torch.compiler.is_compiling() else rotary_eager)(qk, cos, signed_sin)
+    rotary_op(qk, cos, signed_sin)
     return qk
 
 
@@ -149,5 +170,5 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if not _native(gate_up):
         return F.silu(gate_up[:, :size]) * gate_up[:, size:]
     out = torch.empty((gate_up.shape[0], size), dtype=gate_up.dtype)
-    (silu_and_mul_op if torch.compiler.is_compiling() else silu_and_mul_eager)(out, gate_up)
+    silu_and_mul_op(out, gate_up)
     return out

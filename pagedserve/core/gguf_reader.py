@@ -4,7 +4,8 @@ GGUFReader parses metadata through thousands of tiny slices of an np.memmap, and
 slice runs memmap.__array_finalize__ in Python: a 49k-token vocabulary with 49k merges takes
 seconds. Slicing a plain ndarray view of the same mapping gives identical arrays (still backed
 by the mapped file) about 3x faster. Readers are cached per path so the model loader and the
-tokenizer parse a file once.
+tokenizer parse a file once. Torch-free: loading a GGUF vocabulary imports neither torch nor
+the native ops.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
-from pagedserve.core.models.gguf_reader import gguf_reader
+from pagedserve.core.gguf_reader import gguf_reader
 from tests.tiny_models import write_gguf_llama
 
 

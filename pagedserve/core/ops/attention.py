@@ -4,12 +4,16 @@ The one wrapper of the kernels in pagedserve._core (CPU) and pagedserve._cuda (C
 the tensors (ValueError naming the argument), passes raw pointers, sizes and strides, and
 dispatches by device. Fake implementations let torch.compile and opcheck trace the ops.
 
-    torch.ops.pagedserve.reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
-    torch.ops.pagedserve.paged_attention(out, query, kv_cache, page_table, seq_lens,
-                                         query_start_loc, max_query_len, max_seq_len, scale)
+    reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
+    paged_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
+                    max_seq_len, scale, sliding_window=0, logit_softcap=0.0)
 
-Each op's body is also a plain function (`*_eager`) for eager callers: the same checks without
-the dispatcher's overhead.
+sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sliding_window;
+logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
+(Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off).
+
+Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
+straight by eager code.
 """
 
 from __future__ import annotations
@@ -18,16 +22,11 @@ import math
 
 import torch
 
-from pagedserve.core import native
-from pagedserve.core.native import require
+from pagedserve.core.ops import native
+from pagedserve.core.ops.base import CPU_DTYPES, DTYPES, NativeOp, check_rows
+from pagedserve.core.ops.native import require
 
 _core = native.core
-_DTYPES = {
-    torch.float32: _core.DType.float32,
-    torch.bfloat16: _core.DType.bfloat16,
-    torch.float16: _core.DType.float16,
-}
-_CPU_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _check_cache(kv_cache: torch.Tensor) -> None:
@@ -38,30 +37,20 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
     require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
     require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
-    allowed = _CPU_DTYPES if device == "cpu" else tuple(_DTYPES)
+    allowed = CPU_DTYPES if device == "cpu" else tuple(DTYPES)
     require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
 
 
 def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
     """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
-    shape = t.shape
-    require(len(shape) == 3, "{} must be [num_tokens, heads, head_size], got {}", name,
-             tuple(shape))  # fmt: skip
-    require(t.dtype == kv_cache.dtype, "{} dtype {} must match kv_cache {}", name, t.dtype,
-             kv_cache.dtype)  # fmt: skip
-    require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
-             kv_cache.device)  # fmt: skip
-    require(shape[2] == kv_cache.shape[4], "{} head_size {} != kv_cache's", name, shape[2])
-    require(t.stride(2) == 1 or shape[2] == 1, "{} must be contiguous in its last dim", name)
-    if heads is not None:
-        require(shape[1] == heads, "{} has {} heads, kv_cache has {}", name, shape[1], heads)
+    check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=kv_cache.shape[4])
 
 
 def check_index(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> None:
-    """An index tensor of the metadata (also checked once per step by models/decoder_stack.py)."""
+    """An index tensor of the metadata (also checked once per step by ops/decoder_stack.py)."""
     require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
     require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
     require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)
@@ -89,6 +78,8 @@ def _check_attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
@@ -107,6 +98,9 @@ def _check_attention(
     require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
     require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
     require(math.isfinite(scale), "scale must be finite, got {}", scale)
+    require(sliding_window >= 0, "sliding_window must be >= 0, got {}", sliding_window)
+    require(math.isfinite(logit_softcap) and logit_softcap >= 0,
+             "logit_softcap must be finite and >= 0, got {}", logit_softcap)  # fmt: skip
 
 
 def page_table_stride(page_table: torch.Tensor) -> int:
@@ -146,15 +140,14 @@ def reshape_and_cache_eager(
     kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
-    """The op's body, called straight: it skips the dispatcher (~100 us per call on CPU), so
-    eager code uses it; traced code (torch.compile) must call the op."""
+    """reshape_and_cache's body."""
     _check_write(key, value, kv_cache, slot_mapping)
     args = _core.CacheWriteArgs()
     args.key, args.value = _token_tensor(key), _token_tensor(value)
     args.cache = _cache_view(kv_cache)
     args.slot_mapping = slot_mapping.data_ptr()
     args.num_tokens = key.shape[0]
-    args.dtype = _DTYPES[kv_cache.dtype]
+    args.dtype = DTYPES[kv_cache.dtype]
     if kv_cache.is_cuda:
         with torch.cuda.device(kv_cache.device):  # kernels launch on the current device
             _cuda_module().reshape_and_cache(args, _stream(kv_cache))
@@ -162,11 +155,9 @@ def reshape_and_cache_eager(
         _core.reshape_and_cache(args, torch.get_num_threads())
 
 
-# The registered op runs the same body; the fake (meta) version only checks the arguments.
-reshape_and_cache = torch.library.custom_op(
-    "pagedserve::reshape_and_cache", reshape_and_cache_eager, mutates_args=("kv_cache",)
+reshape_and_cache = NativeOp.declare(
+    "reshape_and_cache", reshape_and_cache_eager, _check_write, mutates=("kv_cache",)
 )
-reshape_and_cache.register_fake(_check_write)
 
 
 def _attention_args(
@@ -179,6 +170,8 @@ def _attention_args(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int,
+    logit_softcap: float,
 ) -> _core.AttentionArgs:
     args = _core.AttentionArgs()
     args.out = out.data_ptr()
@@ -192,7 +185,8 @@ def _attention_args(
     args.num_reqs, args.num_tokens, args.num_heads = page_table.shape[0], *query.shape[:2]
     args.max_query_len, args.max_seq_len = max_query_len, max_seq_len
     args.scale = scale
-    args.dtype = _DTYPES[kv_cache.dtype]
+    args.sliding_window, args.logit_softcap = sliding_window, logit_softcap
+    args.dtype = DTYPES[kv_cache.dtype]
     return args
 
 
@@ -219,10 +213,12 @@ def paged_attention_eager(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,  # 0: none
+    logit_softcap: float = 0.0,  # 0: none
 ) -> None:
-    """The op's body, called straight (see reshape_and_cache_eager)."""
+    """paged_attention's body."""
     params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-              max_seq_len, scale)  # fmt: skip
+              max_seq_len, scale, sliding_window, logit_softcap)  # fmt: skip
     _check_attention(*params)
     args = _attention_args(*params)
     if kv_cache.is_cuda:
@@ -232,7 +228,6 @@ def paged_attention_eager(
         _core.paged_attention(args, torch.get_num_threads())
 
 
-paged_attention = torch.library.custom_op(
-    "pagedserve::paged_attention", paged_attention_eager, mutates_args=("out",)
+paged_attention = NativeOp.declare(
+    "paged_attention", paged_attention_eager, _check_attention, mutates=("out",)
 )
-paged_attention.register_fake(_check_attention)

@@ -1,0 +1,49 @@
+"""Plain responses: orjson bodies, OpenAI's error envelope, and the wrapper that turns a
+handler's errors into them."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.streaming import ClientGone
+
+logger = logging.getLogger("pagedserve.server")
+Endpoint = Callable[[Request], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show why
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(exc: errors.APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def endpoint(fn: Endpoint) -> Endpoint:
+    """API errors become OpenAI envelopes; anything else is a logged 500."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except errors.APIError as exc:
+            return error_response(exc)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception:
+            request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+            logger.exception("request %s %s failed", request_id, request.url.path)
+            return error_response(errors.internal(request_id))
+
+    return wrapped

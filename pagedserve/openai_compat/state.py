@@ -1,0 +1,48 @@
+"""The server's state: what every route reaches through `request.app.state.server`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.metrics import ServerMetrics
+from pagedserve.openai_compat.server_config import ServerConfig
+from pagedserve.openai_compat.serving_chat import ChatService
+from pagedserve.openai_compat.serving_common import ServingContext
+from pagedserve.openai_compat.serving_completion import CompletionService
+
+
+class ServerState:
+    """Everything the routes reach; filled in once the engine has loaded."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.started = int(time.time())
+        self.engine: Any = None
+        self.ctx: ServingContext | None = None
+        self.chat: ChatService | None = None
+        self.completion: CompletionService | None = None
+        self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
+
+    def attach(self, engine: Any) -> None:
+        name = self.config.served_model_name or engine.model_name
+        self.metrics = ServerMetrics(name, lambda: self.engine)
+        self.ctx = ServingContext(
+            engine,
+            name,
+            self.metrics,
+            tool_call_parser=self.config.tool_call_parser,
+            reasoning_parser=self.config.reasoning_parser,
+        )
+        self.chat = ChatService(self.ctx)
+        self.completion = CompletionService(self.ctx)
+        self.engine = engine
+
+    def ready(self) -> ServingContext:
+        """The serving context, or a 503 while loading or after an engine fault."""
+        if self.ctx is None:
+            raise errors.unavailable("The model is still loading.")
+        if self.engine.errored:
+            raise errors.unavailable("The engine stopped after a fault; see the server log.")
+        return self.ctx
