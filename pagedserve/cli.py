@@ -26,7 +26,11 @@ from pagedserve.core.config import (
     SchedulerConfig,
     field_docs,
 )
-from pagedserve.openai_compat.server_config import ServerConfig
+from pagedserve.openai_compat.server_config import (
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    ServerConfig,
+)
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
 
@@ -41,6 +45,8 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
     (ServerConfig, "graceful_timeout", {"type": float}),
     (ServerConfig, "access_log", {"action": argparse.BooleanOptionalAction}),
+    (ServerConfig, "tool_call_parser", {"choices": list(TOOL_CALL_PARSERS)}),
+    (ServerConfig, "reasoning_parser", {"choices": list(REASONING_PARSERS)}),
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),

@@ -20,7 +20,7 @@ from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
-from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,11 @@ class AsyncEngine:
         self._num_queued_adds += 1
         self._commands.put(_Add(request_id, list(prompt_token_ids), params))
         return OutputStream(self, request_id, mailbox)
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile spec's grammar into the engine's LRU (any thread; the server calls it on a
+        worker thread before generate(), so the engine thread only finds it)."""
+        self.engine.grammars.compile(spec)
 
     def _forget(self, request_id: str, abort: bool) -> None:
         self._mailboxes.pop(request_id, None)

@@ -26,6 +26,7 @@ from pagedserve.core.sampler import SamplingBatch, SamplingRow
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.scheduler import StepPlan
 from pagedserve.core.startup import EngineParts, build_engine_parts
+from pagedserve.core.structured import GrammarCache, GrammarState
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class LLMEngine:
         self._unseeded = torch.Generator(device=self.model_runner.device)
         self._unseeded.manual_seed(config.model.seed)
         self._finished_reasons: collections.Counter[str] = collections.Counter()
+        self.grammars = GrammarCache(parts.tokenizer)
+        """Compiled grammars; the server fills it off the event loop before adding a request."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -83,6 +86,8 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
+        if params.structured is not None:  # a cache hit when the server compiled it beforehand
+            request.grammar = self.grammars.compile(params.structured)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = []
         # With the prefix cache, outputs 1..n-1 join once output 0 has filled the prompt's
@@ -107,6 +112,7 @@ class LLMEngine:
                 prompt_token_ids=request.prompt_token_ids,
             ),
             generator=self._generator(params, index),
+            grammar=GrammarState(request.grammar) if request.grammar is not None else None,
         )
         # Prompt logprobs need every prompt token computed, so output 0 skips the cache.
         use_cache = not (index == 0 and params.prompt_logprobs is not None)
@@ -196,6 +202,7 @@ class LLMEngine:
                     prompt_token_ids=request.prompt_token_ids,
                     output_token_ids=seq.output_token_ids,
                     generator=seq.generator,
+                    grammar=seq.grammar,
                 )
             )
         return SamplingBatch.build(
@@ -247,6 +254,7 @@ class LLMEngine:
         request, params = seq.request, seq.request.params
         self._record_token_time(request)
         seq.output_token_ids.append(token)
+        grammar_ended = seq.grammar is not None and seq.grammar.advance(token)
         delta = seq.pending()
         delta.token_ids.append(token)
         if logprob is not None and delta.logprobs is not None:
@@ -257,6 +265,8 @@ class LLMEngine:
             return self._finish(seq, "stop", None, flush=True)
         if token in params.stop_token_ids:
             return self._finish(seq, "stop", token, flush=True)
+        if grammar_ended:  # only EOS ends a grammar, and ignore_eos kept it: it is still the end
+            return self._finish(seq, "stop", None, flush=True)
         delta.text += seq.detokenizer.add([token])
         if seq.detokenizer.stop_hit is not None:
             return self._finish(seq, "stop", seq.detokenizer.stop_hit, flush=False)

@@ -23,6 +23,8 @@ class Sequence:
     generator: Any = None
     """torch.Generator when the request is seeded (typed loosely: this module is stdlib-only)."""
     output_token_ids: list[int] = field(default_factory=list)
+    grammar: Any = None
+    """GrammarState (core.structured) of a constrained output: every output token accepted."""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     delta: CompletionOutput | None = None
@@ -56,6 +58,8 @@ class Request:
     prompt_logprobs_sent: bool = False
     num_children_added: int = 0
     """How many of the n sequences have been handed to the scheduler so far."""
+    grammar: Any = None
+    """The compiled grammar its outputs follow (params.structured), shared by the n outputs."""
 
     @property
     def finished(self) -> bool:

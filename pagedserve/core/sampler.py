@@ -4,6 +4,8 @@ Per step: the engine builds a SamplingBatch from its SamplingRows, then calls
 `Sampler()(logits, batch)`. Order of work for the rows:
 
 1. logprobs (rows that asked): log_softmax of the raw logits, before any control (vLLM).
+   Then grammar masks: one pass over the constrained rows (core.structured), -inf for every
+   token their grammar forbids; unconstrained rows are not touched.
 2. logit_bias, min_tokens bans, repetition / frequency / presence penalties (sparse edits).
 3. greedy rows (temperature 0): argmax of the edited logits.
 4. sampling rows: logits / temperature -> softmax -> min_p and top_k keep the intersection of
@@ -26,6 +28,7 @@ from pagedserve.core.sampling import kernels
 from pagedserve.core.sampling.batch import RandomRows, SamplingBatch, SamplingRow
 from pagedserve.core.sampling.logits import apply_edits
 from pagedserve.core.sampling.logprobs import prompt_logprobs, token_logprobs
+from pagedserve.core.structured.bitmask import GrammarMasker
 
 __all__ = [
     "Sampler",
@@ -46,7 +49,10 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless; one instance serves every step."""
+    """One instance serves every step; its only state is the grammar bitmask buffer."""
+
+    def __init__(self) -> None:
+        self._masker = GrammarMasker()
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row of logits [N, vocab] (float32; overwritten as scratch)."""
@@ -56,12 +62,14 @@ class Sampler:
                 f"({batch.num_rows}, {batch.vocab_size}) for this batch"
             )
         logits = logits.float().contiguous()
-        if batch.argmax_only:
-            return SamplerOutput(kernels.argmax_rows(logits).cpu(), None)
         raw_logprobs = None
         if batch.logprob_rows:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
             raw_logprobs = torch.log_softmax(logits.index_select(0, rows), dim=-1)
+        if batch.grammar_rows:
+            self._masker.apply(logits, batch.grammar_rows, batch.grammars)
+        if batch.argmax_only:
+            return SamplerOutput(kernels.argmax_rows(logits).cpu(), None)
         if batch.edits is not None:
             apply_edits(logits, batch.edits)
         tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)

@@ -13,7 +13,11 @@ from typing import Any, TypeVar
 from pagedserve import __version__
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
 from pagedserve.core.outputs import RequestOutput
-from pagedserve.core.sampling_params import SamplingParams, SamplingParamsError
+from pagedserve.core.sampling_params import (
+    SamplingParams,
+    SamplingParamsError,
+    StructuredOutputs,
+)
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, CompletionRequest
@@ -42,6 +46,10 @@ class ServingContext:
     engine: Any  # AsyncEngine (typed loosely so unit tests can pass a fake)
     model_name: str
     metrics: ServerMetrics
+    tool_call_parser: str = "auto"
+    """ServerConfig.tool_call_parser."""
+    reasoning_parser: str = "auto"
+    """ServerConfig.reasoning_parser."""
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:
@@ -120,6 +128,8 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     vocab_size: int,
+    structured: StructuredOutputs | None = None,
+    skip_special_tokens: bool | None = None,
 ) -> SamplingParams:
     """OpenAI's fields (None means OpenAI's default) as SamplingParams."""
     with engine_errors("messages"):
@@ -142,7 +152,10 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=(
+                req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
+            ),
+            structured=structured,
         )
     raise AssertionError("unreachable")  # engine_errors re-raises every exception
 

@@ -32,6 +32,7 @@ from pagedserve.openai_compat.serving_common import (
     usage,
 )
 from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
+from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
 
 
 @dataclass
@@ -63,7 +64,9 @@ class CompletionService:
         top_k = req.logprobs
         prompt_k = top_k if req.echo and top_k is not None else None
         max_tokens = 1 if score_only else req.max_tokens
-        params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size)
+        spec = structured_outputs(req)
+        await compile_off_loop(ctx.engine, spec)
+        params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
         for prompt in prompts:
             ctx.admit(prompt, params, "prompt")
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)

@@ -7,6 +7,7 @@ builds can be checked exactly without a model.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,7 +43,12 @@ class ByteTokenizer:
 
 
 class TagTemplate:
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    source = "<{{ role }}>{{ content }}"
+    variables = frozenset({"messages", "add_generation_prompt"})
+
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -72,6 +78,17 @@ class FakeEngine:
         self.seen_params: list[SamplingParams] = []
         self.num_generated = 0
         self.finished_reasons: dict[str, int] = {}
+        self.seen_prompts: list[list[int]] = []
+        self.compiled: list[object] = []
+        self.compile_gate: threading.Event | None = None
+        self.script: str | None = None
+        """When set, every output is this text (one character per token), then "stop"."""
+
+    def compile_grammar(self, spec: object) -> None:
+        """Called on a worker thread by the server; `compile_gate` (if set) holds it there."""
+        self.compiled.append(spec)
+        if self.compile_gate is not None:
+            assert self.compile_gate.wait(30), "compile_gate never opened"
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if num_prompt_tokens + (params.max_tokens or 0) > self.max_model_len:
@@ -84,6 +101,7 @@ class FakeEngine:
     ) -> AsyncIterator[RequestOutput]:
         self.check_admission(len(prompt_token_ids), params)
         self.seen_params.append(params)
+        self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         finished = False
@@ -93,21 +111,24 @@ class FakeEngine:
                 yield RequestOutput(request_id, prompt_token_ids, [out], True, error="boom")
                 return
             num = params.max_tokens or self.default_max_tokens
+            if self.script is not None:
+                num = min(num, len(self.script))
             prompt_lps = None
             if params.prompt_logprobs is not None:
                 k = params.prompt_logprobs
                 prompt_lps = [None] + [_logprob(t, k) for t in prompt_token_ids[1:]]
             for step in range(num):
                 await asyncio.sleep(self.token_delay)
-                token = ord("a") + step % 26
+                token = ord("a") + step % 26 if self.script is None else ord(self.script[step])
                 last = step == num - 1
+                reason = "stop" if self.script is not None and num == len(self.script) else "length"
                 outs = [
                     CompletionOutput(
                         index,
                         chr(token),
                         [token],
                         [_logprob(token, params.logprobs)] if params.logprobs is not None else None,
-                        "length" if last else None,
+                        reason if last else None,
                     )
                     for index in range(params.n)
                 ]

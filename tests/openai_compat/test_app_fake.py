@@ -132,7 +132,7 @@ def test_echo_stream_and_logprob_offsets(client: TestClient) -> None:
         ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
         (
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-            "tools",
+            "tools[0].function",
         ),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),

@@ -120,9 +120,9 @@ def test_errors_raise_the_sdk_classes(client: openai.OpenAI, server: Server) -> 
         wrong.models.list()
     with pytest.raises(openai.BadRequestError) as unsupported:
         client.chat.completions.create(
-            model=server.model, messages=MESSAGES, response_format={"type": "json_object"}
+            model=server.model, messages=MESSAGES, extra_body={"functions": [{"name": "f"}]}
         )
-    assert unsupported.value.body["param"] == "response_format"
+    assert unsupported.value.body["param"] == "functions"
 
 
 def test_open_endpoints_and_tokenize(server: Server) -> None:

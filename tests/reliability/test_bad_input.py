@@ -97,7 +97,7 @@ def test_body_over_the_limit(client: httpx.Client) -> None:
         ({"max_tokens": 10**30}, "max_tokens"),
         ({"logit_bias": {"hello": 1}}, "logit_bias"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"frobnicate": True}, "frobnicate"),
     ],
 )
@@ -120,7 +120,7 @@ def test_coercible_wrong_types(client: httpx.Client, fields: dict) -> None:
     [
         ([], "messages"),
         ([{"role": "wizard", "content": "x"}], "messages[0].role"),
-        ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"role": "tool", "content": "x"}], "messages[0]"),
         ([{"role": "user"}], "messages[0].content"),
         (
             [{"role": "system", "content": None}, {"role": "user", "content": "x"}],

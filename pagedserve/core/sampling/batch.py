@@ -8,7 +8,8 @@ Sampler) is vectorized. Penalties, logit_bias and min_tokens are kept sparse: as
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,8 @@ class SamplingRow:
     """Generated so far (for penalties and min_tokens)."""
     generator: torch.Generator | None = None
     """The sequence's own RNG (seeded from params.seed); None: the global RNG."""
+    grammar: Any = None
+    """The sequence's GrammarState (core.structured) when its output is constrained."""
 
 
 @dataclass
@@ -74,6 +77,9 @@ class SamplingBatch:
     edits: LogitEdits | None
     logprob_rows: list[int]
     logprob_ks: list[int]
+    grammar_rows: list[int] = field(default_factory=list)
+    """Rows whose output is constrained; `grammars` holds their states, aligned."""
+    grammars: list[Any] = field(default_factory=list)
 
     @property
     def argmax_only(self) -> bool:
@@ -93,6 +99,7 @@ class SamplingBatch:
         greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
         random = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
         asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
         return cls(
             num_rows=len(rows),
             vocab_size=vocab_size,
@@ -103,6 +110,8 @@ class SamplingBatch:
             edits=_edits(rows, vocab_size, eos_token_ids, device),
             logprob_rows=asked,
             logprob_ks=[rows[i].params.logprobs or 0 for i in asked],
+            grammar_rows=constrained,
+            grammars=[rows[i].grammar for i in constrained],
         )
 
 
@@ -169,7 +178,8 @@ def _bans(
 ) -> np.ndarray:
     index: list[int] = []
     for i, row in enumerate(rows):
-        if len(row.output_token_ids) < row.params.min_tokens:
+        # A grammar decides itself when EOS may come; banning it could leave no token allowed.
+        if row.grammar is None and len(row.output_token_ids) < row.params.min_tokens:
             banned = eos_token_ids.union(row.params.stop_token_ids)
             index.extend(i * vocab_size + t for t in sorted(banned) if 0 <= t < vocab_size)
     return np.array(index, dtype=np.int64)
