@@ -4,13 +4,14 @@
     cmake -S /tmp/base -B /tmp/base/build -DPAGEDSERVE_CUDA=OFF \
         -Dpybind11_DIR="$(python -m pybind11 --cmakedir)" && cmake --build /tmp/base/build -j2
     cp /tmp/base/build/_core*.so /tmp/base/pagedserve/
-    python bench/determinism_cost.py --baseline /tmp/base --repeats 5
+    python bench/determinism_cost.py --baseline /tmp/base --repeats 5 [--candidate /tmp/cand]
 
 Each measurement is a fresh process on the default model (offline engine, greedy, ignore_eos):
 c=32 output tokens/s (32 prompts of 100-400 tokens, --output-tokens each, 32 running at once)
 and the prefill of one 1024-token prompt (tokens/s, one output token). The two builds
 alternate, repeat by repeat, so machine noise falls on both; medians are reported. The baseline
-is imported from its source tree with this venv's editable-install finder removed.
+(and a --candidate tree built the same way, else this checkout's install) is imported from its
+source tree with this venv's editable-install finder removed.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def cpu_model() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", help="source tree of the baseline build (see above)")
+    ap.add_argument("--candidate", default="", help="source tree to compare (default: this)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--output-tokens", type=int, default=64)
@@ -102,7 +104,7 @@ def main() -> int:
     for dtype in a.dtypes.split(","):
         runs: dict[str, list[dict]] = {"baseline": [], "this": []}
         for i in range(a.repeats):
-            order = [("baseline", a.baseline), ("this", "")]
+            order = [("baseline", a.baseline), ("this", a.candidate)]
             for name, base in order if i % 2 == 0 else order[::-1]:
                 runs[name].append(run(base, dtype, a.output_tokens))
         for key in ("c32_tok_s", "prefill_1k_tok_s"):
