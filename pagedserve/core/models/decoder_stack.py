@@ -40,13 +40,18 @@ class DecoderStack(NativeDecoderStack):
 
 
 def _applies(layer: nn.Module) -> bool:
-    projections = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    """Only plain Llama layers (llama_shaped): any family option (q/k norms, sandwich norms,
+    GeGLU, experts, a window, soft-capping, a second rope) keeps the per-layer path."""
+    if not getattr(layer, "llama_shaped", False):
+        return False
+    mlp = layer.mlp
+    projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
     return (
         all(p.packed is not None for p in projections)
         and layer.o_proj.bias is None
-        and layer.gate_up_proj.bias is None
-        and layer.down_proj.bias is None
+        and mlp.gate_up_proj.bias is None
+        and mlp.down_proj.bias is None
         and getattr(attention, "native_decoder_stack", False)
         and all(
             w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous()
@@ -64,6 +69,6 @@ def _weights(layer: nn.Module) -> LayerWeights:
         qkv_bias=0 if bias is None else bias.data_ptr(),
         o=layer.o_proj.packed.data_ptr(),
         post_norm=layer.post_attention_layernorm.data_ptr(),
-        gate_up=layer.gate_up_proj.packed.data_ptr(),
-        down=layer.down_proj.packed.data_ptr(),
+        gate_up=layer.mlp.gate_up_proj.packed.data_ptr(),
+        down=layer.mlp.down_proj.packed.data_ptr(),
     )
