@@ -33,7 +33,7 @@ SHAPE = dict(
     num_attention_heads=16,
     num_key_value_heads=4,
     max_position_embeddings=4096,
-    vocab_size=32000,
+    vocab_size=400,  # the tiny BPE tokenizer's vocabulary
     rms_norm_eps=1e-5,
 )
 CONFIGS = {

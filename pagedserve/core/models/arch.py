@@ -97,6 +97,14 @@ class ArchConfig:
             return False
         return not self.layer_types or self.layer_types[layer] == SLIDING
 
+    def uses_local_rope(self, layer: int) -> bool:
+        """A sliding-type layer of a model with a local rope base (whatever the window)."""
+        return (
+            bool(self.local_rope_theta)
+            and bool(self.layer_types)
+            and (self.layer_types[layer] == SLIDING)
+        )
+
     def layer_window(self, layer: int) -> int:
         """The layer's sliding window in tokens, 0 for full attention."""
         return self.sliding_window if self.is_sliding(layer) else 0

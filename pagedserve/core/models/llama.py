@@ -61,7 +61,7 @@ class LlamaDecoderLayer(nn.Module):
         self.scale = arch.attn_scale
         self.sliding_window = arch.layer_window(index)
         self.logit_softcap = arch.attn_logit_softcap
-        self.rope_index = 1 if arch.local_rope_theta and arch.is_sliding(index) else 0
+        self.rope_index = 1 if arch.uses_local_rope(index) else 0
         self.attention = attention
         qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
         self.input_layernorm = _norm_weight(hidden)

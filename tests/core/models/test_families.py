@@ -34,6 +34,9 @@ CASES = {
     "qwen2_moe-shared": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
     "gemma2-no-window": ("gemma2", {"sliding_window": 4096}),  # >= the context: full
+    "gemma3-no-window": ("gemma3_text", {"sliding_window": 4096, "num_hidden_layers": 3,
+                         "layer_types": ["sliding_attention", "full_attention",
+                                         "sliding_attention"]}),
     "phi3": ("phi3", {}),
     "phi3-longrope": ("phi3", {"rope_scaling": LONGROPE}),
     "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
@@ -45,7 +48,8 @@ WINDOW_CASES = {
     "mistral-window": ("mistral", {"sliding_window": 8}),
     "mixtral-window": ("mixtral", {"sliding_window": 8}),
     "gemma2": ("gemma2", {"attn_logit_softcapping": 50.0}),
-    "gemma3": ("gemma3_text", {}),
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 3, "layer_types": ["sliding_attention",
+               "full_attention", "sliding_attention"]}),
     "qwen3-window": ("qwen3", {"use_sliding_window": True, "sliding_window": 8,
                      "layer_types": ["sliding_attention", "full_attention"]}),
 }  # fmt: skip
