@@ -12,6 +12,9 @@ if [[ "${1:-}" == "test" ]]; then
     # Editable, so the tests (which import helpers from the source tree) and the installed
     # package are one and the same code.
     python3 -m pip install -e ".[test]"
+    # The chart tests (tests/deploy) render deploy/helm/pagedserve with a pinned helm binary.
+    ./deploy/tools/install_helm.sh >/dev/null \
+        || echo "install.sh: no helm binary (see above); tests/deploy will fail" >&2
 else
     python3 -m pip install .
 fi
