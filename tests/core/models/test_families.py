@@ -29,6 +29,7 @@ LONGROPE = {
 # (family, config overrides); sliding windows are 8 tokens, prompts run past them.
 CASES = {
     "qwen3": ("qwen3", {}),
+    "qwen3-attention-bias": ("qwen3", {"attention_bias": True}),  # q/k/v and o_proj biases
     "qwen3_moe": ("qwen3_moe", {}),
     "qwen3_moe-unnormalized": ("qwen3_moe", {"norm_topk_prob": False}),
     "qwen2_moe-shared": ("qwen2_moe", {}),
