@@ -105,7 +105,8 @@ def _announce(config: ServerConfig, engine: Any) -> None:
     tokens = engine.num_pages * engine.page_size
     print(
         f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {engine.num_pages} pages x "
-        f"{engine.page_size} tokens = {tokens} tokens; max_model_len {engine.max_model_len})",
+        f"{engine.page_size} tokens = {tokens} tokens; max_model_len {engine.max_model_len}; "
+        f"{'' if engine.batch_invariant else 'not '}batch-invariant)",
         file=sys.stderr,
         flush=True,
     )

@@ -114,6 +114,7 @@ class AsyncEngine:
         self.chat_template = engine.parts.chat_template
         self.model_name = engine.parts.resolved.name
         self.max_model_len = engine.max_model_len
+        self.batch_invariant = engine.batch_invariant
         self.page_size = engine.parts.kv_layout.spec.page_size
         self.num_pages = engine.parts.kv_layout.num_pages
         self.kv_layout = engine.parts.kv_layout

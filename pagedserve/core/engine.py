@@ -37,6 +37,7 @@ class LLMEngine:
         self.scheduler = parts.scheduler
         self.model_runner = parts.model_runner
         self.max_model_len = parts.max_model_len
+        self.batch_invariant = parts.batch_invariant
         self.eos_token_ids = parts.tokenizer.eos_token_ids
         self._requests: dict[str, Request] = {}
         self._seqs: dict[int, Sequence] = {}

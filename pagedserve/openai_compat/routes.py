@@ -128,4 +128,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "root": ctx.engine.model_name,
         "parent": None,
         "max_model_len": ctx.engine.max_model_len,
+        # Greedy and seeded results depend on the request alone, not the batch (issue 16).
+        "batch_invariant": ctx.engine.batch_invariant,
     }

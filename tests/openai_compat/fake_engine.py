@@ -55,6 +55,7 @@ def _logprob(token_id: int, k: int) -> TokenLogprob:
 class FakeEngine:
     model_name = "fake-model"
     max_model_len = 64
+    batch_invariant = True
     page_size = 16
     num_pages = 8
 

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from pagedserve.core.ops.linear import native_linear_available
 from tests.openai_compat.conftest import API_KEY, BODY_LIMIT, Server
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -22,6 +23,8 @@ def test_models(client: openai.OpenAI, server: Server) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [server.model]
     assert client.models.retrieve(server.model).id == server.model
+    # The default server (native kernels on such a CPU) says it is batch-invariant (issue 16).
+    assert models[0].batch_invariant is native_linear_available()  # type: ignore[attr-defined]
 
 
 # Greedy text is not compared across requests: in bf16 a prefix-cache hit or another batch

@@ -40,8 +40,9 @@ class DecoderStack(NativeDecoderStack):
 
 
 def _applies(layer: nn.Module) -> bool:
-    """Only plain Llama layers (llama_shaped): any family option (q/k norms, sandwich norms,
-    GeGLU, experts, a window, soft-capping, a second rope) keeps the per-layer path."""
+    """Only Llama-shaped layers (a window and attention soft-capping included, which the
+    stack passes to its kernels): q/k norms, sandwich norms, GeGLU, experts or a second rope
+    keep the per-layer path."""
     if not getattr(layer, "llama_shaped", False):
         return False
     mlp = layer.mlp
@@ -71,4 +72,6 @@ def _weights(layer: nn.Module) -> LayerWeights:
         post_norm=layer.post_attention_layernorm.data_ptr(),
         gate_up=layer.mlp.gate_up_proj.packed.data_ptr(),
         down=layer.mlp.down_proj.packed.data_ptr(),
+        sliding_window=layer.sliding_window,
+        logit_softcap=layer.logit_softcap,
     )

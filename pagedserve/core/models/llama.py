@@ -80,15 +80,13 @@ class LlamaDecoderLayer(nn.Module):
 
     @property
     def llama_shaped(self) -> bool:
-        """Exactly Llama's layer (what the native decoder stack runs)."""
+        """Llama's layer, a window or soft-cap aside (what the native decoder stack runs)."""
         return (
             self.q_norm is None
             and self.post_attn_norm is None
             and isinstance(self.mlp, DenseMLP)
             and self.mlp.gate_up_proj.activation == "silu"
             and self.o_proj.bias is None
-            and not self.sliding_window
-            and not self.logit_softcap
             and self.rope_index == 0
         )
 
