@@ -4,6 +4,7 @@ LLM.generate vs transformers' generate() on the same folder, same dtype, side by
 
     python bench/families.py                 # 64 prompts x 128 tokens, bf16, 3 repeats
     python bench/families.py --quick         # 8 x 16, 1 repeat, while developing
+    python bench/families.py --num-prompts 16 --output-len 32   # a smaller grid
 
 Each figure is the median over --repeats, the two engines interleaved within each repeat so a
 shared machine's load falls on both alike. Prints one JSON object (CPU model included).
@@ -128,8 +129,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
     args = parser.parse_args()
-    args.num_prompts, args.output_len = (8, 16) if args.quick else (64, 128)
+    if args.quick:
+        args.num_prompts, args.output_len = 8, 16
     if args.quick:
         args.repeats = 1
     results = [bench(name, args) for name in args.configs]
