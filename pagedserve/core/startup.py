@@ -78,7 +78,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
     attention = get_attention_backend(mc.attention_backend)
-    model, arch = load_model(resolved, dtype=dtype, device=device, attention=attention)
+    # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
+    # long factors only when the served context exceeds the original one).
+    model, arch = load_model(
+        resolved, dtype=dtype, device=device, attention=attention, max_positions=mc.max_model_len
+    )
     max_model_len = _max_model_len(mc, arch)
 
     spec = ModelRunner.kv_spec(arch, cc.page_size, dtype)

@@ -40,13 +40,19 @@ class DecoderStack(NativeDecoderStack):
 
 
 def _applies(layer: nn.Module) -> bool:
-    projections = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    """Only Llama-shaped layers (a window and attention soft-capping included, which the
+    stack passes to its kernels): q/k norms, sandwich norms, GeGLU, experts or a second rope
+    keep the per-layer path."""
+    if not getattr(layer, "llama_shaped", False):
+        return False
+    mlp = layer.mlp
+    projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
     return (
         all(p.packed is not None for p in projections)
         and layer.o_proj.bias is None
-        and layer.gate_up_proj.bias is None
-        and layer.down_proj.bias is None
+        and mlp.gate_up_proj.bias is None
+        and mlp.down_proj.bias is None
         and getattr(attention, "native_decoder_stack", False)
         and all(
             w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous()
@@ -64,8 +70,8 @@ def _weights(layer: nn.Module) -> LayerWeights:
         qkv_bias=0 if bias is None else bias.data_ptr(),
         o=layer.o_proj.packed.data_ptr(),
         post_norm=layer.post_attention_layernorm.data_ptr(),
-        gate_up=layer.gate_up_proj.packed.data_ptr(),
-        down=layer.down_proj.packed.data_ptr(),
+        gate_up=layer.mlp.gate_up_proj.packed.data_ptr(),
+        down=layer.mlp.down_proj.packed.data_ptr(),
         sliding_window=layer.sliding_window,
         logit_softcap=layer.logit_softcap,
     )

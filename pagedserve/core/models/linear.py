@@ -6,6 +6,7 @@ load.
     h = layer(x, residual=h)            h + x W^T (+ bias), rounded once
     logits = layer(x, out_dtype=f32)    fp32 output (no bf16 rounding of the logits)
     mlp = gate_up(x)                    GateUpLinear: silu(x W_gate^T) * (x W_up^T)
+                                        (or gelu_tanh(...) * ..., GeGLU, when so built)
 
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
 1.1-1.3x slower at 64 rows and 1.7-2.5x slower at one row (weights streamed for a single
@@ -121,18 +122,32 @@ class GateUpLinear(PackableLinear):
     on the way. Elsewhere it is the torch product followed by layer_ops.silu_and_mul, as before.
     """
 
-    def __init__(self, in_features: int, width: int) -> None:
+    def __init__(self, in_features: int, width: int, activation: str = "silu") -> None:
         super().__init__(in_features, 2 * width)
-        self.width = width
+        self.width, self.activation = width, activation
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.activation != "silu":  # the epilogue is SiLU's: a plain product, then torch
+            return pack_weight(weight)
         return pack_gated_weight(weight, self.width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
+        if self.activation == "gelu_tanh":
+            gate_up = self._plain_product(x)  # GeGLU: gelu_tanh(gate) * up
+            return F.gelu(gate_up[:, : self.width], approximate="tanh") * gate_up[:, self.width :]
         if self.packed is None:
             assert self.weight is not None
             return layer_ops.silu_and_mul(F.linear(x, self.weight))
         x = self._check_features(x)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype, device=x.device)
         packed_gated_linear(out, x, self.packed)
+        return out
+
+    def _plain_product(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
+        if self.packed is None:
+            assert self.weight is not None
+            return F.linear(x, self.weight)
+        x = self._check_features(x)
+        out = torch.empty((x.shape[0], 2 * self.width), dtype=x.dtype, device=x.device)
+        packed_linear(out, x, self.packed, None, None)
         return out

@@ -1,16 +1,24 @@
-"""Llama-family decoder (Llama, Mistral without sliding window, Qwen2 with q/k/v bias).
+"""The decoder every family shares: Llama's layer, plus the few options ArchConfig switches on
+(families.py says which family sets which):
+
+- q/k per-head RMSNorm before rotary (Qwen3, Gemma 3); o_proj bias (attention_bias);
+- sandwich norms on the attention and MLP outputs before each residual add (Gemma 2/3);
+- GeGLU instead of SwiGLU, embedding scale, final-logit soft-capping (Gemma);
+- per-layer sliding window, attention soft-capping and a local rope base (Mistral, Gemma);
+- a sparse MoE MLP in place of the dense one (Mixtral, Qwen MoE; moe.py).
 
 The batch is flattened: every tensor is [num_tokens, ...] with no padding; which request a
 token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
-qkv_proj, gate/up into gate_up_proj, whose forward applies SiLU-and-mul), each residual add
-rides on the matmul before it, and on CPU the norms and rotary are native ops: a layer is 8
-calls. pack_weights() moves the linear layers onto the native bf16 kernel where it applies
-(models/linear.py; SiLU-and-mul then runs in the gate_up kernel's epilogue), and where
-then every layer runs natively (bf16 on such a CPU, native attention) it hands the whole stack
-to one native call per step (models/decoder_stack.py), with the same results bit for bit.
+qkv_proj, gate/up into gate_up_proj), each residual add rides on the matmul before it, and on
+CPU the norms and rotary are native ops. pack_weights() moves the linear layers onto the native
+bf16 kernel where it applies (models/linear.py), and where every layer is then a plain Llama
+layer running natively it hands the whole stack to one native call per step
+(models/decoder_stack.py), with the same results bit for bit.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from torch import nn
@@ -18,53 +26,113 @@ from torch import nn
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack import DecoderStack
-from pagedserve.core.models.layers import rope_inv_freq, rope_tables
-from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
+from pagedserve.core.models.linear import Linear, PackableLinear
+from pagedserve.core.models.moe import DenseMLP, SparseMoE
 from pagedserve.core.ops import layer_ops
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed_sin), each [n, 1, head_size]
+
+
+def _norm_weight(size: int, present: bool = True) -> nn.Parameter | None:
+    return nn.Parameter(torch.empty(size)) if present else None
+
+
+def check_attention_options(arch: ArchConfig, attention: AttentionBackend) -> None:
+    """Refuse, naming the field, a model whose per-layer attention options the backend's
+    kernels do not take (never a model that silently attends over the whole context)."""
+    accepted = inspect.signature(attention.forward).parameters
+    for name, value in (("sliding_window", arch.sliding_window),
+                        ("logit_softcap", arch.attn_logit_softcap)):  # fmt: skip
+        if value and name not in accepted:
+            raise ValueError(
+                f"config field {name!r} ({value}): the {attention.name!r} attention backend's "
+                "kernels do not take it yet"
+            )
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, attention: AttentionBackend) -> None:
+    def __init__(self, arch: ArchConfig, attention: AttentionBackend, index: int = 0) -> None:
         super().__init__()
         hidden, head = arch.hidden_size, arch.head_size
         self.num_heads, self.num_kv_heads, self.head_size = arch.num_heads, arch.num_kv_heads, head
         self.intermediate_size = arch.intermediate_size
         self.eps = arch.rms_norm_eps
-        self.scale = head**-0.5
-        # Per-layer attention options (0 = off), set by families that use them: keys older than
-        # position - sliding_window are masked; scores are soft-capped (see attention/base.py).
-        self.sliding_window = 0
-        self.logit_softcap = 0.0
+        self.scale = arch.attn_scale
+        self.sliding_window = arch.layer_window(index)
+        self.logit_softcap = arch.attn_logit_softcap
+        self.rope_index = 1 if arch.uses_local_rope(index) else 0
         self.attention = attention
         qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
-        self.input_layernorm = nn.Parameter(torch.empty(hidden))
+        self.input_layernorm = _norm_weight(hidden)
         self.qkv_proj = Linear(hidden, qkv_size, bias=arch.attention_bias)
-        self.o_proj = Linear(arch.num_heads * head, hidden)
-        self.post_attention_layernorm = nn.Parameter(torch.empty(hidden))
-        self.gate_up_proj = GateUpLinear(hidden, arch.intermediate_size)
-        self.down_proj = Linear(arch.intermediate_size, hidden)
+        self.q_norm = _norm_weight(head, arch.qk_norm)
+        self.k_norm = _norm_weight(head, arch.qk_norm)
+        self.o_proj = Linear(arch.num_heads * head, hidden, bias=arch.o_proj_bias)
+        self.post_attn_norm = _norm_weight(hidden, arch.sandwich_norms)
+        self.post_attention_layernorm = _norm_weight(hidden)  # the norm before the MLP
+        self.post_mlp_norm = _norm_weight(hidden, arch.sandwich_norms)
+        self.mlp: DenseMLP | SparseMoE
+        if arch.is_moe_layer(index):
+            self.mlp = SparseMoE(arch)
+        else:
+            self.mlp = DenseMLP(hidden, arch.intermediate_size, arch.hidden_act)
+
+    @property
+    def llama_shaped(self) -> bool:
+        """Llama's layer, a window or soft-cap aside (what the native decoder stack runs)."""
+        return (
+            self.q_norm is None
+            and self.post_attn_norm is None
+            and isinstance(self.mlp, DenseMLP)
+            and self.mlp.gate_up_proj.activation == "silu"
+            and self.o_proj.bias is None
+            and self.rope_index == 0
+        )
+
+    def _qkv(self, qkv: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, ...]:
+        """[n, qkv_size] -> q [n, heads, d], k and v [n, kv_heads, d], q and k rotated."""
+        n, heads, kv_heads, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_size
+        qk_size = (heads + kv_heads) * d
+        if self.q_norm is None:
+            qk = qkv[:, :qk_size].view(n, heads + kv_heads, d)
+        else:  # per-head norms: each head's d values are one row
+            assert self.k_norm is not None
+            q = layer_ops.rms_norm(qkv[:, : heads * d].reshape(n * heads, d), self.q_norm, self.eps)
+            k = qkv[:, heads * d : qk_size].reshape(n * kv_heads, d)
+            k = layer_ops.rms_norm(k, self.k_norm, self.eps)
+            qk = torch.cat((q.view(n, heads, d), k.view(n, kv_heads, d)), dim=1)
+        # q and k sit side by side, so one rotary call covers both (in place on CPU).
+        qk = layer_ops.rotary(qk, *rope)
+        return qk[:, :heads], qk[:, heads:], qkv[:, qk_size:].view(n, kv_heads, d)
+
+    def _attend(self, q, k, v, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:  # noqa: ANN001
+        options = {}  # only what the layer uses: check_attention_options vetted the backend
+        if self.sliding_window:
+            options["sliding_window"] = self.sliding_window
+        if self.logit_softcap:
+            options["logit_softcap"] = self.logit_softcap
+        return self.attention.forward(q, k, v, kv_cache, meta, self.scale, **options)
 
     def forward(
         self,
         hidden: torch.Tensor,  # [n, hidden_size], the residual stream
-        cos: torch.Tensor,  # [n, 1, head_size]
-        signed_sin: torch.Tensor,  # [n, 1, head_size]
+        rope: Rope,  # this layer's (cos, signed_sin), each [n, 1, head_size]
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        n, heads, kv_heads = hidden.shape[0], self.num_heads, self.num_kv_heads
+        n = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.input_layernorm, self.eps)
-        qkv = self.qkv_proj(x)  # [n, (heads + 2 * kv_heads) * head_size]
-        qk_size = (heads + kv_heads) * self.head_size
-        # q and k sit side by side in qkv, so one rotary call covers both (in place on CPU).
-        qk = layer_ops.rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
-        v = qkv[:, qk_size:].view(n, kv_heads, -1)
-        attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale,
-                                      self.sliding_window, self.logit_softcap)  # fmt: skip
-        hidden = self.o_proj(attn.reshape(n, -1), residual=hidden)
+        q, k, v = self._qkv(self.qkv_proj(x), rope)
+        attn = self._attend(q, k, v, kv_cache, meta).reshape(n, -1)
+        if self.post_attn_norm is None:
+            hidden = self.o_proj(attn, residual=hidden)
+            x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
+            return self.mlp(x, residual=hidden)
+        assert self.post_mlp_norm is not None
+        hidden = hidden + layer_ops.rms_norm(self.o_proj(attn), self.post_attn_norm, self.eps)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
-        mlp = self.gate_up_proj(x)  # silu(gate) * up: [n, intermediate_size]
-        return self.down_proj(mlp, residual=hidden)
+        return hidden + layer_ops.rms_norm(self.mlp(x), self.post_mlp_norm, self.eps)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -80,21 +148,26 @@ class LlamaForCausalLM(nn.Module):
         """Parameters are created wherever the ambient default device says (the loader builds
         on "meta" and assigns real weights); the rotary tables go straight to `device`."""
         super().__init__()
+        check_attention_options(arch, attention)
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, attention) for _ in range(arch.num_layers)
+            LlamaDecoderLayer(arch, attention, i) for i in range(arch.num_layers)
         )
         self.norm = nn.Parameter(torch.empty(arch.hidden_size))
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
-        inv_freq = rope_inv_freq(arch.head_size, arch.rope_theta, arch.rope_scaling)
-        cos, signed_sin = rope_tables(
-            inv_freq, max_positions or arch.max_position_embeddings, dtype, device
-        )
+        positions = max_positions or arch.max_position_embeddings
+        inv_freq = rope_inv_freq(arch.head_size, arch.rope_theta, arch.rope_scaling, positions)
+        factor = rope_attention_factor(arch.rope_scaling)
+        cos, signed_sin = rope_tables(inv_freq, positions, dtype, device, factor)
         self.rope_cos: torch.Tensor  # [max_positions, head_size]
         self.rope_signed_sin: torch.Tensor
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
+        self.local_rope: Rope | None = None  # the sliding layers' own tables (Gemma 3)
+        if arch.local_rope_theta:
+            local = rope_inv_freq(arch.head_size, arch.local_rope_theta, None)
+            self.local_rope = rope_tables(local, positions, dtype, device)
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
 
     def tie_weights(self) -> None:
@@ -112,7 +185,16 @@ class LlamaForCausalLM(nn.Module):
         # .to() and friends may move the weights the native stack points at: drop it (the
         # layers run one by one until pack_weights() builds it again).
         self.stack = None
+        if self.local_rope is not None:
+            self.local_rope = (fn(self.local_rope[0]), fn(self.local_rope[1]))
         return super()._apply(fn, recurse)
+
+    def _ropes(self, positions: torch.Tensor) -> list[Rope]:
+        """Each rope table's rows for these positions, [num_tokens, 1, head_size] each."""
+        tables = [(self.rope_cos, self.rope_signed_sin)]
+        if self.local_rope is not None:
+            tables.append(self.local_rope)
+        return [(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for cos, sin in tables]
 
     def forward(
         self,
@@ -122,15 +204,18 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         hidden = self.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].unsqueeze(1)  # [num_tokens, 1, head_size]
-        signed_sin = self.rope_signed_sin[positions].unsqueeze(1)
+        if self.arch.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype first
+            hidden = hidden * torch.tensor(self.arch.embed_scale, dtype=hidden.dtype)
+        ropes = self._ropes(positions)
         if self.stack is not None and not torch.compiler.is_compiling():
-            hidden = self.stack(hidden, cos, signed_sin, kv_caches, meta)
+            hidden = self.stack(hidden, *ropes[0], kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                hidden = layer(hidden, cos, signed_sin, kv_cache, meta)
+                hidden = layer(hidden, ropes[layer.rope_index], kv_cache, meta)
         return layer_ops.rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
-        return self.lm_head(hidden, out_dtype=torch.float32)
+        logits = self.lm_head(hidden, out_dtype=torch.float32)
+        cap = self.arch.final_logit_softcap
+        return logits if not cap else torch.tanh(logits / cap) * cap

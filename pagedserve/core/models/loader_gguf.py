@@ -24,9 +24,18 @@ SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
     | {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
-GGUF_ARCHITECTURES = ("llama", "qwen2")
-# llama.cpp's converter interleaves the rotary halves of Q/K rows for these architectures only.
-PERMUTED_ARCHITECTURES = ("llama",)
+# GGUF general.architecture -> our family (a "llama" file with experts is a Mixtral).
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+}
+# llama.cpp's converter interleaves the rotary halves of Q/K rows for these families only.
+PERMUTED_ARCHITECTURES = ("llama", "mixtral")
+# llama.cpp's top-k renormalization where a file has no expert_weights_norm key.
+_DEFAULT_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -43,6 +52,19 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# [num_experts, out, in] tensors, split into one HF-named weight per expert.
+_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -72,11 +94,31 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
     return None
 
 
+def _experts(reader: GGUFReader, arch: str) -> dict[str, Any]:
+    num = int(_field(reader, f"{arch}.expert_count", 0) or 0)
+    if not num:
+        return {}
+    norm = _field(reader, f"{arch}.expert_weights_norm", _DEFAULT_NORM_TOPK.get(arch, False))
+    return {
+        "num_experts": num,
+        "num_experts_per_tok": int(_field(reader, f"{arch}.expert_used_count")),
+        "norm_topk_prob": bool(norm),
+        "moe_intermediate_size": int(
+            _field(reader, f"{arch}.expert_feed_forward_length", 0)
+            or _field(reader, f"{arch}.feed_forward_length")
+        ),
+        "shared_expert_intermediate_size": int(
+            _field(reader, f"{arch}.expert_shared_feed_forward_length", 0) or 0
+        ),
+    }
+
+
 def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
-            f"GGUF architecture {arch!r} is not supported (supported: {GGUF_ARCHITECTURES})"
+            f"GGUF architecture {arch!r} is not supported "
+            f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
     names = {t.name for t in reader.tensors}
     hidden = int(_field(reader, f"{arch}.embedding_length"))
@@ -85,11 +127,13 @@ def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
     vocab = _field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens else None)
     if vocab is None:
         raise ValueError(f"GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    experts = _experts(reader, arch)
+    family = "mixtral" if arch == "llama" and experts else GGUF_ARCHITECTURES[arch]
     return ArchConfig(
-        architecture=arch,
+        architecture=family,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", 0) or 0),
         num_layers=int(_field(reader, f"{arch}.block_count")),
         num_heads=num_heads,
         num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
@@ -100,6 +144,9 @@ def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
         max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
+        o_proj_bias="blk.0.attn_output.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        **experts,
     )
 
 
@@ -112,16 +159,20 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     return np.asarray(dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_names(name: str, num_experts: int) -> list[str]:
+    """The HF names one GGUF tensor holds: none (rope factors), one, or one per expert."""
     if name in _TOP_LEVEL_NAMES:
-        return _TOP_LEVEL_NAMES[name]
+        return [_TOP_LEVEL_NAMES[name]]
     if name == "rope_freqs.weight":
-        return None  # folded into ArchConfig.rope_scaling
+        return []  # folded into ArchConfig.rope_scaling
     match = _LAYER_RE.fullmatch(name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in {**_LAYER_NAMES, **_EXPERT_NAMES}:
         raise ValueError(f"GGUF tensor {name!r} is not part of a supported model")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    if part in _EXPERT_NAMES:
+        prefix = f"model.layers.{layer}.mlp.experts"
+        return [f"{prefix}.{e}.{_EXPERT_NAMES[part]}.{kind}" for e in range(num_experts)]
+    return [f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"]
 
 
 def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -132,19 +183,23 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
 
 
-def count_gguf_weights(reader: GGUFReader) -> int:
-    return sum(1 for t in reader.tensors if t.name != "rope_freqs.weight")
+def count_gguf_weights(reader: GGUFReader, num_experts: int = 0) -> int:
+    return sum(len(_hf_names(t.name, num_experts)) for t in reader.tensors)
 
 
 def iter_gguf_weights(reader: GGUFReader, arch: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every weight, Q/K rows back in HF's rotary order."""
     permuted = arch.architecture in PERMUTED_ARCHITECTURES
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
-        if name is None:
+        names = _hf_names(tensor.name, arch.num_experts)
+        if not names:
             continue
         # F32 tensors are read-only views of the mapped file: copy those, not the fresh ones.
         weight = torch.from_numpy(np.require(_to_numpy(tensor), requirements=["C", "W"]))
+        if len(names) > 1:  # [num_experts, out, in]
+            yield from zip(names, weight.unbind(0), strict=True)
+            continue
+        name = names[0]
         if permuted and ".q_proj." in name:
             weight = unpermute_rotary(weight, arch.num_heads)
         elif permuted and ".k_proj." in name:

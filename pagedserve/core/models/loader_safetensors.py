@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pagedserve.core.models.arch import ArchConfig, arch_from_hf_config
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.families import arch_from_hf_config
 
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -17,30 +17,42 @@ from tqdm import tqdm
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.families import FAMILIES, family
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.resolve import ResolvedModel
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-}
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in FAMILIES}
 
-# HF suffix inside a layer -> (our parameter, index of this part, number of parts)
+# Llama-style HF suffix inside a layer -> (our parameter, index of this part, number of parts)
 _LAYER_PARTS = {
     "input_layernorm.weight": ("input_layernorm", 0, 1),
     "post_attention_layernorm.weight": ("post_attention_layernorm", 0, 1),
+    "post_attn_norm.weight": ("post_attn_norm", 0, 1),
+    "post_mlp_norm.weight": ("post_mlp_norm", 0, 1),
     "self_attn.q_proj.weight": ("qkv_proj.weight", 0, 3),
     "self_attn.k_proj.weight": ("qkv_proj.weight", 1, 3),
     "self_attn.v_proj.weight": ("qkv_proj.weight", 2, 3),
     "self_attn.q_proj.bias": ("qkv_proj.bias", 0, 3),
     "self_attn.k_proj.bias": ("qkv_proj.bias", 1, 3),
     "self_attn.v_proj.bias": ("qkv_proj.bias", 2, 3),
+    "self_attn.qkv_proj.weight": ("qkv_proj.weight", 0, 1),  # Phi-3 stores it fused
+    "self_attn.q_norm.weight": ("q_norm", 0, 1),
+    "self_attn.k_norm.weight": ("k_norm", 0, 1),
     "self_attn.o_proj.weight": ("o_proj.weight", 0, 1),
-    "mlp.gate_proj.weight": ("gate_up_proj.weight", 0, 2),
-    "mlp.up_proj.weight": ("gate_up_proj.weight", 1, 2),
-    "mlp.down_proj.weight": ("down_proj.weight", 0, 1),
+    "self_attn.o_proj.bias": ("o_proj.bias", 0, 1),
+    "mlp.gate.weight": ("mlp.router.weight", 0, 1),
+    "mlp.shared_expert_gate.weight": ("mlp.shared_expert_gate.weight", 0, 1),
 }
+# Inside any gated MLP (the dense one, an expert, the shared expert).
+_MLP_PARTS = {
+    "gate_proj.weight": ("gate_up_proj.weight", 0, 2),
+    "up_proj.weight": ("gate_up_proj.weight", 1, 2),
+    "gate_up_proj.weight": ("gate_up_proj.weight", 0, 1),  # Phi-3 stores it fused
+    "down_proj.weight": ("down_proj.weight", 0, 1),
+}
+_MLP_RE = re.compile(r"(mlp\.(?:experts\.\d+\.|shared_expert\.)?)(\w+\.weight)")
+_MIXTRAL_EXPERT_RE = re.compile(r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight")
+_MIXTRAL_PROJ = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}
 _TOP_PARTS = {
     "model.embed_tokens.weight": "embed_tokens.weight",
     "model.norm.weight": "norm",
@@ -48,32 +60,67 @@ _TOP_PARTS = {
 }
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_NORMS = ("layernorm", "_norm", "norm")  # our names of the RMSNorm weights
 
 
-def _target(hf_name: str) -> tuple[str, int, int] | None:
+def _canonical(suffix: str, renames: dict[str, str]) -> str:
+    """A layer's HF suffix in Llama's words (Mixtral's block_sparse_moe / w1 w2 w3 included)."""
+    suffix = renames.get(suffix, suffix)
+    expert = _MIXTRAL_EXPERT_RE.fullmatch(suffix)
+    if expert is not None:
+        return f"mlp.experts.{expert.group(1)}.{_MIXTRAL_PROJ[expert.group(2)]}.weight"
+    if suffix.startswith("block_sparse_moe."):
+        return "mlp." + suffix.removeprefix("block_sparse_moe.")
+    return suffix
+
+
+def _layer_part(suffix: str) -> tuple[str, int, int] | None:
+    if suffix in _LAYER_PARTS:
+        return _LAYER_PARTS[suffix]
+    match = _MLP_RE.fullmatch(suffix)
+    if match is None or match.group(2) not in _MLP_PARTS:
+        return None
+    name, index, num_parts = _MLP_PARTS[match.group(2)]
+    return match.group(1) + name, index, num_parts
+
+
+def _target(hf_name: str, renames: dict[str, str]) -> tuple[str, int, int] | None:
     if hf_name in _TOP_PARTS:
         return _TOP_PARTS[hf_name], 0, 1
     if hf_name.endswith(_IGNORED_SUFFIXES):
         return None
     match = _LAYER_RE.fullmatch(hf_name)
-    if match is None or match.group(2) not in _LAYER_PARTS:
+    part = None if match is None else _layer_part(_canonical(match.group(2), renames))
+    if match is None or part is None:
         raise ValueError(f"weight {hf_name!r} does not belong to a supported model")
-    name, index, num_parts = _LAYER_PARTS[match.group(2)]
+    name, index, num_parts = part
     return f"layers.{match.group(1)}.{name}", index, num_parts
 
 
+def _is_norm(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].endswith(_NORMS)
+
+
 def fuse_weights(
-    weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device
+    weights: Iterator[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+    arch: ArchConfig | None = None,
 ) -> dict[str, torch.Tensor]:
     """Our state dict from HF-named weights; parts of a fused weight are concatenated along
-    dim 0 in _LAYER_PARTS order once all of them have arrived."""
+    dim 0 in _LAYER_PARTS order once all of them have arrived. The family's renames apply,
+    and its norm offset (Gemma's 1 + weight) is folded into the norm weights in float32."""
+    renames = family(arch.architecture).renames if arch is not None else {}
+    offset = arch.norm_offset if arch is not None else 0.0
     state: dict[str, torch.Tensor] = {}
     pending: dict[str, list[torch.Tensor | None]] = {}
     for hf_name, tensor in weights:
-        target = _target(hf_name)
+        target = _target(hf_name, renames)
         if target is None:
             continue
         name, index, num_parts = target
+        if offset and _is_norm(name):
+            tensor = tensor.float() + offset
         tensor = tensor.to(dtype)
         if num_parts == 1:
             state[name] = tensor.to(device)
@@ -94,7 +141,7 @@ def _open_weights(
     if resolved.format == "gguf":
         arch, reader = loader_gguf.open_gguf(resolved.path)
         weights = loader_gguf.iter_gguf_weights(reader, arch)
-        return arch, weights, loader_gguf.count_gguf_weights(reader)
+        return arch, weights, loader_gguf.count_gguf_weights(reader, arch.num_experts)
     if resolved.format == "hf":
         arch = loader_safetensors.read_arch(resolved.path)
         files = loader_safetensors.safetensors_files(resolved.path)
@@ -128,7 +175,7 @@ def load_model(
         unit="tensor",
         disable=not progress,
     )
-    state = fuse_weights(iter(bar), dtype, device)
+    state = fuse_weights(iter(bar), dtype, device, arch)
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
         state["lm_head.weight"] = state["embed_tokens.weight"]

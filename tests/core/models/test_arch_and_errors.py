@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagedserve.core.models.arch import arch_from_hf_config
+from pagedserve.core.models.families import arch_from_hf_config
 from pagedserve.core.models.layers import rope_inv_freq
 from pagedserve.core.models.loader_gguf import iter_gguf_weights, open_gguf, unpermute_rotary
 from tests.tiny_models import permute_rotary
@@ -59,7 +59,6 @@ def test_qwen2_has_qkv_bias_and_mistral_is_llama() -> None:
         ({"model_type": "gpt2"}, "architecture 'gpt2' is not supported"),
         ({"num_key_value_heads": 3}, "num_kv_heads"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
-        ({"model_type": "mistral", "sliding_window": 16, "max_position_embeddings": 64}, "sliding"),
     ],
 )
 def test_unsupported_configs(override: dict, match: str) -> None:

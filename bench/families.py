@@ -1,0 +1,147 @@
+"""Offline throughput of the newer families (issue 11): one MoE and one sliding-window config,
+tiny but not toy (hidden 1024, 8 layers, random weights written by transformers), pagedserve's
+LLM.generate vs transformers' generate() on the same folder, same dtype, side by side.
+
+    python bench/families.py                 # 64 prompts x 128 tokens, bf16, 3 repeats
+    python bench/families.py --quick         # 8 x 16, 1 repeat, while developing
+    python bench/families.py --num-prompts 16 --output-len 32   # a smaller grid
+
+Each figure is the median over --repeats, the two engines interleaved within each repeat so a
+shared machine's load falls on both alike. Prints one JSON object (CPU model included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.throughput import Theirs as _Theirs  # noqa: E402 - left padding, batched generate
+
+SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=4096,
+    vocab_size=400,  # the tiny BPE tokenizer's vocabulary
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {
+    # Mixtral-style MoE: 8 experts of width 1408, 2 per token.
+    "mixtral-moe": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2,
+                                "intermediate_size": 1408}),
+    # Mistral with a 64-token sliding window (prompt + output run well past it).
+    "mistral-window64": ("mistral", {"sliding_window": 64}),
+}  # fmt: skip
+PROMPT_LEN = 32
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_model(folder: Path, family: str, extra: dict) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.tiny_tokenizers import write_tiny_bpe
+
+    write_tiny_bpe(folder)
+    cfg = AutoConfig.for_model(family, **{**SHAPE, **extra})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    model.save_pretrained(folder)
+
+
+class Ours:
+    def __init__(self, folder: Path, dtype: str, num_prompts: int, output_len: int) -> None:
+        from pagedserve import LLM
+
+        self.llm = LLM(str(folder), dtype=dtype, max_model_len=PROMPT_LEN + output_len + 16,
+                       page_size=16, num_pages=num_prompts * ((PROMPT_LEN + output_len) // 16 + 2),
+                       max_num_seqs=num_prompts, max_num_batched_tokens=512,
+                       enable_prefix_caching=False)  # fmt: skip
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> int:
+        from pagedserve import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        return sum(len(o.outputs[0].token_ids) for o in self.llm.generate(prompts, params))
+
+
+class Theirs(_Theirs):
+    def __init__(self, folder: Path, dtype: str, batch: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+        self.model.eval()
+        self.batch, self.pad_id = batch, 0
+
+
+def tokens_per_s(engine, prompts: list[list[int]], max_tokens: int) -> float:  # noqa: ANN001
+    start = time.perf_counter()
+    n = engine.generate(prompts, max_tokens)
+    return n / (time.perf_counter() - start)
+
+
+def bench(name: str, args: argparse.Namespace) -> dict:
+    family, extra = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / name
+        write_model(folder, family, extra)
+        gen = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(10, 390, (PROMPT_LEN,), generator=gen).tolist()
+                   for _ in range(args.num_prompts)]  # fmt: skip
+        ours = Ours(folder, args.dtype, args.num_prompts, args.output_len)
+        theirs = Theirs(folder, args.dtype, args.hf_batch)
+        runs: dict[str, list[float]] = {"pagedserve": [], "transformers": []}
+        for _ in range(args.repeats):
+            runs["pagedserve"].append(tokens_per_s(ours, prompts, args.output_len))
+            runs["transformers"].append(tokens_per_s(theirs, prompts, args.output_len))
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    return {"config": name, "family": family, **extra, "output_tok_s": medians,
+            "ratio": medians["pagedserve"] / medians["transformers"], "runs": runs}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hf-batch", type=int, default=64)
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    args = parser.parse_args()
+    if args.quick:
+        args.num_prompts, args.output_len = 8, 16
+    if args.quick:
+        args.repeats = 1
+    results = [bench(name, args) for name in args.configs]
+    print(json.dumps({"cpu": cpu_model(), "threads": torch.get_num_threads(),
+                      "num_prompts": args.num_prompts, "prompt_len": PROMPT_LEN,
+                      "output_len": args.output_len, "dtype": args.dtype,
+                      "results": results}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

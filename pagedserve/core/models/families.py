@@ -1,0 +1,236 @@
+"""The model families: for each HF model_type, how its config.json maps onto ArchConfig and how
+its weight names differ from Llama's. Everything else (the layers) is shared: llama.py builds
+every family from the ArchConfig fields, moe.py adds the sparse MLP.
+
+A config field we do not implement is refused here, naming it: a model never loads and then
+produces wrong tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedserve.core.models.arch import FULL, SLIDING, ArchConfig
+
+Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    fields: Callable[[Config], dict[str, Any]]
+    """config.json -> the ArchConfig fields beyond the common ones (raises on what we lack)."""
+    renames: dict[str, str] = field(default_factory=dict)
+    """HF weight suffix inside a layer -> the Llama-style suffix registry.py knows."""
+
+
+def _refuse_if(condition: Any, name: str, why: str) -> None:
+    if condition:
+        raise ValueError(f"config field {name!r}: {why} is not supported")
+
+
+def _activation(config: Config) -> str:
+    act = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    names = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+    _refuse_if(act not in names, "hidden_act", f"activation {act!r}")
+    return names[act]
+
+
+def _rope(params: Config | None, theta: float | None) -> tuple[float, dict | None]:
+    """(theta, scaling) from transformers <5 (rope_theta + rope_scaling) or >=5 (rope_parameters
+    holding both)."""
+    if theta is None:
+        theta = (params or {}).get("rope_theta", 10000.0)
+    if params is not None:
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        rope_type = "longrope" if rope_type == "su" else rope_type
+        params = None if rope_type == "default" else {**params, "rope_type": rope_type}
+    return float(theta), params
+
+
+def _layer_types(config: Config, default: Callable[[int], bool] | None) -> tuple[str, ...]:
+    """config's layer_types, else `default(i)` (is layer i sliding?), else () (all alike)."""
+    if config.get("layer_types"):
+        return tuple(config["layer_types"])
+    if default is None:
+        return ()
+    return tuple(SLIDING if default(i) else FULL for i in range(config["num_hidden_layers"]))
+
+
+def _window(config: Config, layer_types: tuple[str, ...]) -> int:
+    window = config.get("sliding_window") or 0
+    if layer_types and SLIDING not in layer_types:
+        return 0
+    # A window at least as long as any context changes nothing: treat it as full attention.
+    return 0 if window >= config.get("max_position_embeddings", 0) > 0 else int(window)
+
+
+def _qwen_window(config: Config) -> dict[str, Any]:
+    """Qwen2/3 (dense and MoE): a window only when use_sliding_window and layer_types say so."""
+    if not config.get("use_sliding_window"):
+        return {}
+    _refuse_if(not config.get("layer_types"), "use_sliding_window", "a window without layer_types")
+    types = _layer_types(config, None)
+    return {"sliding_window": _window(config, types), "layer_types": types}
+
+
+def _llama(config: Config) -> dict[str, Any]:
+    _refuse_if(config.get("mlp_bias"), "mlp_bias", "a bias on the MLP")
+    bias = bool(config.get("attention_bias", False))
+    return {"attention_bias": bias, "o_proj_bias": bias}
+
+
+def _mistral(config: Config) -> dict[str, Any]:
+    return {"sliding_window": _window(config, ())}
+
+
+def _qwen2(config: Config) -> dict[str, Any]:
+    return {"attention_bias": True, **_qwen_window(config)}
+
+
+def _qwen3(config: Config) -> dict[str, Any]:
+    return {**_llama(config), "qk_norm": True, **_qwen_window(config)}
+
+
+def _experts(config: Config) -> dict[str, Any]:
+    num = config.get("num_experts") or config.get("num_local_experts") or 0
+    step = int(config.get("decoder_sparse_step", 1) or 1)
+    only_dense = set(config.get("mlp_only_layers") or ())
+    dense = tuple(
+        i for i in range(config["num_hidden_layers"]) if i in only_dense or (i + 1) % step
+    )
+    return {
+        "num_experts": int(num),
+        "num_experts_per_tok": int(config["num_experts_per_tok"]),
+        "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+        "moe_intermediate_size": int(config.get("moe_intermediate_size") or 0),
+        "dense_layers": dense,
+    }
+
+
+def _qwen3_moe(config: Config) -> dict[str, Any]:
+    return {**_qwen3(config), **_experts(config)}
+
+
+def _qwen2_moe(config: Config) -> dict[str, Any]:
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    return {**_qwen2(config), **_experts(config), "shared_expert_intermediate_size": shared}
+
+
+def _mixtral(config: Config) -> dict[str, Any]:
+    experts = _experts(config)
+    # Mixtral's router always renormalizes its top-k; its experts are intermediate_size wide.
+    experts |= {"norm_topk_prob": True, "moe_intermediate_size": int(config["intermediate_size"])}
+    return {**_mistral(config), **experts}
+
+
+def _gemma_common(config: Config, types: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "norm_offset": 1.0,
+        "embed_scale": math.sqrt(config["hidden_size"]),
+        "sandwich_norms": True,
+        "query_pre_attn_scalar": float(config.get("query_pre_attn_scalar") or 0.0),
+        "attn_logit_softcap": float(config.get("attn_logit_softcapping") or 0.0),
+        "final_logit_softcap": float(config.get("final_logit_softcapping") or 0.0),
+        "sliding_window": _window(config, types),
+        "layer_types": types,
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+
+def _gemma2(config: Config) -> dict[str, Any]:
+    types = _layer_types(config, lambda i: i % 2 == 0)
+    return _gemma_common(config, types)
+
+
+def _gemma3(config: Config) -> dict[str, Any]:
+    pattern = int(
+        config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6
+    )
+    types = _layer_types(config, lambda i: (i + 1) % pattern != 0)
+    params = config.get("rope_parameters") or {}
+    if FULL in params:  # transformers >= 5: one rope per layer type
+        theta, scaling = _rope(params[FULL], None)
+        local_theta, local_scaling = _rope(params.get(SLIDING), None)
+        _refuse_if(local_scaling, "rope_parameters.sliding_attention", "a scaled local rope")
+    else:
+        theta, scaling = _rope(config.get("rope_scaling"), config.get("rope_theta", 1e6))
+        local_theta = float(config.get("rope_local_base_freq", 10000.0))
+    common = _gemma_common(config, types)
+    return {**common, "qk_norm": True, "rope_theta": theta, "rope_scaling": scaling,
+            "local_rope_theta": local_theta}  # fmt: skip
+
+
+def _phi3(config: Config) -> dict[str, Any]:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    _refuse_if(factor != 1.0, "partial_rotary_factor", f"partial rotary ({factor})")
+    theta, scaling = _rope(config.get("rope_parameters") or config.get("rope_scaling"),
+                           config.get("rope_theta"))  # fmt: skip
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        original = scaling.get("original_max_position_embeddings")
+        original = original or config.get("original_max_position_embeddings")
+        max_pos = config["max_position_embeddings"]
+        scaling = {**scaling, "original_max_position_embeddings": original,
+                   "max_position_embeddings": max_pos}  # fmt: skip
+    return {"rope_theta": theta, "rope_scaling": scaling, **_mistral(config)}
+
+
+_GEMMA_NORMS = {
+    "post_attention_layernorm.weight": "post_attn_norm.weight",
+    "pre_feedforward_layernorm.weight": "post_attention_layernorm.weight",
+    "post_feedforward_layernorm.weight": "post_mlp_norm.weight",
+}
+FAMILIES: dict[str, Family] = {
+    "llama": Family(_llama),
+    "mistral": Family(_mistral),
+    "qwen2": Family(_qwen2),
+    "qwen3": Family(_qwen3),
+    "qwen2_moe": Family(_qwen2_moe),
+    "qwen3_moe": Family(_qwen3_moe),
+    "mixtral": Family(_mixtral),
+    "gemma2": Family(_gemma2, _GEMMA_NORMS),
+    "gemma3_text": Family(_gemma3, _GEMMA_NORMS),
+    "phi3": Family(_phi3),
+}
+
+
+def family(architecture: str) -> Family:
+    if architecture not in FAMILIES:
+        raise ValueError(
+            f"architecture {architecture!r} is not supported (supported: {', '.join(FAMILIES)})"
+        )
+    return FAMILIES[architecture]
+
+
+def arch_from_hf_config(config: Config) -> ArchConfig:
+    """An ArchConfig from the dict of an HF config.json."""
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ValueError("config.json has no model_type")
+    extra = family(model_type).fields(config)
+    num_heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    rope_theta, rope_scaling = _rope(
+        config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta")
+    )
+    common = dict(
+        architecture=model_type,
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(config.get("intermediate_size") or 0),
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        head_size=int(config.get("head_dim") or hidden // num_heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=False,
+        hidden_act=_activation(config),
+    )
+    return ArchConfig(**{**common, **extra})

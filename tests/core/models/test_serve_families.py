@@ -1,0 +1,45 @@
+"""`pagedserve serve` on a tiny Qwen3-MoE folder (q/k norms and routed experts in one model),
+through a real server process and the OpenAI SDK: /v1/completions gives the offline engine's
+greedy text, /v1/chat/completions renders the folder's own chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openai import OpenAI
+
+from pagedserve import LLM, SamplingParams
+from tests.openai_compat.conftest import start_server, stop_server
+from tests.tiny_models import write_hf_model
+from tests.tiny_tokenizers import CHATML_TEMPLATE, write_tiny_bpe
+
+PROMPT = "the quick brown fox"
+
+
+def test_serve_qwen3_moe_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "qwen3-moe"
+    write_tiny_bpe(folder, chat_template=CHATML_TEMPLATE)
+    write_hf_model(folder, "qwen3_moe", seed=31)
+    flags = ["--dtype", "float32", "--max-model-len", "128", "--num-pages", "64"]
+    llm = LLM(str(folder), dtype="float32", max_model_len=128, num_pages=64)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    offline = llm.generate([PROMPT], greedy)[0].outputs[0].text
+    messages = [{"role": "user", "content": "hello world"}]
+    rendered = llm.engine.parts.chat_template.render(messages, add_generation_prompt=True)
+    chat_prompt_tokens = len(llm.tokenizer.encode(rendered, add_special_tokens=False))
+    server = start_server(tmp_path, str(folder), *flags)
+    try:
+        client = OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+        completion = client.completions.create(
+            model=server.model, prompt=PROMPT, max_tokens=8, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert completion.choices[0].text == offline
+        assert completion.usage.completion_tokens == 8
+        chat = client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=4, temperature=0
+        )
+        assert chat.choices[0].message.role == "assistant"
+        assert chat.usage.prompt_tokens == chat_prompt_tokens  # the folder's ChatML template
+    finally:
+        assert stop_server(server) == 0, server.log()
