@@ -26,6 +26,7 @@ from pagedserve.core.config import (
     SchedulerConfig,
     field_docs,
 )
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat.server_config import ServerConfig
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
@@ -100,12 +101,13 @@ def _url(config: ServerConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
-def _announce(config: ServerConfig, engine: Any) -> None:
-    name = config.served_model_name or engine.model_name
-    tokens = engine.num_pages * engine.page_size
+def _announce(config: ServerConfig, engine: EngineClient) -> None:
+    model = engine.model_info
+    name = config.served_model_name or model.name
+    tokens = model.num_pages * model.page_size
     print(
-        f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {engine.num_pages} pages x "
-        f"{engine.page_size} tokens = {tokens} tokens; max_model_len {engine.max_model_len})",
+        f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
+        f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len})",
         file=sys.stderr,
         flush=True,
     )

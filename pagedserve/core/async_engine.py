@@ -111,12 +111,8 @@ class AsyncEngine:
         self.engine = engine
         self.max_waiting = max_waiting
         self.tokenizer = engine.tokenizer
-        self.chat_template = engine.parts.chat_template
-        self.model_name = engine.parts.resolved.name
-        self.max_model_len = engine.max_model_len
-        self.page_size = engine.parts.kv_layout.spec.page_size
-        self.num_pages = engine.parts.kv_layout.num_pages
-        self.kv_layout = engine.parts.kv_layout
+        self.chat_template = engine.chat_template
+        self.model_info = engine.model_info
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}
         self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)

@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, parts: EngineParts, config: EngineConfig) -> None:
         self.config = config
-        self.parts = parts
         self.tokenizer = parts.tokenizer
+        self.chat_template = parts.chat_template
+        self.model_info = parts.model_info
         self.scheduler = parts.scheduler
         self.model_runner = parts.model_runner
         self.max_model_len = parts.max_model_len

@@ -71,7 +71,7 @@ class LLM:
         messages: list[dict[str, Any]],
         sampling_params: SamplingParams | None = None,
     ) -> RequestOutput:
-        template = self.engine.parts.chat_template
+        template = self.engine.chat_template
         if template is None:
             raise ValueError("this model has no chat template; pass chat_template=<path>")
         prompt = template.render(messages, add_generation_prompt=True)

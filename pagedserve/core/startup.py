@@ -15,6 +15,7 @@ import torch
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.chat_template import ChatTemplate, load_chat_template
 from pagedserve.core.config import EngineConfig, ModelConfig
+from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.kv_cache import KVCacheLayout, choose_num_pages
 from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
@@ -38,6 +39,18 @@ class EngineParts:
     scheduler: Scheduler
     max_model_len: int
     kv_layout: KVCacheLayout
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.resolved.name,
+            max_model_len=self.max_model_len,
+            vocab_size=self.tokenizer.vocab_size,
+            page_size=self.kv_layout.spec.page_size,
+            num_pages=self.kv_layout.num_pages,
+            dtype=str(self.model_runner.dtype).removeprefix("torch."),
+            device=str(self.model_runner.device),
+        )
 
 
 def choose_device(name: str) -> torch.device:

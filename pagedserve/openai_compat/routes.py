@@ -71,7 +71,7 @@ async def tokenize(request: Request) -> Response:
         text = body.prompt or ""
         encode = ctx.engine.tokenizer.encode
         tokens = await off_loop(len(text), encode, text, body.add_special_tokens)
-    max_len = ctx.engine.max_model_len
+    max_len = ctx.engine.model_info.max_model_len
     return JSONResponse({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
 
 
@@ -125,7 +125,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "object": "model",
         "created": state.started,
         "owned_by": "pagedserve",
-        "root": ctx.engine.model_name,
+        "root": ctx.engine.model_info.name,
         "parent": None,
-        "max_model_len": ctx.engine.max_model_len,
+        "max_model_len": ctx.engine.model_info.max_model_len,
     }

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
+from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.logprobs import CompletionLogprobs, merge_completion_logprobs
@@ -140,7 +141,7 @@ class CompletionService:
         self,
         head: dict[str, Any],
         job: _Job,
-        streams: list[AsyncIterator[RequestOutput]],
+        streams: list[RequestStream],
         include_usage: bool,
     ) -> AsyncIterator[dict[str, Any]]:
         if include_usage:

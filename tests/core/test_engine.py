@@ -139,7 +139,7 @@ def test_n_outputs_share_the_prompt_pages(llm: LLM) -> None:
     out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))[0]
     assert sorted(o.index for o in out.outputs) == [0, 1, 2]
     assert all(len(o.token_ids) >= 1 for o in out.outputs)
-    page_size = llm.engine.parts.kv_layout.spec.page_size
+    page_size = llm.engine.model_info.page_size
     shared = (len(prompt) - 1) // page_size * page_size
     assert llm.engine.stats().prefix_hit_tokens - before >= 2 * shared
 
