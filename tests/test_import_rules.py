@@ -13,7 +13,15 @@ import pagedserve
 
 PACKAGE = Path(pagedserve.__file__).parent
 STDLIB_ONLY = ["config", "sampling_params", "request", "outputs", "errors", "kv_cache"]
-NO_TORCH = ["scheduler", "kv_cache", "gguf_reader", "ops.native"]
+NO_TORCH = [
+    "scheduler",
+    "kv_cache",
+    "gguf_reader",
+    "ops.native",
+    "engine",
+    "output_processor",
+    "engine_client",
+]
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedserve.core.outputs import CompletionOutput, RequestMetrics, TokenLogprob
 from pagedserve.core.sampling_params import SamplingParams
@@ -20,8 +20,6 @@ class Sequence:
     index: int
     request: Request
     detokenizer: IncrementalDetokenizer
-    generator: Any = None
-    """torch.Generator when the request is seeded (typed loosely: this module is stdlib-only)."""
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None

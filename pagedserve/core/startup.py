@@ -98,7 +98,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     layout = KVCacheLayout(spec, num_pages)
     runner = ModelRunner(
-        model, arch, num_pages=num_pages, page_size=cc.page_size, dtype=dtype, device=device
+        model,
+        arch,
+        num_pages=num_pages,
+        page_size=cc.page_size,
+        dtype=dtype,
+        device=device,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=tokenizer.eos_token_ids,
     )
     scheduler = Scheduler(
         num_pages=num_pages,
