@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import MISSING, fields
 from functools import partial
 from typing import Any
@@ -175,12 +175,13 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     return bool(libc.mallopt(_M_ARENA_MAX, arenas))
 
 
-def _run(coro: Any) -> int:
+def _run(coro: Coroutine[object, object, int]) -> int:
     try:
         import uvloop  # optional: faster event loop when installed
     except ImportError:
         return asyncio.run(coro)
-    return uvloop.run(coro)
+    code: int = uvloop.run(coro)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

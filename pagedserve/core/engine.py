@@ -177,9 +177,9 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
                 metrics.num_cached_tokens = self.scheduler.num_cached_tokens(seq_id)
         for seq_id in plan.preempted_seq_ids.tolist():
-            seq = self._seqs.get(seq_id)
-            if seq is not None:
-                seq.request.metrics.num_preemptions += 1
+            preempted = self._seqs.get(seq_id)
+            if preempted is not None:
+                preempted.request.metrics.num_preemptions += 1
 
     def _sample_seqs(self, plan: StepPlan) -> list[Sequence]:
         """The sequences that sample a token this step, in the plan's order."""

@@ -31,7 +31,8 @@ class _PlainViewReader(GGUFReader):
         size = np.dtype(dtype).itemsize * count
         arr = plain[offset : offset + size].view(dtype=dtype)[:count]
         order = self.byte_order if override_order is None else override_order
-        return arr.view(arr.dtype.newbyteorder(order))
+        ordered: np.ndarray = arr.view(arr.dtype.newbyteorder(order))
+        return ordered
 
 
 @functools.lru_cache(maxsize=4)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
 from pagedserve.core.kv_cache import KVCacheSpec
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.outputs import TokenLogprob
 from pagedserve.core.request import Sequence
 from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
@@ -49,7 +49,7 @@ class StepResult:
 class ModelRunner:
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         arch: ArchConfig,
         *,
         num_pages: int,

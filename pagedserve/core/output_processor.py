@@ -54,10 +54,9 @@ class OutputProcessor:
             if request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(logprobs)
         touched: dict[str, Request] = {}
-        logprobs = result.logprobs
         for i, seq_id in enumerate(plan.sample_seq_ids.tolist()):
             seq = self.seqs[seq_id]
-            self._append_token(seq, sampled[i], logprobs[i] if logprobs else None)
+            self._append_token(seq, sampled[i], result.logprobs[i] if result.logprobs else None)
             touched[seq.request.request_id] = seq.request
         return [self._emit(request) for request in touched.values()]
 

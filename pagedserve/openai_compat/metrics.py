@@ -47,7 +47,13 @@ class EngineStatsCollector(Collector):
         info.add_metric([str(model.page_size), str(model.num_pages), self._model_name], 1.0)
         yield info
 
-    def _family(self, kind: type, name: str, doc: str, value: float) -> Metric:
+    def _family(
+        self,
+        kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+        name: str,
+        doc: str,
+        value: float,
+    ) -> Metric:
         family = kind(name, doc, labels=["model_name"])
         family.add_metric([self._model_name], value)
         return family

@@ -25,7 +25,9 @@ from pagedserve.openai_compat.state import ServerState
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.server
+    state = request.app.state.server
+    assert isinstance(state, ServerState)  # create_app put it there
+    return state
 
 
 @endpoint

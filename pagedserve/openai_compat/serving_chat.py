@@ -78,7 +78,9 @@ class ChatService:
         final = await until_disconnect(receive, collect([stream], ctx.metrics, "messages"))
         return JSONResponse(self._response(head, final[0], top_k))
 
-    def _response(self, head: dict[str, Any], out: RequestOutput, top_k: int | None) -> dict:
+    def _response(
+        self, head: dict[str, Any], out: RequestOutput, top_k: int | None
+    ) -> dict[str, Any]:
         tokenizer = self.ctx.engine.tokenizer
         choices = []
         for o in out.outputs:
@@ -135,5 +137,7 @@ class ChatService:
             yield {**head, "choices": [], "usage": usage(num_prompt, num_generated, cached)}
 
 
-def _choice(index: int, delta: dict, logprobs: dict | None, finish_reason: str | None) -> dict:
+def _choice(
+    index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, finish_reason: str | None
+) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

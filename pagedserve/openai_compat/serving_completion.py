@@ -74,7 +74,9 @@ class CompletionService:
         finals = await until_disconnect(receive, collect(streams, ctx.metrics, "prompt"))
         return JSONResponse(self._response(head, job, finals))
 
-    async def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> tuple:
+    async def _prompts(
+        self, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> tuple[list[list[int]], list[str]]:
         """Token ids and echo text of each prompt."""
         tokenizer = self.ctx.engine.tokenizer
         if isinstance(prompt, str):
@@ -82,7 +84,7 @@ class CompletionService:
         if not prompt:
             raise errors.invalid("The prompt is empty.", param="prompt")
         if isinstance(prompt[0], int):
-            prompt = [prompt]  # type: ignore[list-item]
+            prompt = [prompt]
         ids: list[list[int]] = []
         texts: list[str] = []
         for item in prompt:
@@ -90,7 +92,7 @@ class CompletionService:
                 ids.append(await off_loop(len(item), tokenizer.encode, item, True))
                 texts.append(item)
             else:
-                ids.append(list(item))  # type: ignore[arg-type]
+                ids.append(list(item))
                 texts.append("")  # decoded lazily: only echo needs it
         return ids, texts
 
@@ -122,7 +124,9 @@ class CompletionService:
             text = self._echo_text(job, p) + text
         return text, logprobs, len(token_ids)
 
-    def _response(self, head: dict[str, Any], job: _Job, finals: list[RequestOutput]) -> dict:
+    def _response(
+        self, head: dict[str, Any], job: _Job, finals: list[RequestOutput]
+    ) -> dict[str, Any]:
         choices = []
         generated = 0
         for p, out in enumerate(finals):

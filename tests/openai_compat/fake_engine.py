@@ -127,8 +127,8 @@ class FakeEngine:
         finished = False
         try:
             if self.fail_requests:
-                out = CompletionOutput(0, finish_reason="error")
-                yield RequestOutput(request_id, prompt_token_ids, [out], True, error="boom")
+                failed = CompletionOutput(0, finish_reason="error")
+                yield RequestOutput(request_id, prompt_token_ids, [failed], True, error="boom")
                 return
             num = params.max_tokens or self.default_max_tokens
             prompt_lps = None

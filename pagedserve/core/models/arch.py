@@ -27,7 +27,9 @@ class ArchConfig:
     head_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None  # None, or {"rope_type": one of ROPE_TYPES, ...} as HF writes it
+    rope_scaling: (
+        dict[str, Any] | None
+    )  # None, or {"rope_type": one of ROPE_TYPES, ...} as HF writes it
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # bias on q/k/v (qwen2 always has one)
@@ -49,7 +51,7 @@ class ArchConfig:
                 raise ValueError(f"rope_scaling type {rope_type!r} is not supported {ROPE_TYPES}")
 
 
-def _rope_from_hf(config: dict[str, Any]) -> tuple[float, dict | None]:
+def _rope_from_hf(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from transformers <5 (rope_theta + rope_scaling) or >=5
     (rope_parameters holding both) config.json files."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or None

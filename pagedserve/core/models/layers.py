@@ -8,11 +8,14 @@ form serves every format.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 
-def rope_inv_freq(head_size: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:
+def rope_inv_freq(
+    head_size: int, theta: float, rope_scaling: dict[str, Any] | None
+) -> torch.Tensor:
     """[head_size // 2] float32 inverse frequencies, after any rope scaling."""
     # Explicit device="cpu": models are built under torch.device("meta"), the tables must be real.
     exponents = torch.arange(0, head_size, 2, dtype=torch.int64, device="cpu").float() / head_size
@@ -29,7 +32,7 @@ def rope_inv_freq(head_size: int, theta: float, rope_scaling: dict | None) -> to
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported")
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1 scaling: long wavelengths are slowed by `factor`, short ones kept, and the band
     in between blends the two linearly in 1/wavelength."""
     factor = float(scaling["factor"])

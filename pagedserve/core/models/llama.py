@@ -12,6 +12,8 @@ to one native call per step (models/decoder_stack.py), with the same results bit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -59,7 +61,8 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.o_proj(attn.reshape(n, -1), residual=hidden)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
         mlp = self.gate_up_proj(x)  # silu(gate) * up: [n, intermediate_size]
-        return self.down_proj(mlp, residual=hidden)
+        out: torch.Tensor = self.down_proj(mlp, residual=hidden)
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
@@ -93,21 +96,30 @@ class LlamaForCausalLM(nn.Module):
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
 
     def tie_weights(self) -> None:
-        self.lm_head.weight = self.embed_tokens.weight
+        weight = self.embed_tokens.weight
+        assert isinstance(weight, nn.Parameter)
+        self.lm_head.weight = weight
 
     def pack_weights(self) -> int:
         """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
         AVX512-BF16) and build the native decoder stack where every layer then runs natively;
         returns how many layers were packed. Call once, after the weights are loaded."""
         packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
-        self.stack = DecoderStack.build(self.layers)
+        self.stack = DecoderStack.build(self.decoder_layers())
         return packed
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+    def decoder_layers(self) -> list[LlamaDecoderLayer]:
+        return [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
+
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> LlamaForCausalLM:
         # .to() and friends may move the weights the native stack points at: drop it (the
         # layers run one by one until pack_weights() builds it again).
         self.stack = None
-        return super()._apply(fn, recurse)
+        # torch's Module._apply carries no annotations.
+        module: LlamaForCausalLM = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        return module
 
     def forward(
         self,
@@ -128,4 +140,5 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
-        return self.lm_head(hidden, out_dtype=torch.float32)
+        logits: torch.Tensor = self.lm_head(hidden, out_dtype=torch.float32)
+        return logits
