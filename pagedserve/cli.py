@@ -164,8 +164,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     """Cap glibc's malloc arenas before the server starts its threads (an explicit
     MALLOC_ARENA_MAX in the environment wins). glibc gives each allocating thread its own arena,
     up to 8 per core (engine loop, tokenizer and worker threads, torch's OpenMP team), and memory
-    freed in one arena is not reused by the others: resident memory crept 6-8% from wave to wave
-    of 256 streams; capped, it stays within the 5% that RELIABILITY.md promises."""
+    freed in one arena is not reused by the others: resident memory crept from wave to wave of
+    256 streams; capped, it stays within what RELIABILITY.md promises (figures in
+    bench/RESULTS.md)."""
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return False
     try:

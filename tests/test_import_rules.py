@@ -1,4 +1,4 @@
-"""DESIGN.md's import rules, checked by walking every module's imports (ast, no execution)."""
+"""docs/design.md's import rules, checked by walking every module's imports (ast, no execution)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,14 @@ def test_stdlib_only_modules(module: str) -> None:
 def test_bookkeeping_never_imports_torch(module: str) -> None:
     imported = modules()[f"pagedserve.core.{module}"]
     assert not any(i.split(".")[0] == "torch" for i in imported)
+
+
+def test_the_server_side_holds_the_engine_through_the_protocol() -> None:
+    """openai_compat sees the engine only as core.engine_client's EngineClient."""
+    engine_modules = ("pagedserve.core.async_engine", "pagedserve.core.engine")
+    for name, imported in modules().items():
+        if name.startswith("pagedserve.openai_compat"):
+            assert not set(imported) & set(engine_modules), name
 
 
 def test_ops_never_import_models() -> None:

@@ -7,9 +7,9 @@ AVX512-BF16 the native bf16 kernel of pagedserve._core over a weight packed once
     mlp = gate_up(x)                    GateUpLinear: silu(x W_gate^T) * (x W_up^T)
 
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
-1.1-1.3x slower at 64 rows and 1.7-2.5x slower at one row (weights streamed for a single
-request), and it cannot fuse the residual add or write fp32 logits; bench/linear.py measures
-both side by side. Anywhere else (float32, float16, CUDA, a CPU without
+slower, most of all at one row (weights streamed for a single request), and it cannot fuse the
+residual add or write fp32 logits; bench/linear.py measures both side by side (figures in
+bench/RESULTS.md). Anywhere else (float32, float16, CUDA, a CPU without
 AVX512-BF16) the torch expressions run, exactly as before, so the float32 oracle path is untouched.
 """
 
