@@ -1,7 +1,7 @@
 # Type stubs of the compiled module pagedserve._core (cpp/bindings/), for mypy.
 # Generated with `pybind11-stubgen pagedserve._core` from the built module, then formatted with
-# ruff; regenerate after changing the bindings. tests/native/test_stubs.py checks that the
-# stub and the built module name the same things.
+# ruff; regenerate after changing the bindings (scripts/gen_stubs.sh). tests/native/test_stubs.py
+# checks that the stub and the built module name the same things.
 """
 pagedserve native core: page allocator, scheduler, CPU kernels
 """
