@@ -6,7 +6,9 @@
 #   shared: 32 requests at once sharing one cold 1,000-token prompt, 32 out (prefix cache);
 #           also on pagedserve with --no-enable-prefix-caching
 # then llama-server again on a Q8_0 re-encode (llama-quantize), and the offline engine on the c32
-# prompts (HTTP overhead). Appends a dated table to bench/RESULTS.md (bench/compare_report.py).
+# prompts (HTTP overhead). Appends a dated table to bench/RESULTS.md (bench/compare_report.py) and
+# draws PNG plots (bench/plots.py: tok/s, TTFT, ITL vs concurrency) into bench/plots/<run>/ (with
+# --no-write: into the run folder), shown in RESULTS.md next to the tables.
 #
 #   bench/compare.sh            # full grid (~30-40 min on a quiet machine)
 #   bench/compare.sh --quick    # reduced grid while developing (~5-10 min)
@@ -148,9 +150,16 @@ setup="Servers one at a time; prompts $p_short/$p_long tokens, outputs $o_short 
 python - "$run_dir" "$load_before" "$gguf" "$quick" "$setup" <<'EOF'
 import datetime, json, sys
 run_dir, load_before, gguf, quick, setup = sys.argv[1:]
-meta = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
+cpu = next((l.partition(":")[2].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+meta = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "load_before": load_before, "cpu": cpu,
         "load_after": " ".join(open("/proc/loadavg").read().split()[:3]), "model": gguf,
         "quick": quick == "1", "setup": setup}
 open(f"{run_dir}/meta.json", "w").write(json.dumps(meta))
 EOF
-if ((write)); then python bench/compare_report.py "$run_dir" --write; else python bench/compare_report.py "$run_dir"; fi
+if ((write)); then
+    python bench/plots.py "$run_dir" --out "bench/plots/$(basename "$run_dir")"
+    python bench/compare_report.py "$run_dir" --write
+else
+    python bench/plots.py "$run_dir"
+    python bench/compare_report.py "$run_dir"
+fi

@@ -22,6 +22,7 @@ SECTION = "## Serving comparison (issue 5)"
 SERVERS = ("pagedserve", "pagedserve-nocache", "llama-q4_1", "llama-q8_0")
 PEERS = ("pagedserve", "llama-q4_1", "llama-q8_0")  # the summary's columns
 CASES = ("c1", "c8", "c32", "c64", "long", "shared")
+PLOTS = ("throughput.png", "ttft.png", "itl.png", "mixed_itl.png")  # bench/plots.py's files
 Runs = dict[tuple[str, str], dict[str, Any]]
 
 
@@ -124,14 +125,26 @@ def own_rows(runs: Runs) -> list[str]:
     ]  # fmt: skip
 
 
+def plot_links(run_dir: Path) -> list[str]:
+    """The run's PNGs from bench/plots.py (in bench/plots/<run>/), side by side."""
+    folder = RESULTS.parent / "plots" / run_dir.name
+    names = [n for n in PLOTS if (folder / n).exists()]
+    if not names:
+        return []
+    images = " ".join(f"![{n[:-4]}](plots/{run_dir.name}/{n})" for n in names)
+    return [images, ""]
+
+
 def render(run_dir: Path) -> str:
     runs = load_runs(run_dir)
     meta = json.loads((run_dir / "meta.json").read_text())
     head = [f"### {meta['date']}{' (quick grid)' if meta.get('quick') else ''}", "",
             f"Load average (1/5/15 min) before: {meta.get('load_before', '?')}; after: "
             f"{meta.get('load_after', '?')} (2 cores, shared with other work).",
+            f"CPU: {meta.get('cpu', 'not recorded')}.",
             f"Model: `{meta.get('model', '?')}`. {meta.get('setup', '')}", ""]  # fmt: skip
-    body = [*summary_table(runs), "", *own_rows(runs), "", *detail_table(runs), ""]
+    body = [*summary_table(runs), "", *plot_links(run_dir), *own_rows(runs), "",
+            *detail_table(runs), ""]  # fmt: skip
     return "\n".join(head + body) + "\n"
 
 

@@ -1,6 +1,8 @@
 """The packed native bf16 linear kernel vs torch's bf16 matmul, at SmolLM2-135M's shapes.
 
-    python bench/linear.py [--repeats 50] [--threads 2]
+    python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32]
+
+--dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
 
 For each layer (qkv, o with its residual add, gate_up, down with its residual, lm_head with fp32
 logits) and each row count (1: single-request decode, 64: a batch-64 decode step, 512: a
@@ -62,27 +64,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     if not native_linear_available():
         raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
     torch.set_num_threads(args.threads)
-    print(f"load average before: {os.getloadavg()}; threads {args.threads}")
+    print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
     print(
         f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}  native"
     )
     for name, k, n, residual, fp32 in LAYERS:
-        layer = Linear(k, n).to(torch.bfloat16)
-        w = (torch.randn(n, k) * k**-0.5).to(torch.bfloat16)
+        layer = Linear(k, n).to(dtype)
+        w = (torch.randn(n, k) * k**-0.5).to(dtype)
         layer.weight.data.copy_(w)  # type: ignore[union-attr]
         layer.pack()
         for rows in (1, 64, 512):
-            x = torch.randn(rows, k).to(torch.bfloat16)
-            res = torch.randn(rows, n).to(torch.bfloat16) if residual else None
+            x = torch.randn(rows, k).to(dtype)
+            res = torch.randn(rows, n).to(dtype) if residual else None
             out_dtype = torch.float32 if fp32 else None
             ours = functools.partial(layer, x, res, out_dtype=out_dtype)
             theirs, mine = timed_pair(torch_call(x, w, res, fp32), ours, args.repeats)
             rate = (
-                f"{n * k * 2 / mine / 1e9:.1f} GB/s of weights"
+                f"{n * k * w.element_size() / mine / 1e9:.1f} GB/s of weights"
                 if rows == 1
                 else f"{2 * rows * n * k / mine / 1e9:.0f} GFLOP/s"
             )

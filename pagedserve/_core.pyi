@@ -31,9 +31,13 @@ __all__: list[str] = [
     "gated_rows",
     "linear_bf16",
     "linear_bf16_supported",
+    "linear_f32",
     "pack_gated_weight_bf16",
+    "pack_gated_weight_f32",
     "pack_linear_weight_bf16",
+    "pack_linear_weight_f32",
     "packed_linear_elements",
+    "packed_linear_elements_f32",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
@@ -276,6 +280,10 @@ class AttentionArgs:
     query: TokenTensor
     def __init__(self) -> None: ...
     @property
+    def logit_softcap(self) -> float: ...
+    @logit_softcap.setter
+    def logit_softcap(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
     def max_query_len(self) -> int: ...
     @max_query_len.setter
     def max_query_len(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
@@ -327,6 +335,10 @@ class AttentionArgs:
     def seq_lens(self) -> int: ...
     @seq_lens.setter
     def seq_lens(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @sliding_window.setter
+    def sliding_window(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
 
 class DecoderLayerWeights:
     def __init__(
@@ -339,6 +351,8 @@ class DecoderLayerWeights:
         post_norm: typing.SupportsInt | typing.SupportsIndex,
         gate_up: typing.SupportsInt | typing.SupportsIndex,
         down: typing.SupportsInt | typing.SupportsIndex,
+        sliding_window: typing.SupportsInt | typing.SupportsIndex = 0,
+        logit_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0,
     ) -> None: ...
     @property
     def down(self) -> int: ...
@@ -352,6 +366,8 @@ class DecoderLayerWeights:
     def input_norm(self) -> int: ...
     @input_norm.setter
     def input_norm(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def logit_softcap(self) -> float: ...
     @property
     def o(self) -> int: ...
     @o.setter
@@ -368,6 +384,8 @@ class DecoderLayerWeights:
     def qkv_bias(self) -> int: ...
     @qkv_bias.setter
     def qkv_bias(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def sliding_window(self) -> int: ...
 
 class DecoderStack:
     def __init__(
@@ -422,7 +440,29 @@ def linear_bf16(
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
 def linear_bf16_supported() -> bool: ...
+def linear_f32(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    bias: typing.SupportsInt | typing.SupportsIndex,
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    residual_stride: typing.SupportsInt | typing.SupportsIndex,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    m: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    gated_width: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
 def pack_gated_weight_bf16(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def pack_gated_weight_f32(
     weight: typing.SupportsInt | typing.SupportsIndex,
     width: typing.SupportsInt | typing.SupportsIndex,
     k: typing.SupportsInt | typing.SupportsIndex,
@@ -436,7 +476,17 @@ def pack_linear_weight_bf16(
     packed: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
+def pack_linear_weight_f32(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
 def packed_linear_elements(
+    n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
+) -> int: ...
+def packed_linear_elements_f32(
     n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
 ) -> int: ...
 def paged_attention(

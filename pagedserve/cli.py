@@ -27,7 +27,11 @@ from pagedserve.core.config import (
     field_docs,
 )
 from pagedserve.core.engine_client import EngineClient
-from pagedserve.openai_compat.server_config import ServerConfig
+from pagedserve.openai_compat.server_config import (
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    ServerConfig,
+)
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
 
@@ -38,8 +42,12 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "api_key", {}),
     (ServerConfig, "served_model_name", {}),
     (ServerConfig, "allowed_origins", {"nargs": "+", "metavar": "ORIGIN"}),
+    (ServerConfig, "ui", {"action": argparse.BooleanOptionalAction}),
     (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
     (ServerConfig, "graceful_timeout", {"type": float}),
+    (ServerConfig, "access_log", {"action": argparse.BooleanOptionalAction}),
+    (ServerConfig, "tool_call_parser", {"choices": list(TOOL_CALL_PARSERS)}),
+    (ServerConfig, "reasoning_parser", {"choices": list(REASONING_PARSERS)}),
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
@@ -107,7 +115,8 @@ def _announce(config: ServerConfig, engine: EngineClient) -> None:
     tokens = model.num_pages * model.page_size
     print(
         f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
-        f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len})",
+        f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len}; "
+        f"{'' if model.batch_invariant else 'not '}batch-invariant)",
         file=sys.stderr,
         flush=True,
     )
@@ -156,6 +165,21 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     return exit_code
 
 
+def configure_logging(config: ServerConfig) -> None:
+    """One handler on the root logger; every line carries its request's X-Request-Id ("-"
+    outside a request). The access log, when asked, prints whatever the log level."""
+    from pagedserve.openai_compat.request_log import RequestIdFilter, access_logger
+
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s",
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
+    if config.access_log:
+        access_logger.setLevel(logging.INFO)
+
+
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 MALLOC_ARENAS = 2
 
@@ -192,10 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server, engine = configs_from_args(args, os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(server)
     limit_malloc_arenas()
     return _run(run_server(server, engine))
 

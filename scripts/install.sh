@@ -9,9 +9,20 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     python3 -m pip install torch==2.13.0
 fi
 if [[ "${1:-}" == "test" ]]; then
+    # The page's browser tests drive Debian's Chromium through Playwright (Playwright's own
+    # browser download needs a network these machines lack). Installed when missing and we are
+    # root with apt-get (CI); elsewhere the tests skip and say why.
+    if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+            || echo "install.sh: chromium could not be installed; the browser tests will skip" >&2
+    fi
     # Editable, so the tests (which import helpers from the source tree) and the installed
     # package are one and the same code.
     python3 -m pip install -e ".[test]"
+    # The chart tests (tests/deploy) render deploy/helm/pagedserve with a pinned helm binary.
+    ./deploy/tools/install_helm.sh >/dev/null \
+        || echo "install.sh: no helm binary (see above); tests/deploy will fail" >&2
 else
     python3 -m pip install .
 fi

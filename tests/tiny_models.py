@@ -115,9 +115,16 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg, tokenizer: Tokenizer) -> None:
 
 
 def write_gguf_model(
-    path: Path, architecture: str = "llama", *, qtype: str = "F32", seed: int = 0, tie: bool = False
+    path: Path,
+    architecture: str = "llama",
+    *,
+    qtype: str = "F32",
+    seed: int = 0,
+    tie: bool = False,
+    pre: str | None = None,
 ):
-    """A tiny random "llama" or "qwen2" as a GGUF file (qtype "F32" or "Q8_0" for 2-D weights).
+    """A tiny random "llama" or "qwen2" as a GGUF file (qtype "F32" or "Q8_0" for 2-D weights;
+    `pre`: the tokenizer.ggml.pre to record, none by default).
 
     Returns the transformers model the file was made from (its weights before quantization)."""
     tokenizer = train_tiny_bpe()
@@ -127,6 +134,8 @@ def write_gguf_model(
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     _add_metadata(writer, cfg, tokenizer)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
     quant = gguf.GGMLQuantizationType[qtype]
     permuted = architecture == "llama"  # llama.cpp's converter permutes Llama Q/K only
     for name, tensor in model.state_dict().items():

@@ -58,7 +58,9 @@ void bind_args(py::module_& m) {
         .def_readwrite("max_query_len", &AttentionArgs::max_query_len)
         .def_readwrite("max_seq_len", &AttentionArgs::max_seq_len)
         .def_readwrite("scale", &AttentionArgs::scale)
-        .def_readwrite("dtype", &AttentionArgs::dtype);
+        .def_readwrite("dtype", &AttentionArgs::dtype)
+        .def_readwrite("sliding_window", &AttentionArgs::sliding_window)
+        .def_readwrite("logit_softcap", &AttentionArgs::logit_softcap);
     def_pointer(attn, "out", &AttentionArgs::out);
     def_pointer(attn, "page_table", &AttentionArgs::page_table);
     def_pointer(attn, "seq_lens", &AttentionArgs::seq_lens);

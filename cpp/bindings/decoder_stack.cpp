@@ -23,15 +23,21 @@ using pagedserve::bindings::Ptr;
 void bind_layer_weights(py::module_& m) {
     py::class_<DecoderLayerWeights> cls(m, "DecoderLayerWeights");
     cls.def(py::init([](Ptr input_norm, Ptr qkv, Ptr qkv_bias, Ptr o, Ptr post_norm, Ptr gate_up,
-                        Ptr down) {
+                        Ptr down, std::int64_t sliding_window, float logit_softcap) {
                 using W = const std::uint16_t;
-                return DecoderLayerWeights{pointer<W>(input_norm), pointer<W>(qkv),
-                                           pointer<W>(qkv_bias),   pointer<W>(o),
-                                           pointer<W>(post_norm),  pointer<W>(gate_up),
-                                           pointer<W>(down)};
+                DecoderLayerWeights w{pointer<W>(input_norm), pointer<W>(qkv),
+                                      pointer<W>(qkv_bias),   pointer<W>(o),
+                                      pointer<W>(post_norm),  pointer<W>(gate_up),
+                                      pointer<W>(down)};
+                w.sliding_window = sliding_window;
+                w.logit_softcap = logit_softcap;
+                return w;
             }),
             py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("qkv_bias"),
-            py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"));
+            py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
+            py::arg("sliding_window") = 0, py::arg("logit_softcap") = 0.0f);
+    cls.def_readonly("sliding_window", &DecoderLayerWeights::sliding_window);
+    cls.def_readonly("logit_softcap", &DecoderLayerWeights::logit_softcap);
     def_pointer(cls, "input_norm", &DecoderLayerWeights::input_norm);
     def_pointer(cls, "qkv", &DecoderLayerWeights::qkv);
     def_pointer(cls, "qkv_bias", &DecoderLayerWeights::qkv_bias);

@@ -1,7 +1,9 @@
 // CUDA paged attention: the cache write, a split-context decode (flash-decoding: each block
 // takes one query row, one head and up to kCudaDecodeSplitLen keys, a second kernel merges the
 // splits), and a tiled causal prefill over paged K/V. fp32 accumulation for fp32/bf16/fp16
-// storage; K/V tiles arrive through 16-byte loads. Same API as the CPU kernels.
+// storage; K/V tiles arrive through 16-byte loads. Same API as the CPU kernels, the per-call
+// sliding_window (keys before position - window + 1 are skipped or masked) and logit_softcap
+// (softcap * tanh(s / softcap) on the scaled scores) included.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -65,6 +67,16 @@ __device__ float block_reduce(float v, float* scratch) {
     return v;
 }
 
+// The first key position the query at `pos` sees (its sliding window's start, or 0).
+__device__ __forceinline__ int64_t window_start(const AttentionArgs& a, int64_t pos) {
+    return a.sliding_window > 0 ? cmax(0, pos - a.sliding_window + 1) : 0;
+}
+
+// A scaled score after the optional soft cap.
+__device__ __forceinline__ float soft_cap(const AttentionArgs& a, float s) {
+    return a.logit_softcap > 0.0f ? a.logit_softcap * tanhf(s / a.logit_softcap) : s;
+}
+
 // The request owning query row `tok`: the last r with query_start_loc[r] <= tok.
 __device__ int find_request(const int32_t* qsl, int num_reqs, int64_t tok) {
     int lo = 0, hi = num_reqs - 1;
@@ -119,8 +131,10 @@ __global__ void decode_kernel(AttentionArgs a, float* workspace, int num_splits)
     const int r = find_request(a.query_start_loc, a.num_reqs, tok);
     const int64_t q_len = a.query_start_loc[r + 1] - a.query_start_loc[r];
     const int64_t num_keys = a.seq_lens[r] - q_len + (tok - a.query_start_loc[r]) + 1;
-    const int64_t begin = int64_t(split) * kCudaDecodeSplitLen;
-    const int n = int(cmin(kCudaDecodeSplitLen, cmax(0, num_keys - begin)));
+    // This split's keys: its share of [0, num_keys), less those before the window.
+    const int64_t split0 = int64_t(split) * kCudaDecodeSplitLen;
+    const int64_t begin = cmax(split0, window_start(a, num_keys - 1));
+    const int n = int(cmax(0, cmin(split0 + kCudaDecodeSplitLen, num_keys) - begin));
     const T* q = static_cast<const T*>(a.query.data) + tok * a.query.token_stride +
                  head * a.query.head_stride;
     for (int d = threadIdx.x; d < kD; d += kThreads) q_s[d] = to_f(q[d]) * a.scale;
@@ -138,7 +152,7 @@ __global__ void decode_kernel(AttentionArgs a, float* workspace, int num_splits)
             for (int i = 0; i < kVec; ++i) dot += q_s[d0 + i] * k.x[i];
         }
         dot = warp_sum(dot, kGroupLanes);  // lanes of one key are adjacent: xor stays inside
-        if (j < n && sub == 0) s_s[j] = dot;
+        if (j < n && sub == 0) s_s[j] = soft_cap(a, dot);
     }
     __syncthreads();
     float m = -INFINITY;
@@ -255,7 +269,9 @@ __global__ void prefill_kernel(AttentionArgs a, int num_row_tiles) {
         for (int e = 0; e < kDimsPerLane; ++e) acc[i][e] = 0.0f;
     }
     const int64_t num_keys = first_pos + rows;  // the last row's causal horizon
-    for (int64_t key0 = 0; key0 < num_keys; key0 += kKeys) {
+    // From the tile holding the first row's window start: later rows see no earlier keys.
+    for (int64_t key0 = window_start(a, first_pos) / kKeys * kKeys; key0 < num_keys;
+         key0 += kKeys) {
         __syncthreads();  // the previous tile is fully consumed (and q_s is written)
         load_kv_tile<T, kD>(a, r, kv_head, key0, num_keys, k_s, v_s);
         __syncthreads();
@@ -263,12 +279,13 @@ __global__ void prefill_kernel(AttentionArgs a, int num_row_tiles) {
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int row = warp * kRowsPerWarp + i;
             const int64_t pos = first_pos + row;
-            if (row >= rows || key0 > pos) continue;  // warp-uniform
+            const int64_t lo = window_start(a, pos);
+            if (row >= rows || key0 > pos || key0 + kKeys <= lo) continue;  // warp-uniform
             float s = 0.0f;
 #pragma unroll 8
             for (int d = 0; d < kD; ++d) s += q_s[row][d] * k_s[lane][d];
-            const bool valid = key0 + lane <= pos;
-            s = valid ? s : -INFINITY;
+            const bool valid = key0 + lane <= pos && key0 + lane >= lo;
+            s = valid ? soft_cap(a, s) : -INFINITY;
             const float new_m = fmaxf(m[i], warp_max(s));
             const float p = valid ? __expf(s - new_m) : 0.0f;
             const float alpha = __expf(m[i] - new_m);  // 0 on the first tile (m = -inf)

@@ -51,6 +51,8 @@ DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWe
     for (const DecoderLayerWeights& w : layers_) {
         check(w.input_norm && w.qkv && w.o && w.post_norm && w.gate_up && w.down,
               "DecoderStack: a layer is missing a weight");
+        check(w.sliding_window >= 0 && w.logit_softcap >= 0.0f,
+              "DecoderStack: a layer's sliding_window and logit_softcap must be >= 0");
     }
 }
 
@@ -119,6 +121,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     attend.num_reqs = step.num_reqs, attend.num_tokens = n, attend.num_heads = s.num_heads;
     attend.max_query_len = step.max_query_len, attend.max_seq_len = step.max_seq_len;
     attend.scale = s.scale, attend.dtype = DType::kBFloat16;
+    attend.sliding_window = w.sliding_window, attend.logit_softcap = w.logit_softcap;
     paged_attention_cpu(attend, num_threads);
 
     project(attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, num_threads);

@@ -5,6 +5,16 @@
 // the intrinsic kernels of paged_attention_cpu_avx512*.hpp. Everywhere else the portable loops
 // below serve: plain loops over head_size or a 16-key chunk, written so the compiler vectorizes
 // them (`omp simd`). Both keep fp32 scores, softmax and accumulators.
+//
+// Batch invariance (issue 16): a query vector's arithmetic depends only on its own position and
+// keys, never on how many vectors share its work item, where its prefill chunk starts, the other
+// requests of the call or the thread count. Keys are always scored transposed (each score summed
+// over head_size in order), key blocks start at multiples of block_keys from position 0, a
+// block's keys past a vector's horizon get weight exactly 0, and items never split a context.
+//
+// Per-call options (AttentionArgs): sliding_window masks keys older than position - window + 1
+// (blocks wholly before every vector's window are skipped, the others masked per vector) and
+// logit_softcap caps the scaled scores with softcap * tanh(s / softcap) before the softmax.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,6 +56,20 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+// The keys [lo, hi) a query vector sees in a key block of n (>= hi) scored keys, and the soft cap
+// of its scores (0: none).
+struct Span {
+    std::int64_t lo, hi, n;
+    float softcap;
+};
+
+// cap * tanh(s / cap), with tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|) (Gemma 2's cap).
+inline float soft_cap(float s, float cap) {
+    const float x = s / cap;
+    const float e = exp_nonpositive(-2.0f * std::fabs(x));
+    return cap * std::copysign((1.0f - e) / (1.0f + e), x);
+}
+
 #if defined(__AVX512F__)
 #include "paged_attention_cpu_avx512.hpp"
 #endif
@@ -55,11 +79,12 @@ constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at le
 constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
 constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
 constexpr int kGroupRows = 4;     // query vectors scored together (shared key loads)
-constexpr int kDotMaxRows = 8;    // below this many query vectors, a dot per key beats transposing
+constexpr int kWidenMinRows = 8;  // from this many query vectors, bf16 values are widened once
 
 struct WorkItem {
     std::int64_t req, kv_head, row0, rows;
 };
+
 
 std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
 
@@ -74,7 +99,7 @@ struct Scratch {
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
           acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
-          s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
+          s(kGroupRows * width), zero(d), k_pages(pages_per_block),
           v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
 };
 
@@ -95,6 +120,9 @@ void check(bool ok, const std::string& message) {
 void validate(const AttentionArgs& a) {
     check(a.num_heads % a.cache.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
     check(a.query_start_loc[0] == 0, "query_start_loc[0] must be 0");
+    check(a.sliding_window >= 0, "sliding_window must be >= 0");
+    check(std::isfinite(a.logit_softcap) && a.logit_softcap >= 0.0f,
+          "logit_softcap must be finite and >= 0");
     check(a.query_start_loc[a.num_reqs] == a.num_tokens,
           "query_start_loc[-1] must equal the number of query tokens");
     const std::int64_t capacity = a.page_table_stride * a.cache.page_size;
@@ -163,11 +191,11 @@ std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t
 }
 
 // Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t when asked.
+// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t.
 // Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
-                        std::int64_t num_keys, std::int64_t d_len, bool transpose, Scratch& sc) {
+                        std::int64_t num_keys, std::int64_t d_len, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const T* cache = static_cast<const T*>(c.data);
     std::int64_t n = 0;
@@ -183,11 +211,9 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
             sc.k_pages[p] = sc.k.data() + n * d_len;
             sc.v_pages[p] = sc.v.data() + n * d_len;
         }
-        if (transpose) {
-            const float* k = sc.k_pages[p];
-            for (std::int64_t j = 0; j < np; ++j)
-                for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
-        }
+        const float* k = sc.k_pages[p];
+        for (std::int64_t j = 0; j < np; ++j)
+            for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
         n += np;
     }
     return n;
@@ -210,36 +236,54 @@ void load_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     }
 }
 
-// Each of query vectors m .. m + rows's causal horizon inside the key block [key0, key0 + n)
-// into valid[]; returns the largest (<= 0: the block lies wholly in these rows' future).
+// The first key position the query at `pos` sees (its sliding window's start, or 0).
+std::int64_t window_start(const AttentionArgs& a, std::int64_t pos) {
+    return a.sliding_window > 0 ? std::max<std::int64_t>(0, pos - a.sliding_window + 1) : 0;
+}
+
+// The first key block (a multiple of block_keys: blocks never depend on the chunking) holding a
+// key the vector at first_pos sees; later vectors of an item see no earlier keys.
+std::int64_t first_block(const AttentionArgs& a, std::int64_t first_pos, const Scratch& sc) {
+    return window_start(a, first_pos) / sc.block_keys * sc.block_keys;
+}
+
+// The keys query vectors m .. m + rows see inside the key block [key0, key0 + n), in block
+// coordinates [lo[r], hi[r]) (empty when hi <= lo: the block is wholly in the vector's future or
+// before its window). Returns the largest hi of a non-empty span (<= 0: no vector sees any).
 std::int64_t horizons(const AttentionArgs& a, std::int64_t m, std::int64_t rows, std::int64_t key0,
-                      std::int64_t n, std::int64_t first_pos, std::int64_t* valid) {
+                      std::int64_t n, std::int64_t first_pos, std::int64_t* lo, std::int64_t* hi) {
     const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
     std::int64_t n_max = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
-        valid[r] = std::min(n, first_pos + (m + r) / group - key0 + 1);
-        n_max = std::max(n_max, valid[r]);
+        const std::int64_t pos = first_pos + (m + r) / group;
+        hi[r] = std::min(n, pos - key0 + 1);
+        lo[r] = std::max<std::int64_t>(0, window_start(a, pos) - key0);
+        if (hi[r] > lo[r]) n_max = std::max(n_max, hi[r]);
     }
     return n_max;
 }
 
 // Softmax step of query vectors m .. m + rows over their score rows sc.s (stride width).
+// A vector's keys outside its span get weight exactly 0; a vector that sees none of the block
+// is left as it was (its weights zeroed for the shared value pass).
 template <int kD>
-void softmax_rows(Scratch& sc, std::int64_t m, std::int64_t rows, const std::int64_t* valid,
-                  std::int64_t n_max, std::int64_t d_len) {
+void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t rows,
+                  const std::int64_t* lo, const std::int64_t* hi, std::int64_t n_max,
+                  std::int64_t d_len) {
     for (std::int64_t r = 0; r < rows; ++r) {
         float* sr = sc.s.data() + r * sc.width;
-        if (valid[r] <= 0) {
+        const Span span{lo[r], hi[r], n_max, a.logit_softcap};
+        if (hi[r] <= lo[r]) {
             std::fill(sr, sr + n_max, 0.0f);
         } else {
 #if defined(__AVX512F__)
             if constexpr (kD != 0) {
-                softmax_step_avx512<kD>(sr, valid[r], n_max, sc.row_max[m + r], sc.row_sum[m + r],
+                softmax_step_avx512<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
                                         sc.acc.data() + (m + r) * d_len);
                 continue;
             }
 #endif
-            softmax_step<kD>(sr, valid[r], n_max, d_len, sc.row_max[m + r], sc.row_sum[m + r],
+            softmax_step<kD>(sr, span, d_len, sc.row_max[m + r], sc.row_sum[m + r],
                              sc.acc.data() + (m + r) * d_len);
         }
     }
@@ -248,22 +292,15 @@ void softmax_rows(Scratch& sc, std::int64_t m, std::int64_t rows, const std::int
 // Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
-                 std::int64_t n, std::int64_t first_pos, bool transpose) {
+                 std::int64_t n, std::int64_t first_pos) {
     const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
-    std::int64_t valid[kR];
-    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, valid);
+    std::int64_t lo[kR], hi[kR];
+    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, lo, hi);
     if (n_max <= 0) return;
     float* s = sc.s.data();
     const float* q = sc.q.data() + m * d_len;
-    if (transpose) {
-        scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
-    } else {
-        for (int r = 0; r < kR; ++r)
-            for (std::int64_t p = 0; p * ps < n_max; ++p)
-                scores_dot<kD>(q + r * d_len, sc.k_pages[p], std::min(ps, n_max - p * ps), d_len,
-                               s + r * sc.width + p * ps);
-    }
-    softmax_rows<kD>(sc, m, kR, valid, n_max, d_len);
+    scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
+    softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
     // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.
     constexpr int kPv = std::min(kR, kD == 0 ? 1 : (kD <= 64 ? 4 : 2));
     for (int r = 0; r < kR; r += kPv)
@@ -281,7 +318,7 @@ void finish_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
         const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
         const std::int64_t head = w.kv_head * group + m % group;
         float* acc = sc.acc.data() + m * d_len;
-        const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least key 0
+        const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least its own key
         for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= inv;
         store_row(acc, out + tok * a.out_token_stride + head * a.out_head_stride, d_len);
     }
@@ -295,16 +332,14 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
-    const bool transpose = m_len >= kDotMaxRows;
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
-        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, transpose, sc);
+    for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
+         key0 += sc.block_keys) {
+        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, sc);
         std::int64_t m = 0;
-        if (transpose) {
-            for (; m + kGroupRows <= m_len; m += kGroupRows)
-                attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos, transpose);
-        }
-        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos, transpose);
+        for (; m + kGroupRows <= m_len; m += kGroupRows)
+            attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos);
+        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos);
     }
     finish_item<T, kD>(a, w, sc);
 }
@@ -333,7 +368,9 @@ void run_attention(const AttentionArgs& a, int num_threads) {
     std::int64_t work = 0;
     for (const WorkItem& w : items) {
         const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
-        work += w.rows * group * (a.seq_lens[w.req] - q_len + w.row0 + w.rows);
+        const std::int64_t keys = a.seq_lens[w.req] - q_len + w.row0 + w.rows;
+        work += w.rows * group * (a.sliding_window > 0 ? std::min(keys, a.sliding_window + w.rows)
+                                                       : keys);
     }
     const int threads = work < kMinParallelWork ? 1 : std::min<std::int64_t>(num_threads, num_items);
 #pragma omp parallel num_threads(threads)

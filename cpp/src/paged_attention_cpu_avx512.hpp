@@ -2,7 +2,7 @@
 // inside its anonymous namespace, when the compiler targets AVX-512F). Head sizes are
 // compile-time multiples of 32 here; everything else keeps the portable loops.
 //
-// - hsum16 / transpose16: register-only reductions and transposes of 16 vectors.
+// - transpose16: register-only transposes of 16 vectors.
 // - Key rows are read straight from the cache in its own dtype. With AVX512-BF16, bf16 scores are
 //   _mm512_dpbf16_ps of raw bf16 query and key (exact products, fp32 sums) times `scale`;
 //   without it, bf16 rows are widened in registers (bf16 is the top half of an fp32).
@@ -14,26 +14,6 @@ inline constexpr bool kHasDpbf16 = true;
 #else
 inline constexpr bool kHasDpbf16 = false;
 #endif
-
-// Lane j of the result = the sum of the 16 lanes of v[j] (a transpose-add tree: 45 shuffles and
-// adds for 16 sums instead of 16 separate horizontal reductions).
-inline __m512 hsum16(const __m512 v[16]) {
-    __m512 a[8], b[4];
-    for (int i = 0; i < 8; ++i)  // 128-bit lane L: [v2i, v2i+1, v2i, v2i+1] partial sums
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {  // lane L: partial sums of v4i .. v4i+3 over lane L's floats
-        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    // Transpose-add the 4x4 grid of 128-bit lanes: lane k of the result sums b[k]'s lanes.
-    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
-                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
-                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
-}
 
 // In-register transpose of 16 rows of 16 32-bit elements: r[i][j] -> r[j][i].
 inline void transpose16(__m512i r[16]) {
@@ -77,35 +57,6 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const Bf16* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// One key row's partial dot products with the query (lane sums give the score), in registers.
-// q: kD / 16 fp32 vectors (scaled query), or with dpbf16 kD / 32 raw bf16 pair vectors.
-template <typename T, int kD, bool kDp>
-inline __m512 row_dot(const __m512* q, const T* k) {
-    __m512 acc = _mm512_setzero_ps();
-    if constexpr (kDp) {
-#if defined(__AVX512BF16__)
-        for (int i = 0; i < kD / 32; ++i)
-            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), (__m512bh)q[i]);
-#endif
-    } else {
-        for (int i = 0; i < kD / 16; ++i) acc = _mm512_fmadd_ps(q[i], load16(k + 16 * i), acc);
-    }
-    return acc;
-}
-
-// Scores of one query vector against `count` <= 16 key rows, lane j for keys[j].
-template <typename T, int kD, bool kDp>
-inline __m512 dot16(const __m512* q, const T* const keys[16], int count) {
-    __m512 acc[16];
-    if (count == 16) {  // the common case, without a branch per key
-        for (int j = 0; j < 16; ++j) acc[j] = row_dot<T, kD, kDp>(q, keys[j]);
-    } else {
-        for (int j = 0; j < 16; ++j)
-            acc[j] = j < count ? row_dot<T, kD, kDp>(q, keys[j]) : _mm512_setzero_ps();
-    }
-    return hsum16(acc);
 }
 
 // Scores of kR query vectors (fp32 rows of q, stride kD) against kC * 16 transposed fp32 keys
@@ -200,22 +151,43 @@ inline __mmask16 lanes_below(std::int64_t count) {
                        : static_cast<__mmask16>((1u << std::max<std::int64_t>(count, 0)) - 1);
 }
 
+// Lanes c .. c + 15 that fall in [lo, hi).
+inline __mmask16 lanes_in(std::int64_t c, std::int64_t lo, std::int64_t hi) {
+    return static_cast<__mmask16>(lanes_below(hi - c) & ~lanes_below(lo - c));
+}
+
+// soft_cap on 16 lanes: cap * tanh(s / cap), tanh from exp_nonpositive16 as in soft_cap.
+inline __m512 soft_cap16(__m512 s, float cap) {
+    const __m512 x = _mm512_div_ps(s, _mm512_set1_ps(cap));
+    const __m512 e = exp_nonpositive16(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    const __m512 signed_t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+    return _mm512_mul_ps(_mm512_set1_ps(cap), signed_t);
+}
+
 // softmax_step on 16 lanes at a time: s has room for whole registers up to round_up(n).
 template <int kD>
-void softmax_step_avx512(float* s, std::int64_t valid, std::int64_t n, float& row_max,
-                         float& row_sum, float* acc) {
+void softmax_step_avx512(float* s, const Span& span, float& row_max, float& row_sum, float* acc) {
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    const std::int64_t first = span.lo / 16 * 16;  // the register holding key lo
+    if (span.softcap > 0.0f) {
+        for (std::int64_t c = first; c < span.hi; c += 16)
+            _mm512_storeu_ps(s + c, soft_cap16(_mm512_loadu_ps(s + c), span.softcap));
+    }
     __m512 mx = _mm512_set1_ps(neg_inf);
-    for (std::int64_t c = 0; c < valid; c += 16)
-        mx = _mm512_mask_max_ps(mx, lanes_below(valid - c), mx, _mm512_loadu_ps(s + c));
+    for (std::int64_t c = first; c < span.hi; c += 16)
+        mx = _mm512_mask_max_ps(mx, lanes_in(c, span.lo, span.hi), mx, _mm512_loadu_ps(s + c));
     const float new_max = std::max(row_max, _mm512_reduce_max_ps(mx));
-    // row_max == -inf only before the first block, when acc and row_sum are still zero.
+    // row_max == -inf only before the vector's first block, when acc and row_sum are still zero.
     const float alpha = row_max == neg_inf ? 0.0f : exp_nonpositive(row_max - new_max);
     const __m512 m = _mm512_set1_ps(new_max);
     __m512 sum = _mm512_setzero_ps();
-    for (std::int64_t c = 0; c < n; c += 16) {  // keys in [valid, n) get weight 0
+    for (std::int64_t c = 0; c < span.n; c += 16) {  // keys outside [lo, hi) get weight 0
         const __m512 e = _mm512_maskz_mov_ps(
-            lanes_below(valid - c), exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + c), m)));
+            lanes_in(c, span.lo, span.hi),
+            exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + c), m)));
         _mm512_storeu_ps(s + c, e);
         sum = _mm512_add_ps(sum, e);
     }

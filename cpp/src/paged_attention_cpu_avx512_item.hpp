@@ -2,10 +2,11 @@
 // its anonymous namespace, after the portable kernels (whose Scratch, horizons, softmax_rows,
 // load_queries and finish_item it shares) and the micro-kernels of paged_attention_cpu_avx512.hpp.
 //
-// Few query vectors per item (decode): scores 16 keys at a time from the cache rows as they are
-// (hsum16 tree), all vectors' accumulators updated from each value row at once. Many (prefill):
-// keys transposed in registers into sc.k_t once per block, then 4 vectors x 64 keys per
-// micro-kernel call. bf16 K and V are never copied out of the cache on the decode path.
+// Keys are transposed in registers into sc.k_t once per block, then up to 4 query vectors x 64
+// keys per micro-kernel call; each score is one lane's dot product summed over head_size in
+// order, whatever the number of query vectors. So a query's output is bit-identical in a decode
+// step and in any prefill chunk (batch invariance, issue 16): a per-key dot whose lanes are
+// summed by a tree (the decode path this replaced) rounds differently.
 #pragma once
 
 // Raw cache rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows.
@@ -48,25 +49,6 @@ void transpose_keys(Scratch& sc, std::int64_t n) {
             rows[j] = static_cast<const std::uint32_t*>(row);
         }
         transpose_rows(rows, kCols, k_t + c0, sc.width);
-    }
-}
-
-// Scores of query vector m against the block's keys [0, n) into s (16 keys per register).
-template <typename T, int kD, bool kDp>
-void scores_dot_avx512(const AttentionArgs& a, const Scratch& sc, std::int64_t m, std::int64_t n,
-                       float* s) {
-    __m512 q[kD / 16];
-    for (int i = 0; i < (kDp ? kD / 32 : kD / 16); ++i) {
-        q[i] = kDp ? _mm512_castsi512_ps(_mm512_loadu_si512(sc.q_bf16.data() + m * kD + 32 * i))
-                   : _mm512_loadu_ps(sc.q.data() + m * kD + 16 * i);
-    }
-    for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
-        const T* keys[kChunk];
-        const int count = static_cast<int>(std::min<std::int64_t>(kChunk, n - c0));
-        for (int j = 0; j < count; ++j) keys[j] = static_cast<const T*>(sc.k_rows[c0 + j]);
-        __m512 v = dot16<T, kD, kDp>(q, keys, count);
-        if (kDp) v = _mm512_mul_ps(v, _mm512_set1_ps(a.scale));  // raw bf16 query: unscaled
-        _mm512_storeu_ps(s + c0, v);
     }
 }
 
@@ -119,23 +101,33 @@ void pv_block(Scratch& sc, std::int64_t m, std::int64_t rows, std::int64_t n) {
     }
 }
 
-// Folds one key block [key0, key0 + n) into query vectors m .. m + rows: transposed keys with
-// kR = rows vectors per micro-kernel call, or (kR = 0) a dot per key for each vector. Value
-// rows are of type V (the cache's T, or float once widened).
+// Folds one key block [key0, key0 + n) into query vectors m .. m + kR (transposed keys in
+// sc.k_t). Value rows are of type V (the cache's T, or float once widened).
 template <typename T, typename V, int kD, bool kDp, int kR>
-void attend_rows_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t rows,
-                        std::int64_t key0, std::int64_t n, std::int64_t first_pos) {
-    std::int64_t valid[std::max(kGroupRows, kDotMaxRows)];
-    const std::int64_t n_max = horizons(a, m, rows, key0, n, first_pos, valid);
+void attend_rows_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
+                        std::int64_t n, std::int64_t first_pos) {
+    std::int64_t lo[kR], hi[kR];
+    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, lo, hi);
     if (n_max <= 0) return;
-    if constexpr (kR > 0) {
-        scores_t_block<kD, kDp, kR>(a, sc, m, n_max);
-    } else {
-        for (std::int64_t r = 0; r < rows; ++r)
-            scores_dot_avx512<T, kD, kDp>(a, sc, m + r, n_max, sc.s.data() + r * sc.width);
+    scores_t_block<kD, kDp, kR>(a, sc, m, n_max);
+    softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, kD);
+    pv_block<V, kD>(sc, m, kR, n_max);
+}
+
+// Query vectors [0, m_len) over the block: kGroupRows at a time, then the last 1 to 3 together.
+template <typename T, typename V, int kD, bool kDp>
+void attend_block_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m_len,
+                         std::int64_t key0, std::int64_t n, std::int64_t first_pos) {
+    static_assert(kGroupRows == 4, "the tail below takes 1 to 3 vectors");
+    std::int64_t m = 0;
+    for (; m + kGroupRows <= m_len; m += kGroupRows)
+        attend_rows_avx512<T, V, kD, kDp, kGroupRows>(a, sc, m, key0, n, first_pos);
+    switch (m_len - m) {
+        case 3: return attend_rows_avx512<T, V, kD, kDp, 3>(a, sc, m, key0, n, first_pos);
+        case 2: return attend_rows_avx512<T, V, kD, kDp, 2>(a, sc, m, key0, n, first_pos);
+        case 1: return attend_rows_avx512<T, V, kD, kDp, 1>(a, sc, m, key0, n, first_pos);
+        default: return;
     }
-    softmax_rows<kD>(sc, m, rows, valid, n_max, kD);
-    pv_block<V, kD>(sc, m, rows, n_max);
 }
 
 template <typename T, int kD>
@@ -159,28 +151,24 @@ void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) 
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
     if constexpr (kDp) load_raw_queries<T, kD>(a, w, sc);
-    const bool transpose = m_len >= kDotMaxRows;
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    for (std::int64_t key0 = 0; key0 < num_keys; key0 += sc.block_keys) {
+    for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
+         key0 += sc.block_keys) {
         const std::int64_t n = gather_block<T>(a, w, key0, num_keys, sc);
-        if (!transpose) {
-            attend_rows_avx512<T, T, kD, kDp, 0>(a, sc, 0, m_len, key0, n, first_pos);
+        transpose_keys<T, kD, kDp>(sc, n);
+        if (m_len < kWidenMinRows) {  // few vectors (decode): values straight from the cache
+            attend_block_avx512<T, T, kD, kDp>(a, sc, m_len, key0, n, first_pos);
             continue;
         }
-        transpose_keys<T, kD, kDp>(sc, n);
-        // Many row chunks share this block's values: widen bf16 once, not once per chunk.
-        using V = float;
+        // Many row chunks share this block's values: widen bf16 once, not once per chunk (the
+        // same values either way, so the same sums).
         if constexpr (std::is_same_v<T, Bf16>) {
             for (std::int64_t j = 0; j < n; ++j) {
                 load_row(static_cast<const T*>(sc.v_rows[j]), sc.v.data() + j * kD, kD);
                 sc.v_rows[j] = sc.v.data() + j * kD;
             }
         }
-        std::int64_t m = 0;
-        for (; m + kGroupRows <= m_len; m += kGroupRows)
-            attend_rows_avx512<T, V, kD, kDp, kGroupRows>(a, sc, m, kGroupRows, key0, n, first_pos);
-        for (; m < m_len; ++m)
-            attend_rows_avx512<T, V, kD, kDp, 1>(a, sc, m, 1, key0, n, first_pos);
+        attend_block_avx512<T, float, kD, kDp>(a, sc, m_len, key0, n, first_pos);
     }
     finish_item<T, kD>(a, w, sc);
 }

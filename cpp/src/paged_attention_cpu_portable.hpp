@@ -3,18 +3,6 @@
 // Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
 #pragma once
 
-// Scores of query vector q against keys [0, n) stored as rows (k: [n][head_size]).
-template <int kD>
-void scores_dot(const float* q, const float* k, std::int64_t n, std::int64_t d_rt, float* s) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    for (std::int64_t j = 0; j < n; ++j) {
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (std::int64_t d = 0; d < d_len; ++d) sum += q[d] * k[j * d_len + d];
-        s[j] = sum;
-    }
-}
-
 // Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
 // 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
 // hide the FMA latency and share each loaded k_t row.
@@ -36,26 +24,32 @@ void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::in
     }
 }
 
-// Turns scores s[0, valid) of one query vector into weights against its running max (and
-// zeroes s[valid, n), keys in the row's future), updates its running sum, rescales its acc.
+// Turns scores s[lo, hi) of one query vector (soft-capped first if asked) into weights against
+// its running max (and zeroes the rest of s[0, n): keys outside its window or in its future),
+// updates its running sum, rescales its acc.
 template <int kD>
-void softmax_step(float* s, std::int64_t valid, std::int64_t n, std::int64_t d_rt,
-                  float& row_max, float& row_sum, float* acc) {
-    const std::int64_t d_len = kD ? kD : d_rt;
-    float tile_max = s[0];
+void softmax_step(float* s, const Span& span, std::int64_t d_rt, float& row_max, float& row_sum,
+                  float* acc) {
+    const std::int64_t d_len = kD ? kD : d_rt, lo = span.lo, hi = span.hi;
+    if (span.softcap > 0.0f) {
+#pragma omp simd
+        for (std::int64_t j = lo; j < hi; ++j) s[j] = soft_cap(s[j], span.softcap);
+    }
+    float tile_max = s[lo];
 #pragma omp simd reduction(max : tile_max)
-    for (std::int64_t j = 1; j < valid; ++j) tile_max = std::max(tile_max, s[j]);
+    for (std::int64_t j = lo + 1; j < hi; ++j) tile_max = std::max(tile_max, s[j]);
     const float new_max = std::max(row_max, tile_max);
     // row_max == -inf only before the first block, when acc and row_sum are still zero.
     const float alpha = row_max == -std::numeric_limits<float>::infinity()
                             ? 0.0f : exp_nonpositive(row_max - new_max);
     float tile_sum = 0.0f;
 #pragma omp simd reduction(+ : tile_sum)
-    for (std::int64_t j = 0; j < valid; ++j) {
+    for (std::int64_t j = lo; j < hi; ++j) {
         s[j] = exp_nonpositive(s[j] - new_max);
         tile_sum += s[j];
     }
-    std::fill(s + valid, s + n, 0.0f);
+    std::fill(s, s + lo, 0.0f);
+    std::fill(s + hi, s + span.n, 0.0f);
     row_sum = row_sum * alpha + tile_sum;
     row_max = new_max;
     if (alpha != 1.0f) {

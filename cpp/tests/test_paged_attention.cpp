@@ -32,6 +32,8 @@ struct Case {
     std::int64_t num_kv_heads, group, head_size, page_size;
     std::vector<std::int32_t> q_lens, seq_lens;
     DType dtype = DType::kFloat32;
+    std::int64_t sliding_window = 0;  // AttentionArgs' per-call options
+    float logit_softcap = 0.0f;
 };
 
 // cache, query and out hold the values as floats (bf16-rounded for a bf16 case, so the naive
@@ -125,6 +127,7 @@ AttentionArgs args_for(Batch& b, float scale) {
         a.max_seq_len = std::max<std::int64_t>(a.max_seq_len, b.c.seq_lens[r]);
     }
     a.scale = scale;
+    a.sliding_window = b.c.sliding_window, a.logit_softcap = b.c.logit_softcap;
     return a;
 }
 
@@ -147,6 +150,9 @@ double error_ratio(const Batch& b, float scale, double atol, double rtol) {
             for (std::int64_t h = 0; h < b.num_heads; ++h) {
                 const float* q = &b.query[(tok * b.num_heads + h) * c.head_size];
                 std::vector<double> s(pos + 1), o(c.head_size, 0.0);
+                // A window of w keys: positions pos - w + 1 .. pos (Hugging Face's convention).
+                const std::int64_t first =
+                    c.sliding_window > 0 ? std::max<std::int64_t>(0, pos - c.sliding_window + 1) : 0;
                 double mx = -1e300, sum = 0.0;
                 auto at = [&](std::int64_t kv, std::int64_t key) {
                     const std::int64_t page = b.page_table[r * b.max_pages + key / c.page_size];
@@ -154,13 +160,14 @@ double error_ratio(const Batch& b, float scale, double atol, double rtol) {
                                     (h / c.group) * v.head_stride() +
                                     (key % c.page_size) * c.head_size];
                 };
-                for (std::int64_t k = 0; k <= pos; ++k) {
+                for (std::int64_t k = first; k <= pos; ++k) {
                     double dot = 0.0;
                     for (std::int64_t d = 0; d < c.head_size; ++d) dot += q[d] * at(0, k)[d];
                     s[k] = dot * scale;
+                    if (c.logit_softcap > 0) s[k] = c.logit_softcap * std::tanh(s[k] / c.logit_softcap);
                     mx = std::max(mx, s[k]);
                 }
-                for (std::int64_t k = 0; k <= pos; ++k) {
+                for (std::int64_t k = first; k <= pos; ++k) {
                     const double p = std::exp(s[k] - mx);
                     sum += p;
                     for (std::int64_t d = 0; d < c.head_size; ++d) o[d] += p * at(1, k)[d];
@@ -208,10 +215,10 @@ void test_attention_matches_naive_bf16() {
     const DType bf = DType::kBFloat16;
     const std::vector<std::int32_t> decodes = {1, 1, 1, 1}, contexts = {1, 15, 17, 130};
     const Case cases[] = {
-        // Decodes with 3 query heads per KV head (fewer than 8 vectors per item: dot path).
+        // Decodes with 3 query heads per KV head (fewer than 8 vectors: values read unwidened).
         {2, 3, 64, 16, decodes, contexts, bf},
         {2, 3, 128, 16, decodes, contexts, bf},
-        // 8 query heads per KV head: 8 vectors per item cross to the transposed (prefill) path.
+        // 8 query heads per KV head: 8 vectors per item widen bf16 values once per block.
         {1, 8, 64, 16, decodes, contexts, bf},
         {2, 8, 128, 16, decodes, contexts, bf},
         // A 37-token chunk at context 100; group 4 splits it into query blocks of 32 and 5.
@@ -223,6 +230,23 @@ void test_attention_matches_naive_bf16() {
         {1, 2, 96, 16, {1, 9}, {17, 40}, bf},
     };
     for (const Case& c : cases) check_case(c, rng, 1e-4, 1e-2, "matches the naive loop (bf16)");
+}
+
+// Sliding windows (smaller than a page, straddled by a chunk, past the context) and soft-capped
+// scores, on both kernel paths (head sizes 64 and 96) and both dtypes.
+void test_window_and_softcap_match_naive() {
+    std::mt19937 rng(13);
+    const std::vector<std::int32_t> q_lens = {1, 1, 37, 20}, seq_lens = {17, 130, 100, 20};
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (const std::int64_t head_size : {64, 96}) {
+            for (const std::int64_t window : {0, 1, 5, 16, 40, 500}) {
+                Case c{2, 3, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
+                c.logit_softcap = window % 2 == 0 ? 0.3f : 0.0f;  // small: the cap binds
+                const double rtol = dtype == DType::kBFloat16 ? 1e-2 : 0.0;
+                check_case(c, rng, 1e-4, rtol, "window and soft cap match the naive loop");
+            }
+        }
+    }
 }
 
 void test_cache_write_round_trip() {
@@ -274,6 +298,7 @@ void test_bad_inputs_throw() {
 int main() {
     test_attention_matches_naive();
     test_attention_matches_naive_bf16();
+    test_window_and_softcap_match_naive();
     test_cache_write_round_trip();
     test_bad_inputs_throw();
     if (failures == 0) std::puts("test_paged_attention: ok");

@@ -9,6 +9,7 @@ Every exit path of `generate()` (finished, error, client gone) aborts the reques
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -19,7 +20,7 @@ from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
-from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,13 @@ class AsyncEngine:
         return self._errored is not None
 
     def stats(self) -> EngineStats:
-        """A snapshot taken by the engine thread after its last step (never a live read)."""
-        return self._stats
+        """The engine thread's last snapshot (never a live read), with the requests admitted
+        but not yet seen by the engine thread counted as waiting: a request counts from its
+        admission, not from the end of the next step."""
+        if not self._num_queued_adds:
+            return self._stats
+        waiting = self._stats.num_waiting + self._num_queued_adds
+        return dataclasses.replace(self._stats, num_waiting=waiting)
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if self._errored is not None:
@@ -163,6 +169,11 @@ class AsyncEngine:
         self._num_queued_adds += 1
         self._commands.put(_Add(request_id, list(prompt_token_ids), params))
         return OutputStream(self, request_id, mailbox)
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile spec's grammar into the engine's LRU (any thread; the server calls it on a
+        worker thread before generate(), so the engine thread only finds it)."""
+        self.engine.grammars.compile(spec)
 
     def _forget(self, request_id: str, abort: bool) -> None:
         self._mailboxes.pop(request_id, None)
@@ -218,6 +229,7 @@ class AsyncEngine:
     def _add(self, command: _Add) -> None:
         try:
             self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+            self._stats = self.engine.stats()  # waiting now, before the queued count drops
         except ValueError as exc:  # raced past check_admission; tell the client why
             self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import jinja2
-from jinja2 import ext, nodes
+from jinja2 import ext, meta, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -87,8 +87,11 @@ class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str | None, eos_token: str | None) -> None:
         self.source = source
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
+            self.variables = frozenset(meta.find_undeclared_variables(env.parse(source)))
+            """The variables the template reads (e.g. `tools`: it renders tool definitions)."""
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
 

@@ -32,7 +32,9 @@ class ModelConfig:
     attention_backend: str = "auto"
     """Attention implementation: auto (native kernels), native or torch (slow reference)."""
     seed: int = 0
-    """Seed for requests that give none."""
+    """Seeds, once at start-up, the random generator that requests without a `seed` draw
+    from: the same requests in the same order (offline, or one at a time) sample the same
+    tokens from run to run. A request's own `seed` gives it its own generator."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

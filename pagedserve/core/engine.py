@@ -24,6 +24,7 @@ from pagedserve.core.request import Request, Sequence
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.scheduler import StepPlan
 from pagedserve.core.startup import EngineParts, build_engine_parts
+from pagedserve.core.structured import GrammarCache, GrammarState
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,13 @@ class LLMEngine:
         self._requests = self.output_processor.requests
         self._seqs = self.output_processor.seqs
         self._seq_ids = itertools.count()
+        self.batch_invariant = parts.batch_invariant
+        # Draws of the requests that give no seed: one generator in the runner, seeded once from
+        # --seed, so the same requests in the same order (the same steps) sample the same tokens.
+        self.model_runner.seed_unseeded(config.model.seed)
+        self._finished_reasons = self.output_processor.finished_reasons
+        self.grammars = GrammarCache(parts.tokenizer)
+        """Compiled grammars; the server fills it off the event loop before adding a request."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -81,6 +89,8 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
+        if params.structured is not None:  # a cache hit when the server compiled it beforehand
+            request.grammar = self.grammars.compile(params.structured)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = []
         # With the prefix cache, outputs 1..n-1 join once output 0 has filled the prompt's
@@ -104,6 +114,7 @@ class LLMEngine:
                 skip_special_tokens=params.skip_special_tokens,
                 prompt_token_ids=request.prompt_token_ids,
             ),
+            grammar=GrammarState(request.grammar) if request.grammar is not None else None,
         )
         # Prompt logprobs need every prompt token computed, so output 0 skips the cache.
         use_cache = not (index == 0 and params.prompt_logprobs is not None)
@@ -128,6 +139,13 @@ class LLMEngine:
                 self._add_sequence(request)
 
     def abort(self, request_id: str) -> None:
+        """The client is gone: its unfinished outputs end with reason `abort`."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finished_reasons["abort"] += _num_unfinished(request)
+        self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is None:
             return
@@ -149,6 +167,8 @@ class LLMEngine:
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             **dataclasses.asdict(scheduler.stats()),
+            num_generated_tokens=self.output_processor.num_generated_tokens,
+            finished_reasons=dict(self._finished_reasons),
         )
 
     # ---- the step -------------------------------------------------------------------------------
@@ -214,7 +234,8 @@ class LLMEngine:
             request = self._requests.get(request_id)
             if request is None:
                 continue
-            self.abort(request_id)
+            self._finished_reasons["error"] += _num_unfinished(request)
+            self._drop(request_id)
             for seq in request.seqs:
                 if not seq.finished:
                     seq.pending().finish_reason = seq.finish_reason = "error"
@@ -235,3 +256,8 @@ class LLMEngine:
 
     def all_request_ids(self) -> list[str]:
         return list(self._requests)
+
+
+def _num_unfinished(request: Request) -> int:
+    """Outputs of the request still running, the n > 1 children not yet added included."""
+    return request.params.n - sum(1 for seq in request.seqs if seq.finished)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pagedserve.core.chat_template import ChatTemplate
     from pagedserve.core.outputs import EngineStats, RequestOutput
-    from pagedserve.core.sampling_params import SamplingParams
+    from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
     from pagedserve.core.tokenizer import Tokenizer
 
 
@@ -34,6 +34,8 @@ class ModelInfo:
     """The model's and the KV cache's element type, e.g. "bfloat16"."""
     device: str
     """Where the model runs, e.g. "cpu" or "cuda:0"."""
+    batch_invariant: bool
+    """Greedy and seeded results are a function of the request alone, not of the batch."""
 
 
 class RequestStream(Protocol):
@@ -72,6 +74,10 @@ class EngineClient(Protocol):
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> RequestStream:
         """Admit the request and return the stream of its outputs."""
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile the spec's grammar where `generate` will find it (any thread; raises
+        GrammarError when it does not compile)."""
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its pages; unknown ids are ignored."""

@@ -69,6 +69,8 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.sampler = Sampler()
         self._generators: dict[int, torch.Generator] = {}
+        self._unseeded = torch.Generator(device=device)
+        """Draws of the rows without a seed: one generator, seeded by `seed_unseeded`."""
         shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
         # zeros, not empty: the whole pool is committed now, as the KV budget says. With lazily
         # mapped memory RSS would creep for as long as requests first touch pages (the
@@ -92,6 +94,11 @@ class ModelRunner:
         """A new sequence; a seeded one samples from its own generator, whatever the batch."""
         if seed is not None:
             self._generators[seq_id] = self._generator(seed)
+
+    def seed_unseeded(self, seed: int) -> None:
+        """Seed the generator of unseeded rows (once, from --seed): the same requests in the
+        same steps then sample the same tokens."""
+        self._unseeded.manual_seed(seed)
 
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
@@ -134,6 +141,7 @@ class ModelRunner:
                     prompt_token_ids=request.prompt_token_ids,
                     output_token_ids=seq.output_token_ids,
                     generator=self._generators.get(seq.seq_id),
+                    grammar=seq.grammar,
                 )
             )
         return SamplingBatch.build(
@@ -141,6 +149,7 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device=self.device,
+            shared_generator=self._unseeded,
         )
 
     def _prompt_logprobs(

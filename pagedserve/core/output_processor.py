@@ -10,6 +10,7 @@ its next step, so this phase never re-enters admission.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -40,6 +41,10 @@ class OutputProcessor:
         self.seqs: dict[int, Sequence] = {}
         """Live sequences by seq_id (the scheduler's id); one leaves when it finishes."""
         self._queued_children: list[Request] = []
+        self.num_generated_tokens = 0
+        """Tokens appended since start, every request's (for /metrics)."""
+        self.finished_reasons: collections.Counter[str] = collections.Counter()
+        """Ended outputs by finish reason; the engine adds its own (abort, error)."""
 
     def take_queued_children(self) -> list[Request]:
         """Requests whose outputs 1..n-1 are due to join the scheduler (see the module doc)."""
@@ -64,6 +69,7 @@ class OutputProcessor:
         request, params = seq.request, seq.request.params
         self._record_token_time(request)
         seq.output_token_ids.append(token)
+        grammar_ended = seq.grammar is not None and seq.grammar.advance(token)
         delta = seq.pending()
         delta.token_ids.append(token)
         if logprob is not None and delta.logprobs is not None:
@@ -74,6 +80,8 @@ class OutputProcessor:
             return self._finish(seq, "stop", None, flush=True)
         if token in params.stop_token_ids:
             return self._finish(seq, "stop", token, flush=True)
+        if grammar_ended:  # only EOS ends a grammar, and ignore_eos kept it: it is still the end
+            return self._finish(seq, "stop", None, flush=True)
         delta.text += seq.detokenizer.add([token])
         if seq.detokenizer.stop_hit is not None:
             return self._finish(seq, "stop", seq.detokenizer.stop_hit, flush=False)
@@ -93,6 +101,7 @@ class OutputProcessor:
             metrics.inter_token_latencies.append(now - metrics.last_token_time)
         metrics.last_token_time = now
         metrics.num_generated_tokens += 1
+        self.num_generated_tokens += 1
 
     def _finish(
         self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool
@@ -102,6 +111,7 @@ class OutputProcessor:
             delta.text += seq.detokenizer.flush()
         seq.finish_reason = delta.finish_reason = reason
         seq.stop_reason = delta.stop_reason = stop_reason
+        self.finished_reasons[reason] += 1
         self.scheduler.finish(seq.seq_id)
         self._release(seq.seq_id)
         self.seqs.pop(seq.seq_id, None)

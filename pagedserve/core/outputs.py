@@ -7,6 +7,7 @@ them into whole completions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -113,6 +114,11 @@ class EngineStats:
     prefix_query_tokens: int
     prefix_hit_tokens: int
     num_preemptions: int
+    num_generated_tokens: int = 0
+    """Every token sampled so far, aborted and failed requests' included."""
+    finished_reasons: Mapping[str, int] = field(default_factory=dict)
+    """Ended outputs (each of a request's n) by finish reason: stop, length, abort (its client
+    left), error."""
 
     @property
     def kv_cache_usage(self) -> float:

@@ -10,6 +10,7 @@ from pagedserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.core.detokenizer import IncrementalDetokenizer
+    from pagedserve.core.structured.state import CompiledGrammar, GrammarState
 
 
 @dataclass
@@ -21,6 +22,8 @@ class Sequence:
     request: Request
     detokenizer: IncrementalDetokenizer
     output_token_ids: list[int] = field(default_factory=list)
+    grammar: GrammarState | None = None
+    """GrammarState (core.structured) of a constrained output: every output token accepted."""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     delta: CompletionOutput | None = None
@@ -54,6 +57,8 @@ class Request:
     prompt_logprobs_sent: bool = False
     num_children_added: int = 0
     """How many of the n sequences have been handed to the scheduler so far."""
+    grammar: CompiledGrammar | None = None
+    """The compiled grammar its outputs follow (params.structured), shared by the n outputs."""
 
     @property
     def finished(self) -> bool:

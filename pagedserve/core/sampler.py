@@ -4,6 +4,8 @@ Per step: the engine builds a SamplingBatch from its SamplingRows, then calls
 `Sampler()(logits, batch)`. Order of work for the rows:
 
 1. logprobs (rows that asked): log_softmax of the raw logits, before any control (vLLM).
+   Then grammar masks: one pass over the constrained rows (core.structured), -inf for every
+   token their grammar forbids; unconstrained rows are not touched.
 2. logit_bias, min_tokens bans, repetition / frequency / presence penalties (sparse edits).
 3. greedy rows (temperature 0): argmax of the edited logits.
 4. sampling rows: logits / temperature -> softmax -> min_p and top_k keep the intersection of
@@ -26,6 +28,7 @@ from pagedserve.core.sampling import kernels
 from pagedserve.core.sampling.batch import RandomRows, SamplingBatch, SamplingRow
 from pagedserve.core.sampling.logits import apply_edits
 from pagedserve.core.sampling.logprobs import prompt_logprobs, token_logprobs
+from pagedserve.core.structured.bitmask import GrammarMasker
 
 __all__ = [
     "Sampler",
@@ -46,7 +49,10 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless; one instance serves every step."""
+    """One instance serves every step; its only state is the grammar bitmask buffer."""
+
+    def __init__(self) -> None:
+        self._masker = GrammarMasker()
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Sample one token per row of logits [N, vocab] (float32; overwritten as scratch)."""
@@ -56,12 +62,14 @@ class Sampler:
                 f"({batch.num_rows}, {batch.vocab_size}) for this batch"
             )
         logits = logits.float().contiguous()
-        if batch.argmax_only:
-            return SamplerOutput(kernels.argmax_rows(logits).cpu(), None)
         raw_logprobs = None
         if batch.logprob_rows:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
             raw_logprobs = torch.log_softmax(logits.index_select(0, rows), dim=-1)
+        if batch.grammar_rows:
+            self._masker.apply(logits, batch.grammar_rows, batch.grammars)
+        if batch.argmax_only:
+            return SamplerOutput(kernels.argmax_rows(logits).cpu(), None)
         if batch.edits is not None:
             apply_edits(logits, batch.edits)
         tokens = torch.empty(batch.num_rows, dtype=torch.long, device=logits.device)
@@ -77,7 +85,7 @@ def _sample(logits: torch.Tensor, random: RandomRows) -> torch.Tensor:
     x = _take(logits, random.rows)
     probs = torch.softmax(x.div_(random.temperature[:, None]), dim=-1)
     del x
-    draw = _UniformDraw(random.generators, probs.device)
+    draw = _UniformDraw(random.generators, probs.device, random.shared_generator)
     tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     with_k = random.top_k < probs.shape[1]
     if bool(with_k.any()):
@@ -132,16 +140,24 @@ def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 class _UniformDraw:
     """Uniforms in [0, 1) (float64) for rows given by position among the sampling rows."""
 
-    def __init__(self, generators: list[torch.Generator | None], device: torch.device) -> None:
+    def __init__(
+        self,
+        generators: list[torch.Generator | None],
+        device: torch.device,
+        shared: torch.Generator | None = None,
+    ) -> None:
         self._generators = generators
         self._device = device
+        self._shared = shared
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         picked = [self._generators[i] for i in rows.tolist()]
         shared = [i for i, g in enumerate(picked) if g is None]
         u = torch.empty(len(picked), dtype=torch.float64, device=self._device)
         if shared:
-            u[shared] = torch.rand(len(shared), dtype=torch.float64, device=self._device)
+            u[shared] = torch.rand(
+                len(shared), dtype=torch.float64, device=self._device, generator=self._shared
+            )
         for i, g in enumerate(picked):
             if g is not None:  # per-row draws: the only Python loop over rows
                 u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=g.device)[0].to(

@@ -7,6 +7,29 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf")
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint on the output (constrained decoding); equal specs share one compiled grammar."""
+
+    kind: str
+    """One of GRAMMAR_KINDS: a JSON schema, any JSON object, a regex, one of some strings, or an
+    EBNF grammar (xgrammar's dialect)."""
+    value: str = ""
+    """The schema as JSON text, the regex, the choices as a JSON list, or the grammar text
+    (empty for json_object)."""
+    param: str = "response_format"
+    """The request field it came from, named in errors."""
+
+    def __post_init__(self) -> None:
+        _check(self.kind in GRAMMAR_KINDS, self.param, f"kind must be one of {GRAMMAR_KINDS}")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies the compiled grammar (param only names errors)."""
+        return (self.kind, self.value)
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,8 @@ class SamplingParams:
     """None: none; k >= 0: logprobs of each prompt token plus the top k (for echo)."""
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutputs | None = None
+    """Constrain the output to a grammar; None: free text."""
 
     def __post_init__(self) -> None:
         _check(self.n >= 1, "n", f"must be >= 1, got {self.n}")

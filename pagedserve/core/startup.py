@@ -20,6 +20,7 @@ from pagedserve.core.kv_cache import KVCacheLayout, choose_num_pages
 from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
@@ -39,6 +40,8 @@ class EngineParts:
     scheduler: Scheduler
     max_model_len: int
     kv_layout: KVCacheLayout
+    batch_invariant: bool
+    """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
 
     @property
     def model_info(self) -> ModelInfo:
@@ -50,6 +53,7 @@ class EngineParts:
             num_pages=self.kv_layout.num_pages,
             dtype=str(self.model_runner.dtype).removeprefix("torch."),
             device=str(self.model_runner.device),
+            batch_invariant=self.batch_invariant,
         )
 
 
@@ -115,17 +119,42 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         enable_prefix_caching=cc.enable_prefix_caching,
     )
+    invariant = is_batch_invariant(model, attention.name, device)
     logger.info(
-        "model %s (%s) on %s in %s, attention %s; %s",
+        "model %s (%s) on %s in %s, attention %s, %sbatch-invariant; %s",
         resolved.name,
         arch.architecture,
         device,
         dtype,
         attention.name,
+        "" if invariant else "not ",
         layout.describe(),
     )
     return EngineParts(
-        resolved, tokenizer, chat_template, arch, runner, scheduler, max_model_len, layout
+        resolved,
+        tokenizer,
+        chat_template,
+        arch,
+        runner,
+        scheduler,
+        max_model_len,
+        layout,
+        invariant,
+    )
+
+
+def is_batch_invariant(model: torch.nn.Module, attention: str, device: torch.device) -> bool:
+    """True when every kernel of a forward fixes each output's reduction order whatever the
+    batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
+    layer on the native bf16/fp32 kernel and the native CPU attention. torch's matmul (float16,
+    CUDA, CPUs without AVX512-BF16), the torch reference attention and the CUDA kernels (whose
+    decode splits long contexts) are not."""
+    linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    return (
+        device.type == "cpu"
+        and attention == "native"
+        and bool(linears)
+        and all(m.packed is not None for m in linears)
     )
 
 

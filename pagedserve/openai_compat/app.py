@@ -24,16 +24,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.request_log import HEADER as REQUEST_ID_HEADER
+from pagedserve.openai_compat.request_log import RequestIdMiddleware
 from pagedserve.openai_compat.responses import error_response
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.state import ServerState
+from pagedserve.openai_compat.ui import OPEN_PREFIX, ui_routes
 
 logger = logging.getLogger("pagedserve.server")
 T = TypeVar("T")
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-"""Reachable without the API key (probes and Prometheus)."""
+OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
+"""Reachable without the API key (probes, Prometheus, the page); so is everything under /ui/."""
 
 
 class APIKeyMiddleware:
@@ -44,7 +47,7 @@ class APIKeyMiddleware:
         self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and not _is_open(scope["path"]):
             header = Headers(scope=scope).get("authorization", "")
             scheme, _, token = header.partition(" ")
             ok = scheme.lower() == "bearer" and hmac.compare_digest(
@@ -54,6 +57,10 @@ class APIKeyMiddleware:
                 await error_response(errors.invalid_api_key())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIX)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -97,7 +104,7 @@ def create_app(
 
     middleware = _middleware(config)
     app = Starlette(
-        routes=ROUTES,
+        routes=ROUTES + (ui_routes() if config.ui else []),
         middleware=middleware,
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
@@ -107,8 +114,9 @@ def create_app(
 
 
 def _middleware(config: ServerConfig) -> list[Middleware]:
-    """CORS outermost, so browsers' preflight requests are answered before the key check."""
-    middleware = []
+    """The request id outermost (every response carries it), then CORS, so browsers'
+    preflight requests are answered before the key check."""
+    middleware = [Middleware(RequestIdMiddleware, access_log=config.access_log)]
     if config.allowed_origins:
         middleware.append(
             Middleware(
@@ -116,6 +124,7 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
                 allow_origins=list(config.allowed_origins),
                 allow_methods=["*"],
                 allow_headers=["*"],
+                expose_headers=[REQUEST_ID_HEADER],
             )
         )
     if config.api_key:

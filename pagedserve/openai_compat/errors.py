@@ -88,7 +88,9 @@ def internal(request_id: str) -> APIError:
     )
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "TextPart", "StreamOptions"})
+_TYPE_TAGS = frozenset(
+    {"str", "int", "float", "bool", "none", "TextPart", "StreamOptions", "NamedToolChoice"}
+)
 
 
 def _loc_to_param(loc: tuple[int | str, ...]) -> str | None:

@@ -2,8 +2,10 @@
 Extension's endpoint picker read pagedserve unchanged.
 
 Each app owns its CollectorRegistry (no global state). Gauges and the engine's own counters are
-read from `engine.stats()` at scrape time by a custom collector; per-request counters and
-histograms are recorded when a request finishes.
+read from `engine.stats()` at scrape time by a custom collector, among them the finished
+requests by reason and the generated tokens: the engine counts every way a request ends,
+`abort` (its client left) included, as vLLM reports them. Prompt tokens and latency histograms
+are recorded by the serving layer when it sees a request finish.
 """
 
 from __future__ import annotations
@@ -84,6 +86,17 @@ class EngineStatsCollector(Collector):
         yield counter(
             "vllm:num_preemptions", "Preemptions of running requests.", stats.num_preemptions
         )
+        yield counter(
+            "vllm:generation_tokens", "Tokens generated (by aborted requests too).",
+            stats.num_generated_tokens,
+        )  # fmt: skip
+        success = CounterMetricFamily(
+            "vllm:request_success", "Ended requests (each of n outputs) by finish reason.",
+            labels=["model_name", "finished_reason"],
+        )  # fmt: skip
+        for reason, count in sorted(stats.finished_reasons.items()):
+            success.add_metric([self._model_name, reason], count)
+        yield success
 
 
 class ServerMetrics:
@@ -98,13 +111,6 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens processed.", label, registry=reg
         )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated.", label, registry=reg
-        )
-        self.request_success = Counter(
-            "vllm:request_success", "Finished requests by finish reason.",
-            ["model_name", "finished_reason"], registry=reg,
-        )  # fmt: skip
         self.ttft = self._histogram("vllm:time_to_first_token_seconds", "Time to first token.")
         self.itl = self._histogram("vllm:inter_token_latency_seconds", "Time between tokens.")
         self.e2e = self._histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
@@ -115,15 +121,12 @@ class ServerMetrics:
             name, doc, ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry
         )
 
-    def record(self, metrics: RequestMetrics | None, finish_reasons: list[str]) -> None:
-        """Count one finished engine request (all of its n outputs)."""
+    def record(self, metrics: RequestMetrics | None) -> None:
+        """Record one finished engine request (the engine counts its outputs and tokens)."""
         model = self.model_name
-        for reason in finish_reasons:
-            self.request_success.labels(model, reason).inc()
         if metrics is None:
             return
         self.prompt_tokens.labels(model).inc(metrics.num_prompt_tokens)
-        self.generation_tokens.labels(model).inc(metrics.num_generated_tokens)
         if metrics.time_to_first_token is not None:
             self.ttft.labels(model).observe(metrics.time_to_first_token)
         if metrics.queue_time is not None:

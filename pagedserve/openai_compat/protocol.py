@@ -70,15 +70,42 @@ _PROMPT_XOR_MESSAGES: JsonDict = {
 }
 
 
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1)
+    arguments: str
+    """The arguments as a JSON text (OpenAI's shape)."""
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     model_config = ConfigDict(json_schema_extra=_CONTENT_UNLESS_ASSISTANT)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # validate_default: a missing content must reach the check below, which needs the role.
     content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = Field(
         default=None, validate_default=True
     )
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """On assistant messages: the calls the model made."""
+    tool_call_id: str | None = None
+    """On tool messages: which call this is the result of."""
+    reasoning_content: str | None = None
+    """On assistant messages: earlier thinking (accepted, and left out of the prompt)."""
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        # Plain ValueErrors: pydantic's location then names the message (messages[i]).
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages may carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
 
     @field_validator("content")
     @classmethod
@@ -96,6 +123,14 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """What the chat template sees: role, content as text, and name when given (as
+        transformers passes the message dicts)."""
+        message = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
 
 class FieldError(ValueError):
     """A bad value found by a validator; `param` names the field for the error envelope."""
@@ -106,18 +141,68 @@ class FieldError(ValueError):
         self.message = message
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """A JSON schema for the arguments (an object schema; absent: no arguments)."""
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise FieldError("response_format", "type json_schema needs json_schema")
+        return self
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 def _absent(value: Any) -> bool:
     return value is None
 
 
 # Unsupported OpenAI fields: the values accepted because they change nothing.
 _HARMLESS: dict[str, Callable[[Any], bool]] = {
-    "tools": lambda v: v is None or v == [],
-    "tool_choice": lambda v: v in (None, "none", "auto"),
-    "parallel_tool_calls": lambda v: True,
     "functions": lambda v: v is None or v == [],
     "function_call": lambda v: v in (None, "none", "auto"),
-    "response_format": lambda v: v is None or v == {"type": "text"},
+    "guided_decoding_backend": lambda v: v in (None, "xgrammar", "auto"),
+    "guided_whitespace_pattern": _absent,
     "store": lambda v: v in (None, False),
     "metadata": lambda v: True,
     "service_tier": lambda v: v in (None, "auto", "default"),
@@ -138,26 +223,36 @@ class _SamplingFields(_Strict):
     """Fields shared by chat and completions requests."""
 
     model: str | None = None
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's ranges, so a value OpenAI refuses is a 400 naming the field here too.
+    frequency_penalty: float | None = Field(default=0.0, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=0.0, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = None
     stop: Annotated[str | list[str] | None, AfterValidator(_no_nul)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     user: str | None = None
     # Extensions (vLLM names).
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Constrained decoding: OpenAI's response_format, and vLLM's names for the same engine.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @model_validator(mode="after")
     def refuse_unsupported(self) -> _SamplingFields:
@@ -177,6 +272,10 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's `continuous_usage_stats`)."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -185,13 +284,14 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
-    # Declared so the schema documents them; refused by refuse_unsupported.
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the chat template (e.g. enable_thinking), as vLLM takes them."""
+    # Declared so the schema documents them; refused by refuse_unsupported.
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None

@@ -4,7 +4,6 @@ handler's errors into them."""
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.request_log import current_request_id
 from pagedserve.openai_compat.streaming import ClientGone
 
 logger = logging.getLogger("pagedserve.server")
@@ -42,7 +42,7 @@ def endpoint(fn: Endpoint) -> Endpoint:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except Exception:
-            request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+            request_id = current_request_id.get()
             logger.exception("request %s %s failed", request_id, request.url.path)
             return error_response(errors.internal(request_id))
 

@@ -130,4 +130,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "root": ctx.engine.model_info.name,
         "parent": None,
         "max_model_len": ctx.engine.model_info.max_model_len,
+        # Greedy and seeded results depend on the request alone, not the batch (issue 16).
+        "batch_invariant": ctx.engine.model_info.batch_invariant,
     }

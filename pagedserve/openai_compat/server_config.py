@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("auto", "none", "think", "deepseek_r1", "qwen3")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -22,8 +25,21 @@ class ServerConfig:
     """Largest request body accepted; larger ones get 413."""
     graceful_timeout: float = 30.0
     """Seconds SIGTERM waits for requests in flight before stopping."""
+    ui: bool = True
+    """Serve the built-in chat page and live server view at / (--no-ui turns it off)."""
     log_level: str = "info"
     """Logging level: debug, info, warning or error."""
+    access_log: bool = False
+    """Log one line per request when its response ends (peer, method, path, status, seconds,
+    and the request's X-Request-Id, as every log line of a request carries it), whatever
+    --log-level."""
+    tool_call_parser: str = "auto"
+    """How the model writes tool calls under tool_choice auto: hermes (<tool_call>),
+    llama3_json, mistral ([TOOL_CALLS]), or auto: from the chat template (hermes, with a tools
+    prompt pagedserve adds, for templates without a tool section)."""
+    reasoning_parser: str = "auto"
+    """Split <think>...</think> into reasoning_content: think (also deepseek_r1, qwen3), none,
+    or auto: when the chat template writes </think>."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -34,6 +50,14 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
+            )
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}"
+            )
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError(
                 f"log_level must be debug, info, warning or error, got {self.log_level!r}"

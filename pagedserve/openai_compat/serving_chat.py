@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive
 
+from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.chat_output import OutputPlan
 from pagedserve.openai_compat.logprobs import chat_logprobs
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, ChatMessage
+from pagedserve.openai_compat.reasoning import wants_reasoning
 from pagedserve.openai_compat.responses import JSONResponse
 from pagedserve.openai_compat.serving_common import (
     ServingContext,
@@ -20,16 +25,37 @@ from pagedserve.openai_compat.serving_common import (
     new_id,
     now,
     off_loop,
+    running_usage,
     sampling_params,
     stream_outputs,
     usage,
 )
 from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
+from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
+from pagedserve.openai_compat.tools import ToolPlan, plan_tools, template_messages
 
 
 def render_chat(
-    ctx: ServingContext, messages: list[ChatMessage], add_generation_prompt: bool
+    ctx: ServingContext,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    tools: ToolPlan | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
+    template = require_template(ctx)
+    plan = tools or ToolPlan(None, "tools" not in template.variables, None, None)
+    try:
+        return template.render(
+            template_messages(messages, plan),
+            add_generation_prompt=add_generation_prompt,
+            tools=plan.template_tools,
+            **(template_kwargs or {}),
+        )
+    except ValueError as exc:  # ChatTemplateError: e.g. roles in an order the template refuses
+        raise errors.invalid(f"Chat template error: {exc}", param="messages") from exc
+
+
+def require_template(ctx: ServingContext) -> ChatTemplate:
     template = ctx.engine.chat_template
     if template is None:
         raise errors.invalid(
@@ -37,11 +63,7 @@ def render_chat(
             "/v1/completions.",
             param="messages",
         )
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
-    try:
-        return template.render(plain, add_generation_prompt=add_generation_prompt)
-    except ValueError as exc:  # ChatTemplateError: e.g. roles in an order the template refuses
-        raise errors.invalid(f"Chat template error: {exc}", param="messages") from exc
+    return template
 
 
 def chat_chars(messages: list[ChatMessage]) -> int:
@@ -55,6 +77,14 @@ def chat_token_ids(
     return ctx.engine.tokenizer.encode(text, add_special_tokens=False)
 
 
+@dataclass
+class _Prepared:
+    prompt_ids: list[int]
+    spec: StructuredOutputs | None
+    output: OutputPlan
+    keep_special_tokens: bool
+
+
 class ChatService:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
@@ -63,23 +93,50 @@ class ChatService:
         ctx = self.ctx
         ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
-        prompt_ids = await off_loop(
-            chat_chars(req.messages), chat_token_ids, ctx, req.messages, req.add_generation_prompt
-        )
+        prep = await off_loop(chat_chars(req.messages), self._prepare, req)
+        await compile_off_loop(ctx.engine, prep.spec)
         top_k = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, req.output_limit(), top_k, None, tokenizer.vocab_size)
-        ctx.admit(prompt_ids, params, "messages")
+        skip = False if prep.keep_special_tokens else None
+        params = sampling_params(
+            req, req.output_limit(), top_k, None, tokenizer.vocab_size, prep.spec, skip
+        )
+        ctx.admit(prep.prompt_ids, params, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
-        [stream] = ctx.start(request_id, [prompt_ids], params, "messages")
+        [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages")
         if req.stream:
-            chunks = self._chunks(head, stream, params.n, top_k, req.include_usage())
+            usage_flags = (req.include_usage(), req.continuous_usage())
+            num_prompt = len(prep.prompt_ids)
+            chunks = self._chunks(
+                head, stream, params.n, top_k, usage_flags, num_prompt, prep.output
+            )
             return SSEResponse(sse_frames(chunks, request_id))
         final = await until_disconnect(receive, collect([stream], ctx.metrics, "messages"))
-        return JSONResponse(self._response(head, final[0], top_k))
+        return JSONResponse(self._response(head, final[0], top_k, prep.output))
+
+    def _prepare(self, req: ChatCompletionRequest) -> _Prepared:
+        """Tools, constraint and prompt (a worker thread runs this for long conversations)."""
+        ctx = self.ctx
+        template = require_template(ctx)
+        tools = plan_tools(req, template, ctx.tool_call_parser)
+        spec = structured_outputs(req)
+        if spec is not None and tools.spec is not None:
+            raise errors.invalid(
+                "response_format cannot be combined with tool_choice required or a named function.",
+                "response_format",
+            )
+        spec = spec or tools.spec
+        text = render_chat(
+            ctx, req.messages, req.add_generation_prompt, tools, req.chat_template_kwargs
+        )
+        # A constrained output is the constraint's language from its first token: no thinking.
+        reasoning = spec is None and wants_reasoning(ctx.reasoning_parser, template.source)
+        output = OutputPlan(reasoning, text, tools.parser, req.parallel_tool_calls is False)
+        prompt_ids = ctx.engine.tokenizer.encode(text, add_special_tokens=False)
+        return _Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
 
     def _response(
-        self, head: dict[str, Any], out: RequestOutput, top_k: int | None
+        self, head: dict[str, Any], out: RequestOutput, top_k: int | None, plan: OutputPlan
     ) -> dict[str, Any]:
         tokenizer = self.ctx.engine.tokenizer
         choices = []
@@ -87,12 +144,13 @@ class ChatService:
             logprobs = None
             if top_k is not None:
                 logprobs = chat_logprobs(tokenizer, o.logprobs or [], top_k)
+            parser = plan.new_choice()
             choices.append(
                 {
                     "index": o.index,
-                    "message": {"role": "assistant", "content": o.text, "refusal": None},
+                    "message": parser.message(o.text),
                     "logprobs": logprobs,
-                    "finish_reason": o.finish_reason,
+                    "finish_reason": parser.finish_reason(o.finish_reason),
                 }
             )
         generated = sum(len(o.token_ids) for o in out.outputs)
@@ -109,19 +167,24 @@ class ChatService:
         stream: AsyncIterator[RequestOutput],
         n: int,
         top_k: int | None,
-        include_usage: bool,
+        usage_flags: tuple[bool, bool],
+        num_prompt: int,
+        plan: OutputPlan,
     ) -> AsyncIterator[dict[str, Any]]:
+        """usage_flags: (usage chunk at the end, usage on every chunk)."""
+        include_usage, continuous = usage_flags
         head = {**head, "object": "chat.completion.chunk"}
         if include_usage:
             head["usage"] = None
         tokenizer = self.ctx.engine.tokenizer
         for index in range(n):
             role = {"role": "assistant", "content": ""}
-            yield {**head, "choices": [_choice(index, role, None, None)]}
-        num_prompt, num_generated, cached = 0, 0, 0
+            yield {**head, "choices": [_choice(index, role, None, None)],
+                   **running_usage(continuous, num_prompt, 0)}  # fmt: skip
+        parsers = [plan.new_choice() for _ in range(n)]
+        num_generated, cached = 0, 0
         with engine_errors("messages"):
             async for _, out in stream_outputs([stream], self.ctx.metrics):
-                num_prompt = len(out.prompt_token_ids)
                 cached = out.metrics.num_cached_tokens if out.metrics else cached
                 for o in out.outputs:
                     num_generated += len(o.token_ids)
@@ -130,9 +193,13 @@ class ChatService:
                     logprobs = None
                     if top_k is not None:
                         logprobs = chat_logprobs(tokenizer, o.logprobs or [], top_k)
-                    delta = {"content": o.text} if o.text else {}
-                    choice = _choice(o.index, delta, logprobs, o.finish_reason)
-                    yield {**head, "choices": [choice]}
+                    parser = parsers[o.index]
+                    delta = parser.delta_of(o.text, final=o.finish_reason is not None)
+                    reason = parser.finish_reason(o.finish_reason)
+                    if delta or reason or logprobs:
+                        choice = _choice(o.index, delta, logprobs, reason)
+                        yield {**head, "choices": [choice],
+                               **running_usage(continuous, num_prompt, num_generated)}  # fmt: skip
         if include_usage:
             yield {**head, "choices": [], "usage": usage(num_prompt, num_generated, cached)}
 

@@ -14,7 +14,11 @@ from pagedserve import __version__
 from pagedserve.core.engine_client import EngineClient, RequestStream
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
 from pagedserve.core.outputs import RequestOutput
-from pagedserve.core.sampling_params import SamplingParams, SamplingParamsError
+from pagedserve.core.sampling_params import (
+    SamplingParams,
+    SamplingParamsError,
+    StructuredOutputs,
+)
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
 from pagedserve.openai_compat.protocol import ChatCompletionRequest, CompletionRequest
@@ -43,6 +47,10 @@ class ServingContext:
     engine: EngineClient
     model_name: str
     metrics: ServerMetrics
+    tool_call_parser: str = "auto"
+    """ServerConfig.tool_call_parser."""
+    reasoning_parser: str = "auto"
+    """ServerConfig.reasoning_parser."""
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:
@@ -119,6 +127,8 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     vocab_size: int,
+    structured: StructuredOutputs | None = None,
+    skip_special_tokens: bool | None = None,
 ) -> SamplingParams:
     """OpenAI's fields (None means OpenAI's default) as SamplingParams."""
     with engine_errors("messages"):
@@ -141,7 +151,10 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=(
+                req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
+            ),
+            structured=structured,
         )
     raise AssertionError("unreachable")  # engine_errors re-raises every exception
 
@@ -184,14 +197,19 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
+def running_usage(continuous: bool, num_prompt: int, num_generated: int) -> dict[str, Any]:
+    """`{"usage": ...}` so far, to merge into a chunk, when `stream_options.
+    continuous_usage_stats` asked for usage on every chunk (as vLLM gives it); else nothing."""
+    return {"usage": usage(num_prompt, num_generated)} if continuous else {}
+
+
 def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
     """Record a finished request; raise a 500 when the engine failed it."""
     if output.error is not None:
         logger.error("request %s failed in the engine: %s", output.request_id, output.error)
         raise errors.internal(output.request_id)
     if output.finished:
-        reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
-        metrics.record(output.metrics, reasons)
+        metrics.record(output.metrics)
 
 
 async def merge_streams(

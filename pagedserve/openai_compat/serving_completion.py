@@ -27,11 +27,13 @@ from pagedserve.openai_compat.serving_common import (
     new_id,
     now,
     off_loop,
+    running_usage,
     sampling_params,
     stream_outputs,
     usage,
 )
 from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
+from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
 
 
 @dataclass
@@ -44,6 +46,8 @@ class _Job:
     echo: bool
     score_only: bool
     top_k: int | None
+    continuous_usage: bool = False
+    """Usage on every chunk (stream_options.continuous_usage_stats)."""
     prompt_logprobs: dict[int, list[TokenLogprob | None]] = field(default_factory=dict)
     builders: dict[int, CompletionLogprobs] = field(default_factory=dict)
 
@@ -61,10 +65,13 @@ class CompletionService:
         top_k = req.logprobs
         prompt_k = top_k if req.echo and top_k is not None else None
         max_tokens = 1 if score_only else req.max_tokens
-        params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size)
+        spec = structured_outputs(req)
+        await compile_off_loop(ctx.engine, spec)
+        params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
         for prompt in prompts:
             ctx.admit(prompt, params, "prompt")
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
+        job.continuous_usage = req.continuous_usage()
         request_id = new_id("cmpl")
         head = ctx.header(request_id, "text_completion", now())
         streams = ctx.start(request_id, prompts, params, "prompt")
@@ -152,6 +159,7 @@ class CompletionService:
             head = {**head, "usage": None}
         started: set[int] = set()
         generated, cached = 0, 0
+        num_prompt = sum(len(p) for p in job.prompts)
         with engine_errors("prompt"):
             async for p, out in stream_outputs(streams, self.ctx.metrics):
                 if out.prompt_logprobs is not None:
@@ -166,9 +174,9 @@ class CompletionService:
                     generated += num_tokens
                     reason = _finish_reason(job, o)
                     if text or reason or logprobs:
-                        yield {**head, "choices": [_choice(index, text, logprobs, reason)]}
+                        yield {**head, "choices": [_choice(index, text, logprobs, reason)],
+                               **running_usage(job.continuous_usage, num_prompt, generated)}  # fmt: skip
         if include_usage:
-            num_prompt = sum(len(p) for p in job.prompts)
             yield {**head, "choices": [], "usage": usage(num_prompt, generated, cached)}
 
 

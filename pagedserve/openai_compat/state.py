@@ -28,7 +28,13 @@ class ServerState:
     def attach(self, engine: EngineClient) -> None:
         name = self.config.served_model_name or engine.model_info.name
         self.metrics = ServerMetrics(name, lambda: self.engine)
-        self.ctx = ServingContext(engine, name, self.metrics)
+        self.ctx = ServingContext(
+            engine,
+            name,
+            self.metrics,
+            tool_call_parser=self.config.tool_call_parser,
+            reasoning_parser=self.config.reasoning_parser,
+        )
         self.chat = ChatService(self.ctx)
         self.completion = CompletionService(self.ctx)
         self.engine = engine

@@ -7,6 +7,7 @@ builds can be checked exactly without a model.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -20,7 +21,7 @@ from pagedserve.core.outputs import (
     RequestOutput,
     TokenLogprob,
 )
-from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
 from pagedserve.core.tokenizer import Tokenizer, TokenizerMeta
 
 EOS = 256
@@ -90,6 +91,7 @@ class FakeEngine:
             num_pages=8,
             dtype="float32",
             device="cpu",
+            batch_invariant=True,
         )
         self.token_delay = token_delay
         self.default_max_tokens = default_max_tokens
@@ -99,6 +101,19 @@ class FakeEngine:
         self.active: set[str] = set()
         self.aborted: list[str] = []
         self.seen_params: list[SamplingParams] = []
+        self.num_generated = 0
+        self.finished_reasons: dict[str, int] = {}
+        self.seen_prompts: list[list[int]] = []
+        self.compiled: list[StructuredOutputs] = []
+        self.compile_gate: threading.Event | None = None
+        self.script: str | None = None
+        """When set, every output is this text (one character per token), then "stop"."""
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Called on a worker thread by the server; `compile_gate` (if set) holds it there."""
+        self.compiled.append(spec)
+        if self.compile_gate is not None:
+            assert self.compile_gate.wait(30), "compile_gate never opened"
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         max_model_len = self.model_info.max_model_len
@@ -112,6 +127,7 @@ class FakeEngine:
     ) -> FakeStream:
         self.check_admission(len(prompt_token_ids), params)
         self.seen_params.append(params)
+        self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)
         return FakeStream(self, request_id, self._outputs(request_id, prompt_token_ids, params))
 
@@ -131,21 +147,24 @@ class FakeEngine:
                 yield RequestOutput(request_id, prompt_token_ids, [failed], True, error="boom")
                 return
             num = params.max_tokens or self.default_max_tokens
+            if self.script is not None:
+                num = min(num, len(self.script))
             prompt_lps = None
             if params.prompt_logprobs is not None:
                 k = params.prompt_logprobs
                 prompt_lps = [None] + [_logprob(t, k) for t in prompt_token_ids[1:]]
             for step in range(num):
                 await asyncio.sleep(self.token_delay)
-                token = ord("a") + step % 26
+                token = ord("a") + step % 26 if self.script is None else ord(self.script[step])
                 last = step == num - 1
+                reason = "stop" if self.script is not None and num == len(self.script) else "length"
                 outs = [
                     CompletionOutput(
                         index,
                         chr(token),
                         [token],
                         [_logprob(token, params.logprobs)] if params.logprobs is not None else None,
-                        "length" if last else None,
+                        reason if last else None,
                     )
                     for index in range(params.n)
                 ]
@@ -157,17 +176,24 @@ class FakeEngine:
                     metrics.num_generated_tokens = num * params.n
                     out.metrics = metrics
                 finished = last
+                self.num_generated += params.n
+                if last:
+                    self._count_ended("length", params.n)
                 yield out
         finally:
             if not finished:
                 self.abort(request_id)
+                self._count_ended("abort", params.n)
             self.active.discard(request_id)
+
+    def _count_ended(self, reason: str, n: int) -> None:
+        self.finished_reasons[reason] = self.finished_reasons.get(reason, 0) + n
 
     def stats(self) -> EngineStats:
         used = len(self.active)
         pages, size = self.model_info.num_pages, self.model_info.page_size
         return EngineStats(used, 0, pages, size, pages - used, used, 0,
-                           10, 4, 0)  # fmt: skip
+                           10, 4, 0, self.num_generated, dict(self.finished_reasons))  # fmt: skip
 
     async def shutdown(self) -> None:
         return None

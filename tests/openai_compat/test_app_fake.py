@@ -132,7 +132,7 @@ def test_echo_stream_and_logprob_offsets(client: TestClient) -> None:
         ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
         (
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-            "tools",
+            "tools[0].function",
         ),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
@@ -203,6 +203,7 @@ def test_engine_fault_is_500_or_error_frame(client: TestClient, engine: FakeEngi
 def test_models_tokenize_detokenize_version(client: TestClient) -> None:
     card = client.get("/v1/models").json()["data"][0]
     assert card["id"] == "fake-model" and card["max_model_len"] == 64 and card["object"] == "model"
+    assert card["batch_invariant"] is True
     r = client.post("/tokenize", json={"prompt": "hi"}).json()
     assert r == {"count": 2, "max_model_len": 64, "tokens": [104, 105]}
     assert client.post("/detokenize", json={"tokens": [104, 105]}).json() == {"prompt": "hi"}

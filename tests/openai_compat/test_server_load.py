@@ -45,28 +45,56 @@ def test_64_concurrent_streams(server: Server) -> None:
         assert reasons[-1] in ("stop", "length") and not any(reasons[:-1])
 
 
-def _wait_for_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
+def _wait_for_idle(server: Server, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while True:
-        samples = server.metrics()
-        used = sum(v for k, v in samples.items() if k.startswith("pagedserve:kv_pages_used"))
-        running = sum(v for k, v in samples.items() if k.startswith("vllm:num_requests_running"))
-        if (used == 0 and running == 0) or time.monotonic() > deadline:
-            return samples
+    while _busy(server) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
+def _busy(server: Server) -> float:
+    return server.metric("pagedserve:kv_pages_used") + server.metric("vllm:num_requests_running")
+
+
+def _aborted(server: Server) -> tuple[float, float]:
+    """(aborted requests, all generated tokens) as the engine counts them."""
+    samples = server.metrics()
+    key = f'vllm:request_success_total{{finished_reason="abort",model_name="{server.model}"}}'
+    return samples.get(key, 0.0), server.metric("vllm:generation_tokens_total")
+
+
+MAX_TOKENS = 500
+FRAMES_READ = 11
+
+
 def test_disconnect_frees_pages(server: Server) -> None:
-    body = {"model": server.model, "prompt": "Once upon a time", "max_tokens": 500,
+    """The pages come back within half the time the request would have needed to finish on its
+    own (measured from its own frame rate), and the engine counts it aborted after a fraction
+    of its tokens."""
+    body = {"model": server.model, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS,
             "ignore_eos": True, "stream": True}  # fmt: skip
+    _wait_for_idle(server)  # nothing of an earlier test is still counting
+    aborted_before, tokens_before = _aborted(server)
     with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=120) as client:
         with client.stream("POST", "/v1/completions", json=body) as response:
-            lines = response.iter_lines()
-            got = [line for line, _ in zip(lines, range(6), strict=False) if line]
-            assert got and got[0].startswith("data: ")
-            assert server.metric("pagedserve:kv_pages_used") > 0
+            stamps = []
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    stamps.append(time.monotonic())
+                if len(stamps) == FRAMES_READ:
+                    break
+            assert len(stamps) == FRAMES_READ and server.metric("pagedserve:kv_pages_used") > 0
         # leaving the block closes the connection mid-stream
-    samples = _wait_for_idle(server)
-    used = sum(v for k, v in samples.items() if k.startswith("pagedserve:kv_pages_used"))
-    usage = sum(v for k, v in samples.items() if k.startswith("vllm:kv_cache_usage_perc"))
-    assert used == 0 and usage == 0
+    left = time.monotonic()
+    seconds_per_frame = (stamps[-1] - stamps[0]) / (FRAMES_READ - 1)
+    # Read as they come, frames carry one token each (more only when the reader lags, which
+    # lengthens this estimate, never shortens it).
+    on_its_own = (MAX_TOKENS - FRAMES_READ) * seconds_per_frame
+    deadline = left + on_its_own / 2
+    while _busy(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    waited = time.monotonic() - left
+    assert not _busy(server), f"not freed {waited:.2f}s after leaving ({on_its_own:.2f}s)"
+    assert server.metric("vllm:kv_cache_usage_perc") == 0
+    aborted, tokens = _aborted(server)
+    assert aborted - aborted_before == 1
+    assert tokens - tokens_before < MAX_TOKENS / 2, (tokens - tokens_before, waited)

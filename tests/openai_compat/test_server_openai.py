@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from pagedserve.core.ops.linear import native_linear_available
 from tests.openai_compat.conftest import API_KEY, BODY_LIMIT, Server
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -22,6 +23,8 @@ def test_models(client: openai.OpenAI, server: Server) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [server.model]
     assert client.models.retrieve(server.model).id == server.model
+    # The default server (native kernels on such a CPU) says it is batch-invariant (issue 16).
+    assert models[0].batch_invariant is native_linear_available()  # type: ignore[attr-defined]
 
 
 # Greedy text is not compared across requests: in bf16 a prefix-cache hit or another batch
@@ -117,9 +120,9 @@ def test_errors_raise_the_sdk_classes(client: openai.OpenAI, server: Server) -> 
         wrong.models.list()
     with pytest.raises(openai.BadRequestError) as unsupported:
         client.chat.completions.create(
-            model=server.model, messages=MESSAGES, response_format={"type": "json_object"}
+            model=server.model, messages=MESSAGES, extra_body={"functions": [{"name": "f"}]}
         )
-    assert unsupported.value.body["param"] == "response_format"
+    assert unsupported.value.body["param"] == "functions"
 
 
 def test_open_endpoints_and_tokenize(server: Server) -> None:

@@ -3,7 +3,8 @@
 One session-wide server (started with a chat template that tries to reach Python internals on
 trigger words, so the sandbox can be tested without a second process) serves the fuzzing,
 bad-input and load tests. Its flags match what a client mistake should meet in production:
-a 2 MiB body limit, a small context and KV cache so that load tests finish quickly.
+a 2 MiB body limit, a small context and KV cache so that load tests finish quickly, and the
+access log on.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def rserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     template.write_text(EVIL_TEMPLATE)
     flags = ["--max-model-len", str(MAX_MODEL_LEN), "--num-pages", str(NUM_PAGES),
              "--max-num-seqs", "64", "--chat-template", str(template),
-             "--max-body-bytes", str(BODY_LIMIT)]  # fmt: skip
+             "--max-body-bytes", str(BODY_LIMIT), "--access-log"]  # fmt: skip
     srv = start_server(tmp_dir, *flags)
     yield srv
     code = stop_server(srv)

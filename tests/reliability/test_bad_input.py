@@ -97,7 +97,7 @@ def test_body_over_the_limit(client: httpx.Client) -> None:
         ({"max_tokens": 10**30}, "max_tokens"),
         ({"logit_bias": {"hello": 1}}, "logit_bias"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"frobnicate": True}, "frobnicate"),
     ],
 )
@@ -120,7 +120,7 @@ def test_coercible_wrong_types(client: httpx.Client, fields: dict) -> None:
     [
         ([], "messages"),
         ([{"role": "wizard", "content": "x"}], "messages[0].role"),
-        ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"role": "tool", "content": "x"}], "messages[0]"),
         ([{"role": "user"}], "messages[0].content"),
         (
             [{"role": "system", "content": None}, {"role": "user", "content": "x"}],
@@ -216,6 +216,39 @@ def test_logprobs_out_of_range(client: httpx.Client, path: str, fields: dict, pa
     post = _chat if path == CHAT else _completion
     error = post(client, **fields)
     assert error["param"] == param and param in error["message"]
+
+
+# OpenAI's ranges (temperature [0, 2], top_p (0, 1], penalties [-2, 2], logit_bias values
+# [-100, 100]) and vLLM's for its extensions; the edges themselves are accepted.
+SAMPLING_RANGES = {
+    "temperature": ([-0.1, 2.5, 1e300], [0, 2]),
+    "top_p": ([0, -0.5, 1.01], [1e-9, 1]),
+    "presence_penalty": ([-2.01, 2.5], [-2, 2]),
+    "frequency_penalty": ([-3, 2.01], [-2, 2]),
+    "top_k": ([-2], [-1, 0, 5]),
+    "min_p": ([-0.1, 1.5], [0, 1]),
+    "repetition_penalty": ([0, -1], [0.5, 2]),
+}
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("field", sorted(SAMPLING_RANGES))
+def test_sampling_values_outside_their_range(client: httpx.Client, path: str, field: str) -> None:
+    post = _chat if path == CHAT else _completion
+    bad, edges = SAMPLING_RANGES[field]
+    for value in bad:
+        error = post(client, **{field: value})
+        assert error["param"] == field and field in error["message"], (value, error)
+    body = {"max_tokens": 1, **({"messages": HI} if path == CHAT else {"prompt": "hi"})}
+    for value in edges:
+        r = client.post(path, json={**body, field: value})
+        assert r.status_code == 200, (field, value, r.text)
+
+
+def test_logit_bias_value_outside_its_range(client: httpx.Client) -> None:
+    for value in (-100.5, 101):
+        error = _chat(client, logit_bias={"42": value})
+        assert error["param"] == "logit_bias.42" and "logit_bias" in error["message"]
 
 
 @pytest.mark.parametrize("trigger", TEMPLATE_TRIGGERS)

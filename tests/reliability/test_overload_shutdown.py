@@ -1,6 +1,7 @@
-"""Overload and shutdown on a small server (2 running, 4 waiting): excess requests get 429 with
-Retry-After before any accepted one finishes, accepted ones complete, everything drains; then
-SIGTERM with streams in flight lets them finish, refuses new connections, and exits 0."""
+"""Overload and shutdown on a small server (2 running, 4 waiting): with both seats held by two
+long streams, a burst of 40 gets exactly 4 into the queue and 36 refusals (429 with Retry-After)
+before any accepted one finishes; accepted ones complete, everything drains; then SIGTERM with
+streams in flight lets them finish, refuses new connections, and exits 0."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from tests.reliability.conftest import (
 )
 
 MAX_WAITING = 4
+MAX_NUM_SEQS = 2
 NUM_REQUESTS = 40
 MAX_TOKENS = 12
+HOLD_TOKENS = 240
+"""Long enough (seconds of decoding) that the holders keep both seats while the burst arrives."""
 
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    flags = ["--max-model-len", "256", "--num-pages", "64", "--max-num-seqs", "2",
+    flags = ["--max-model-len", "256", "--num-pages", "64", "--max-num-seqs", str(MAX_NUM_SEQS),
              "--max-waiting", str(MAX_WAITING), "--graceful-timeout", "60"]  # fmt: skip
     srv = start_server(tmp_path_factory.mktemp("small"), *flags)
     yield srv
@@ -44,10 +48,37 @@ async def _one(client: httpx.AsyncClient, i: int) -> tuple[httpx.Response, bytes
     return response, raw, time.monotonic()
 
 
+async def _hold(client: httpx.AsyncClient, i: int, seated: asyncio.Event, leave: asyncio.Event):
+    """A long stream that holds a running seat until `leave` (then disconnects, freeing it)."""
+    body = {"prompt": f"Hold {i}:", "max_tokens": HOLD_TOKENS, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith('data: {"id"'):
+                seated.set()
+            if leave.is_set():
+                return
+    raise AssertionError("a holder finished before the burst was refused: raise HOLD_TOKENS")
+
+
 async def _burst(server: Server) -> list[tuple[httpx.Response, bytes, float]]:
-    limits = httpx.Limits(max_connections=NUM_REQUESTS)
+    """Both seats held (each holder has a token), then 40 requests at once: the queue takes 4,
+    the rest must be refused. Once 36 have answered, the holders leave and the 4 run."""
+    limits = httpx.Limits(max_connections=NUM_REQUESTS + MAX_NUM_SEQS)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=300, limits=limits) as c:
-        return await asyncio.gather(*(_one(c, i) for i in range(NUM_REQUESTS)))
+        seated = [asyncio.Event() for _ in range(MAX_NUM_SEQS)]
+        leave = asyncio.Event()
+        holders = [asyncio.ensure_future(_hold(c, i, e, leave)) for i, e in enumerate(seated)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seated)), 120)
+        burst = [asyncio.ensure_future(_one(c, i)) for i in range(NUM_REQUESTS)]
+        while sum(t.done() for t in burst) < NUM_REQUESTS - MAX_WAITING:
+            if any(h.done() for h in holders):
+                break  # a holder failed: its exception is raised by the gather below
+            await asyncio.sleep(0.02)
+        leave.set()
+        await asyncio.gather(*holders)
+        return await asyncio.gather(*burst)
 
 
 Burst = list[tuple[httpx.Response, bytes, float]]
@@ -70,7 +101,8 @@ def test_overload_accepted_complete_and_drain(small_server: Server, burst: Burst
     accepted = [(raw, t) for r, raw, t in burst if r.status_code == 200]
     served = [(raw, t) for raw, t in accepted if not _refused_in_stream(raw)]
     refused = [(r, t) for r, _, t in burst if r.status_code != 200]
-    assert served, [r.status_code for r, _, _ in burst]
+    assert len(served) == MAX_WAITING, [r.status_code for r, _, _ in burst]
+    assert len(refused) == NUM_REQUESTS - MAX_WAITING, [r.status_code for r, _, _ in burst]
     for response, _ in refused:
         assert response.status_code == 429
         assert int(response.headers["retry-after"]) >= 1
@@ -78,8 +110,7 @@ def test_overload_accepted_complete_and_drain(small_server: Server, burst: Burst
     for raw, _ in served:
         check_completion_stream(parse_sse(raw), MAX_TOKENS)
     # "Quickly": every refusal came back before the first served request had finished.
-    if refused:
-        assert max(t for _, t in refused) < min(t for _, t in served)
+    assert max(t for _, t in refused) < min(t for _, t in served)
     assert not any(wait_idle(small_server).values())
     after = httpx.post(small_server.base_url + "/v1/completions",
                        json={"prompt": "Again", "max_tokens": 2}, timeout=120)  # fmt: skip

@@ -30,6 +30,9 @@ struct DecoderLayerWeights {
     const std::uint16_t* post_norm = nullptr;
     const std::uint16_t* gate_up = nullptr;   // gated: pack_gated_weight_bf16 (linear.hpp)
     const std::uint16_t* down = nullptr;      // [hidden_size, intermediate_size]
+    // The layer's attention options (AttentionArgs; 0 = off): local/global layers differ.
+    std::int64_t sliding_window = 0;
+    float logit_softcap = 0.0f;
 };
 
 // One step's tokens and attention metadata, as paged_attention.hpp describes them.

@@ -59,4 +59,36 @@ bool linear_bf16_supported();
 // Throws std::runtime_error if !linear_bf16_supported().
 void linear_bf16(const LinearArgs& args, int num_threads);
 
+// Float32 products (the float32 model), on the same tiles and driver: every output element is
+// one fp32 FMA chain over the k features in order, so a row's result does not depend on how
+// many rows share the call (torch's fp32 matmul picks its kernel, and so its summation order,
+// by the row count). Packed layout: [ceil(n / 32)][k][32] fp32, zero-padded.
+std::int64_t packed_linear_elements_f32(std::int64_t n, std::int64_t k);
+
+// weight: [n, k] fp32 row-major; packed: packed_linear_elements_f32(n, k).
+void pack_linear_weight_f32(const float* weight, std::int64_t n, std::int64_t k, float* packed,
+                            int num_threads);
+
+// weight: [2 width, k] fp32, gate rows then up rows, interleaved as pack_gated_weight_bf16.
+void pack_gated_weight_f32(const float* weight, std::int64_t width, std::int64_t k,
+                           float* packed, int num_threads);
+
+// LinearArgs for fp32 tensors (all of them fp32; the output too).
+struct LinearF32Args {
+    const float* x = nullptr;  // [m, k], rows x_stride elements apart
+    std::int64_t x_stride = 0;
+    const float* packed = nullptr;    // pack_linear_weight_f32 of the [n, k] weight
+    const float* bias = nullptr;      // [n], or null
+    const float* residual = nullptr;  // [m, n] added to the product, or null; may be out
+    std::int64_t residual_stride = 0;
+    float* out = nullptr;  // [m, n] (or [m, gated_width]), rows out_stride elements apart
+    std::int64_t out_stride = 0;
+    std::int64_t m = 0, n = 0, k = 0;
+    std::int64_t gated_width = 0;  // as in LinearArgs
+};
+
+// The fp32 kernel runs where linear_bf16_supported() (it shares the bf16 kernel's compile
+// target); throws std::runtime_error elsewhere.
+void linear_f32(const LinearF32Args& args, int num_threads);
+
 }  // namespace pagedserve

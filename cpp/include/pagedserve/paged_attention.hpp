@@ -79,6 +79,11 @@ struct AttentionArgs {
     std::int64_t max_seq_len = 0;
     float scale = 1.0f;
     DType dtype = DType::kFloat32;
+    // Per-call (per-layer) options, Hugging Face's conventions; 0 turns either off.
+    // sliding_window > 0: the query at position i sees key j iff j <= i and i - j < window.
+    std::int64_t sliding_window = 0;
+    // logit_softcap > 0: scores = softcap * tanh(scores / softcap) after the scale (Gemma 2).
+    float logit_softcap = 0.0f;
 };
 
 // CPU kernels (OpenMP with num_threads threads). Both validate the integer inputs (slots, page

@@ -67,5 +67,7 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,  # > 0: a query at position i sees keys j > i - sliding_window
+        logit_softcap: float = 0.0,  # > 0: scores = logit_softcap * tanh(scores / logit_softcap)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         ...

@@ -22,6 +22,8 @@ class NativeAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         ops.reshape_and_cache(key, value, kv_cache, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
@@ -35,5 +37,7 @@ class NativeAttentionBackend(AttentionBackend):
             meta.max_query_len,
             meta.max_seq_len,
             scale,
+            sliding_window,
+            logit_softcap,
         )
         return out

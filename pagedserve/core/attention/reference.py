@@ -2,6 +2,10 @@
 
 Gather each request's pages into a dense [seq_len, num_kv_heads, head_size] tensor, then do
 plain causal attention in fp32. Written for clarity, not speed.
+
+Per-layer options, as Hugging Face defines them (transformers' masking_utils and Gemma 2):
+- sliding_window w > 0: the query at position i sees key j iff j <= i and i - j < w.
+- logit_softcap c > 0: scores = c * tanh(scores / c), after the scale, before the mask.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def paged_attention_reference(
     seq_lens: torch.Tensor,  # [num_reqs] int32
     query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
     scale: float,
+    sliding_window: int = 0,  # 0: none
+    logit_softcap: float = 0.0,  # 0: none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_size], query's dtype
     out = torch.empty_like(query)
     num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
@@ -62,9 +68,14 @@ def paged_attention_reference(
         v = v.float().repeat_interleave(group, dim=1)
         q = query[start:end].float()  # [q_len, num_heads, d]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if logit_softcap > 0:
+            scores = torch.tanh(scores / logit_softcap) * logit_softcap
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
         k_pos = torch.arange(seq_len, device=query.device)[None, :]
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        hidden = k_pos > q_pos
+        if sliding_window > 0:
+            hidden |= q_pos - k_pos >= sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out
@@ -83,8 +94,17 @@ class TorchReferenceBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
     ) -> torch.Tensor:
         reshape_and_cache_reference(key, value, kv_cache, meta.slot_mapping)
         return paged_attention_reference(
-            query, kv_cache, meta.page_table, meta.seq_lens, meta.query_start_loc, scale
+            query,
+            kv_cache,
+            meta.page_table,
+            meta.seq_lens,
+            meta.query_start_loc,
+            scale,
+            sliding_window,
+            logit_softcap,
         )

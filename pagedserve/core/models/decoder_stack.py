@@ -51,6 +51,10 @@ class StackableLayer(Protocol):
     def eps(self) -> float: ...
     @property
     def scale(self) -> float: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @property
+    def logit_softcap(self) -> float: ...
 
 
 class DecoderStack(NativeDecoderStack):
@@ -105,4 +109,6 @@ def _weights(layer: StackableLayer) -> core.DecoderLayerWeights:
         post_norm=layer.post_attention_layernorm.data_ptr(),
         gate_up=_packed(layer.gate_up_proj),
         down=_packed(layer.down_proj),
+        sliding_window=layer.sliding_window,
+        logit_softcap=layer.logit_softcap,
     )

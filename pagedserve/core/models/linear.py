@@ -1,5 +1,6 @@
 """The model's linear layers: nn.Linear's parameters, a fused residual add, and on CPUs with
-AVX512-BF16 the native bf16 kernel of pagedserve._core over a weight packed once at load.
+AVX512-BF16 the native bf16 (and fp32) kernel of pagedserve._core over a weight packed once at
+load.
 
     y = layer(x)                        x W^T (+ bias)
     h = layer(x, residual=h)            h + x W^T (+ bias), rounded once
@@ -9,8 +10,10 @@ AVX512-BF16 the native bf16 kernel of pagedserve._core over a weight packed once
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
 slower, most of all at one row (weights streamed for a single request), and it cannot fuse the
 residual add or write fp32 logits; bench/linear.py measures both side by side (figures in
-bench/RESULTS.md). Anywhere else (float32, float16, CUDA, a CPU without
-AVX512-BF16) the torch expressions run, exactly as before, so the float32 oracle path is untouched.
+bench/RESULTS.md). Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
+matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
+while the native kernels sum every output over k in order whatever the rows. Anywhere else
+(float16, CUDA, a CPU without AVX512-BF16) the torch expressions run, and are not batch-invariant.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from torch import nn
 
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.linear import (
+    PACKABLE_DTYPES,
     native_linear_available,
     pack_gated_weight,
     pack_weight,
@@ -48,16 +52,16 @@ class PackableLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def extra_repr(self) -> str:
-        kind = "packed bf16" if self.packed is not None else "torch"
+        kind = f"packed {self.packed.dtype}" if self.packed is not None else "torch"
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, {kind}"
 
     def pack(self) -> bool:
-        """Repack the weight for the native kernel (CPU, bfloat16, AVX512-BF16) and drop the
-        [out, in] copy; False (and nothing changes) where the kernel does not apply."""
+        """Repack the weight for the native kernel (CPU, bfloat16 or float32, AVX512-BF16) and
+        drop the [out, in] copy; False (and nothing changes) where the kernel does not apply."""
         weight = self.weight
         if weight is None or self.packed is not None:
             return self.packed is not None
-        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        if weight.device.type != "cpu" or weight.dtype not in PACKABLE_DTYPES:
             return False
         if not native_linear_available():
             return False

@@ -33,6 +33,10 @@ class LlamaDecoderLayer(nn.Module):
         self.intermediate_size = arch.intermediate_size
         self.eps = arch.rms_norm_eps
         self.scale = head**-0.5
+        # Per-layer attention options (0 = off), set by families that use them: keys older than
+        # position - sliding_window are masked; scores are soft-capped (see attention/base.py).
+        self.sliding_window = 0
+        self.logit_softcap = 0.0
         self.attention = attention
         qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
         self.input_layernorm = nn.Parameter(torch.empty(hidden))
@@ -57,7 +61,8 @@ class LlamaDecoderLayer(nn.Module):
         # q and k sit side by side in qkv, so one rotary call covers both (in place on CPU).
         qk = layer_ops.rotary(qkv[:, :qk_size].view(n, heads + kv_heads, -1), cos, signed_sin)
         v = qkv[:, qk_size:].view(n, kv_heads, -1)
-        attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale)
+        attn = self.attention.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta, self.scale,
+                                      self.sliding_window, self.logit_softcap)  # fmt: skip
         hidden = self.o_proj(attn.reshape(n, -1), residual=hidden)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
         mlp = self.gate_up_proj(x)  # silu(gate) * up: [n, intermediate_size]

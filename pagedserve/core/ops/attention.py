@@ -6,7 +6,11 @@ dispatches by device. Fake implementations let torch.compile and opcheck trace t
 
     reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
     paged_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-                    max_seq_len, scale)
+                    max_seq_len, scale, sliding_window=0, logit_softcap=0.0)
+
+sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sliding_window;
+logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
+(Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off).
 
 Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
 straight by eager code.
@@ -74,6 +78,8 @@ def _check_attention(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,
+    logit_softcap: float = 0.0,
 ) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
@@ -92,6 +98,9 @@ def _check_attention(
     require(max_query_len >= 0, "max_query_len must be >= 0, got {}", max_query_len)
     require(max_seq_len >= max_query_len, "max_seq_len must be >= max_query_len")
     require(math.isfinite(scale), "scale must be finite, got {}", scale)
+    require(sliding_window >= 0, "sliding_window must be >= 0, got {}", sliding_window)
+    require(math.isfinite(logit_softcap) and logit_softcap >= 0,
+             "logit_softcap must be finite and >= 0, got {}", logit_softcap)  # fmt: skip
 
 
 def page_table_stride(page_table: torch.Tensor) -> int:
@@ -161,6 +170,8 @@ def _attention_args(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int,
+    logit_softcap: float,
 ) -> _core.AttentionArgs:
     args = _core.AttentionArgs()
     args.out = out.data_ptr()
@@ -174,6 +185,7 @@ def _attention_args(
     args.num_reqs, args.num_tokens, args.num_heads = page_table.shape[0], *query.shape[:2]
     args.max_query_len, args.max_seq_len = max_query_len, max_seq_len
     args.scale = scale
+    args.sliding_window, args.logit_softcap = sliding_window, logit_softcap
     args.dtype = DTYPES[kv_cache.dtype]
     return args
 
@@ -201,10 +213,12 @@ def paged_attention_eager(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    sliding_window: int = 0,  # 0: none
+    logit_softcap: float = 0.0,  # 0: none
 ) -> None:
     """paged_attention's body."""
     params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-              max_seq_len, scale)  # fmt: skip
+              max_seq_len, scale, sliding_window, logit_softcap)  # fmt: skip
     _check_attention(*params)
     args = _attention_args(*params)
     if kv_cache.is_cuda:

@@ -1,4 +1,5 @@
-"""The packed bf16 linear kernels of pagedserve._core (CPUs with AVX512-BF16) as ops.
+"""The packed linear kernels of pagedserve._core (CPUs with AVX512-BF16) as ops: bf16 weights,
+and their fp32 twin (a fixed order of summation over k whatever the rows: batch-invariant).
 
     packed = pack_weight(weight)                    [n, k] -> the kernel's operand order
     packed_linear(out, x, packed, bias, residual)   out = x W^T (+ bias) (+ residual)
@@ -10,6 +11,9 @@ Both products are NativeOps (ops/base.py). models/linear.py holds the layers tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from pagedserve.core.ops import native
@@ -19,27 +23,59 @@ from pagedserve.core.ops.native import require
 _core = native.core
 
 
+@dataclass(frozen=True)
+class _Kernel:
+    """The native entry points for one weight dtype."""
+
+    elements: Callable[[int, int], int]
+    pack: Callable[..., None]
+    pack_gated: Callable[..., None]
+    out_dtypes: tuple[torch.dtype, ...]  # what a plain product may write
+
+
+_KERNELS = {
+    torch.bfloat16: _Kernel(_core.packed_linear_elements, _core.pack_linear_weight_bf16,
+                            _core.pack_gated_weight_bf16, (torch.bfloat16, torch.float32)),
+    torch.float32: _Kernel(_core.packed_linear_elements_f32, _core.pack_linear_weight_f32,
+                           _core.pack_gated_weight_f32, (torch.float32,)),
+}  # fmt: skip
+PACKABLE_DTYPES = tuple(_KERNELS)
+"""The weight dtypes the native kernels take."""
+
+
 def native_linear_available() -> bool:
     return bool(_core.linear_bf16_supported())
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A contiguous bf16 [n, k] weight repacked for packed_linear."""
+    """A contiguous bf16 or fp32 [n, k] weight repacked for packed_linear."""
     n, k = weight.shape
-    packed = torch.empty(_core.packed_linear_elements(n, k), dtype=torch.bfloat16)
-    _core.pack_linear_weight_bf16(weight.data_ptr(), n, k, packed.data_ptr(),
-                                  torch.get_num_threads())  # fmt: skip
+    kernel = _KERNELS[weight.dtype]
+    packed = torch.empty(kernel.elements(n, k), dtype=weight.dtype)
+    kernel.pack(weight.data_ptr(), n, k, packed.data_ptr(), torch.get_num_threads())
     return packed
 
 
 def pack_gated_weight(weight: torch.Tensor, width: int) -> torch.Tensor:
-    """A contiguous bf16 [2 width, k] gate/up weight (gate rows first) repacked for
+    """A contiguous bf16 or fp32 [2 width, k] gate/up weight (gate rows first) repacked for
     packed_gated_linear."""
     rows, k = _core.gated_rows(width), weight.shape[1]
-    packed = torch.empty(_core.packed_linear_elements(rows, k), dtype=torch.bfloat16)
-    _core.pack_gated_weight_bf16(weight.data_ptr(), width, k, packed.data_ptr(),
-                                 torch.get_num_threads())  # fmt: skip
+    kernel = _KERNELS[weight.dtype]
+    packed = torch.empty(kernel.elements(rows, k), dtype=weight.dtype)
+    kernel.pack_gated(weight.data_ptr(), width, k, packed.data_ptr(),
+                      torch.get_num_threads())  # fmt: skip
     return packed
+
+
+def _check_x(x: torch.Tensor, packed: torch.Tensor) -> None:
+    require(x.dtype == packed.dtype and x.device.type == "cpu" and x.dim() == 2,
+             "x must be a 2-D {} CPU tensor, got {} {} on {}", packed.dtype, x.dtype,
+             tuple(x.shape), x.device)  # fmt: skip
+
+
+def _packed_size(packed: torch.Tensor, n: int, k: int) -> int:
+    require(packed.dtype in _KERNELS, "packed must be bfloat16 or float32, got {}", packed.dtype)
+    return int(_KERNELS[packed.dtype].elements(n, k))
 
 
 def _check(
@@ -49,85 +85,93 @@ def _check(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
 ) -> None:
-    """x [m, k] bf16 CPU; out [m, n] bf16 or fp32; rows contiguous in their last dim."""
-    require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
-             "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
-             tuple(x.shape), x.device)  # fmt: skip
+    """x [m, k] in packed's dtype (bf16 or fp32), CPU; out [m, n] bf16 or fp32 (fp32 only for
+    an fp32 weight); rows contiguous in their last dim."""
+    _check_x(x, packed)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
              "out must be [{}, n] on cpu, got {}", x.shape[0], tuple(out.shape))  # fmt: skip
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
-    require(out.dtype in (torch.bfloat16, torch.float32),
-             "out must be bfloat16 or float32, got {}", out.dtype)  # fmt: skip
-    require(packed.dtype == torch.bfloat16 and packed.numel() == _packed_size(n, k),
-             "packed holds {} elements, a packed [{}, {}] weight has {}", packed.numel(), n, k,
-             _packed_size(n, k))  # fmt: skip
+    size = _packed_size(packed, n, k)
+    require(out.dtype in _KERNELS[packed.dtype].out_dtypes,
+             "out must be one of {}, got {}", _KERNELS[packed.dtype].out_dtypes,
+             out.dtype)  # fmt: skip
+    require(packed.numel() == size, "packed holds {} elements, a packed [{}, {}] weight has {}",
+             packed.numel(), n, k, size)  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
     if bias is not None:
-        require(bias.shape == (n,) and bias.dtype == torch.bfloat16 and bias.is_contiguous(),
-                 "bias must be [{}] contiguous bfloat16", n)  # fmt: skip
+        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
+                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
     if residual is not None:
-        require(residual.shape == (m, n) and residual.dtype == torch.bfloat16
+        require(residual.shape == (m, n) and residual.dtype == x.dtype
                  and residual.stride(1) == 1,
-                 "residual must be [{}, {}] bfloat16, got {} {}", m, n, residual.dtype,
+                 "residual must be [{}, {}] {}, got {} {}", m, n, x.dtype, residual.dtype,
                  tuple(residual.shape))  # fmt: skip
 
 
-def _packed_size(n: int, k: int) -> int:
-    return int(_core.packed_linear_elements(n, k))
+def _run(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    n: int,
+    gated_width: int,
+) -> None:
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
+    m, k, threads = x.shape[0], x.shape[1], torch.get_num_threads()
+    if packed.dtype == torch.float32:
+        _core.linear_f32(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
+                         res_stride, out.data_ptr(), out.stride(0), m, n, k, gated_width,
+                         threads)  # fmt: skip
+    else:
+        _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
+                          res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
+                          m, n, k, gated_width, threads)  # fmt: skip
 
 
 def packed_linear_eager(
     out: torch.Tensor,  # [m, n] bf16 or fp32
-    x: torch.Tensor,  # [m, k] bf16
+    x: torch.Tensor,  # [m, k] bf16 or fp32 (the weight's dtype)
     packed: torch.Tensor,  # Linear.pack()'s buffer for an [n, k] weight
-    bias: torch.Tensor | None,  # [n] bf16
-    residual: torch.Tensor | None,  # [m, n] bf16, may be out itself
+    bias: torch.Tensor | None,  # [n], x's dtype
+    residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
 ) -> None:
     """out = x W^T (+ bias) (+ residual): packed_linear's body."""
     _check(out, x, packed, bias, residual)
-    m, n, k = x.shape[0], out.shape[1], x.shape[1]
-    _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                      0 if bias is None else bias.data_ptr(),
-                      0 if residual is None else residual.data_ptr(),
-                      0 if residual is None else residual.stride(0), out.data_ptr(),
-                      out.stride(0), out.dtype == torch.float32, m, n, k, 0,
-                      torch.get_num_threads())  # fmt: skip
+    _run(out, x, packed, bias, residual, out.shape[1], 0)
 
 
 packed_linear = NativeOp.declare("packed_linear", packed_linear_eager, _check, mutates=("out",))
 
 
 def _check_gated(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> None:
-    """x [m, k] bf16 CPU; out [m, width] bf16; packed: GateUpLinear's buffer for that width."""
-    require(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() == 2,
-             "x must be a 2-D bfloat16 CPU tensor, got {} {} on {}", x.dtype,
-             tuple(x.shape), x.device)  # fmt: skip
+    """x [m, k] CPU in packed's dtype; out [m, width] likewise; packed: GateUpLinear's buffer."""
+    _check_x(x, packed)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu"
-             and out.dtype == torch.bfloat16,
-             "out must be [{}, width] bfloat16 on cpu, got {} {}", x.shape[0], out.dtype,
+             and out.dtype == x.dtype,
+             "out must be [{}, width] {} on cpu, got {} {}", x.shape[0], x.dtype, out.dtype,
              tuple(out.shape))  # fmt: skip
     width, k = out.shape[1], x.shape[1]
     rows = int(_core.gated_rows(width)) if width > 0 else 0
-    require(width > 0 and packed.dtype == torch.bfloat16
-             and packed.numel() == _packed_size(rows, k),
+    size = _packed_size(packed, rows, k) if rows else 0
+    require(width > 0 and packed.numel() == size,
              "packed holds {} elements, a gated [2 x {}, {}] weight has {}", packed.numel(),
-             width, k, _packed_size(rows, k) if rows else 0)  # fmt: skip
+             width, k, size)  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
 
 
 def packed_gated_linear_eager(
-    out: torch.Tensor,  # [m, width] bf16
-    x: torch.Tensor,  # [m, k] bf16
+    out: torch.Tensor,  # [m, width], x's dtype
+    x: torch.Tensor,  # [m, k] bf16 or fp32
     packed: torch.Tensor,  # GateUpLinear.pack()'s buffer
 ) -> None:
     """out = silu(x W_gate^T) * (x W_up^T): packed_gated_linear's body."""
     _check_gated(out, x, packed)
-    m, width, k = x.shape[0], out.shape[1], x.shape[1]
-    _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), 0, 0, 0, out.data_ptr(),
-                      out.stride(0), False, m, _core.gated_rows(width), k, width,
-                      torch.get_num_threads())  # fmt: skip
+    width = out.shape[1]
+    _run(out, x, packed, None, None, _core.gated_rows(width), width)
 
 
 packed_gated_linear = NativeOp.declare(

@@ -8,12 +8,16 @@ Sampler) is vectorized. Penalties, logit_bias and min_tokens are kept sparse: as
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pagedserve.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.core.structured.state import GrammarState
 
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (dividing by them would overflow float32 logits)."""
@@ -29,6 +33,8 @@ class SamplingRow:
     """Generated so far (for penalties and min_tokens)."""
     generator: torch.Generator | None = None
     """The sequence's own RNG (seeded from params.seed); None: the global RNG."""
+    grammar: GrammarState | None = None
+    """The sequence's GrammarState (core.structured) when its output is constrained."""
 
 
 @dataclass
@@ -60,6 +66,9 @@ class RandomRows:
     top_p: torch.Tensor
     min_p: torch.Tensor
     generators: list[torch.Generator | None]
+    shared_generator: torch.Generator | None = None
+    """Draws for the rows without their own generator (the engine's, seeded once from
+    --seed); None: torch's global RNG."""
 
 
 @dataclass
@@ -71,6 +80,9 @@ class SamplingBatch:
     edits: LogitEdits | None
     logprob_rows: list[int]
     logprob_ks: list[int]
+    grammar_rows: list[int] = field(default_factory=list)
+    """Rows whose output is constrained; `grammars` holds their states, aligned."""
+    grammars: list[GrammarState] = field(default_factory=list)
 
     @property
     def argmax_only(self) -> bool:
@@ -85,18 +97,24 @@ class SamplingBatch:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         device: torch.device,
+        shared_generator: torch.Generator | None = None,
     ) -> SamplingBatch:
         greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
         random = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
         asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
         return cls(
             num_rows=len(rows),
             vocab_size=vocab_size,
             greedy_rows=torch.tensor(greedy, dtype=torch.long, device=device),
-            random=_random_rows(rows, random, vocab_size, device) if random else None,
+            random=_random_rows(rows, random, vocab_size, device, shared_generator)
+            if random
+            else None,
             edits=_edits(rows, vocab_size, eos_token_ids, device),
             logprob_rows=asked,
             logprob_ks=[rows[i].params.logprobs or 0 for i in asked],
+            grammar_rows=constrained,
+            grammars=[g for g in (r.grammar for r in rows) if g is not None],
         )
 
 
@@ -105,7 +123,11 @@ def _is_greedy(params: SamplingParams) -> bool:
 
 
 def _random_rows(
-    rows: Sequence[SamplingRow], picked: list[int], vocab_size: int, device: torch.device
+    rows: Sequence[SamplingRow],
+    picked: list[int],
+    vocab_size: int,
+    device: torch.device,
+    shared_generator: torch.Generator | None,
 ) -> RandomRows:
     params = [rows[i].params for i in picked]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -116,6 +138,7 @@ def _random_rows(
         top_p=_floats([p.top_p for p in params], device),
         min_p=_floats([p.min_p for p in params], device),
         generators=[rows[i].generator for i in picked],
+        shared_generator=shared_generator,
     )
 
 
@@ -158,7 +181,8 @@ def _bans(
 ) -> np.ndarray:
     index: list[int] = []
     for i, row in enumerate(rows):
-        if len(row.output_token_ids) < row.params.min_tokens:
+        # A grammar decides itself when EOS may come; banning it could leave no token allowed.
+        if row.grammar is None and len(row.output_token_ids) < row.params.min_tokens:
             banned = eos_token_ids.union(row.params.stop_token_ids)
             index.extend(i * vocab_size + t for t in sorted(banned) if 0 <= t < vocab_size)
     return np.array(index, dtype=np.int64)

@@ -33,6 +33,10 @@ _QWEN2_SPLIT = (
 )
 # tokenizer.ggml.pre -> the split regex its merges were learned with (absent: GPT-2's own).
 _SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# Read with GPT-2's own split. "smollm": SmolLM's tokenizer.json splits digits first, which
+# differs only for whitespace runs before a digit ("  2"); transformers, the oracle, reads the
+# GGUF with GPT-2's split alone, and so do we.
+_GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "smollm"})
 
 _KEYS = (
     "model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
@@ -113,7 +117,14 @@ def _bpe_tokenizer(vocab: dict[str, Any]) -> Tokenizer:
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The split the merges were learned with. Another split would tokenize differently from
+    the model's training, so an unknown name is refused, never read as GPT-2's."""
     split = _SPLITS.get(pre)
+    if split is None and pre not in _GPT2_SPLIT_PRES:
+        known = ", ".join(sorted(_GPT2_SPLIT_PRES | _SPLITS.keys()))
+        raise ValueError(
+            f"tokenizer.ggml.pre: {pre!r} is not a supported pre-tokenizer (supported: {known})"
+        )
     if split is not None:
         return pre_tokenizers.Sequence(
             [
@@ -121,9 +132,6 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    # "default", "gpt2", and also "smollm": SmolLM's own tokenizer.json splits digits first,
-    # which differs only for whitespace runs before a digit ("  2"); transformers, the oracle,
-    # reads the GGUF with GPT-2's split alone, and so do we.
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 

@@ -11,6 +11,7 @@ import torch
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
+from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
 from tests.core.models.paged_driver import PagedBatch
@@ -111,3 +112,22 @@ def test_bad_step_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="slot"):  # the native cache write's own check
         stack(hidden.clone(), cos, cos, batch.kv_caches,
               AttentionMetadata(**{**meta_args, "slot_mapping": torch.tensor([slots])}))  # fmt: skip
+
+
+@needs_kernel
+def test_stack_takes_each_layers_window_and_softcap(tmp_path: Path) -> None:
+    """Per-layer attention options (issue 11) reach the native stack as they reach the
+    per-layer path: alternating local (window 3, under the 4-token page) and capped layers."""
+    model, arch = load(write_hf_model(tmp_path / "m", "llama", seed=9), torch.bfloat16)
+    plain = hidden_states(model, arch)
+    for i, layer in enumerate(model.layers):
+        layer.sliding_window = 3 if i % 2 == 0 else 0
+        layer.logit_softcap = 0.0 if i % 2 == 0 else 0.5
+    model.stack = DecoderStack.build(model.layers)
+    assert model.stack is not None
+    fused = hidden_states(model, arch)
+    model.stack = None
+    by_layer = hidden_states(model, arch)
+    for got, want in zip(fused, by_layer, strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(fused[0], plain[0])  # the options took effect

@@ -97,7 +97,7 @@ def test_packed_refuses_bad_inputs() -> None:
         layer(torch.zeros(2, 16, dtype=torch.bfloat16), torch.zeros(2, 9, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float16])
 def test_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
     layer = make(40, 24, True, dtype, seed=5)
     assert not layer.pack() and layer.packed is None
@@ -107,6 +107,26 @@ def test_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(layer(x, h), F.linear(x, w, b) + h)  # type: ignore[arg-type]
     nobias = make(40, 24, False, dtype, seed=6)
     assert torch.equal(nobias(x, h), torch.addmm(h, x, nobias.weight.t()))  # type: ignore[union-attr]
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 9, 300])
+@pytest.mark.parametrize(("k", "n"), [(576, 960), (33, 70), (5, 1)])
+def test_float32_packs_and_matches_float64_math(m: int, k: int, n: int) -> None:
+    """fp32 weights take the native fp32 kernel (batch-invariant, unlike torch's matmul)."""
+    layer = make(k, n, True, torch.float32, seed=4)
+    w, b = layer.weight.double(), layer.bias.double()  # type: ignore[union-attr]
+    assert layer.pack() and layer.packed is not None and layer.packed.dtype == torch.float32
+    x, h = torch.randn(m, k), torch.randn(m, n)
+    want = x.double() @ w.t() + b
+    torch.testing.assert_close(layer(x), want.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x, h), (want + h.double()).float(), rtol=1e-5, atol=1e-5)
+    out = torch.empty(m, n)
+    torch.library.opcheck(packed_linear.op, (out, x, layer.packed, layer.bias, h))
+    gated = make_gate_up(k, 24, torch.float32, seed=5)
+    want = layer_ops.silu_and_mul(F.linear(x.double(), gated.weight.double()))  # type: ignore[arg-type]
+    assert gated.pack()
+    torch.testing.assert_close(gated(x), want.float(), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
@@ -161,7 +181,7 @@ def test_gate_up_packed_handles_extreme_gates() -> None:
     assert torch.isnan(out[1]).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float16])
 def test_gate_up_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
     layer = make_gate_up(40, 24, dtype, seed=8)
     assert not layer.pack()
