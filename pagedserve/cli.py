@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import MISSING, fields
 from functools import partial
 from typing import Any
@@ -26,6 +26,7 @@ from pagedserve.core.config import (
     SchedulerConfig,
     field_docs,
 )
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat.server_config import (
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
@@ -108,13 +109,14 @@ def _url(config: ServerConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
-def _announce(config: ServerConfig, engine: Any) -> None:
-    name = config.served_model_name or engine.model_name
-    tokens = engine.num_pages * engine.page_size
+def _announce(config: ServerConfig, engine: EngineClient) -> None:
+    model = engine.model_info
+    name = config.served_model_name or model.name
+    tokens = model.num_pages * model.page_size
     print(
-        f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {engine.num_pages} pages x "
-        f"{engine.page_size} tokens = {tokens} tokens; max_model_len {engine.max_model_len}; "
-        f"{'' if engine.batch_invariant else 'not '}batch-invariant)",
+        f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
+        f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len}; "
+        f"{'' if model.batch_invariant else 'not '}batch-invariant)",
         file=sys.stderr,
         flush=True,
     )
@@ -186,8 +188,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     """Cap glibc's malloc arenas before the server starts its threads (an explicit
     MALLOC_ARENA_MAX in the environment wins). glibc gives each allocating thread its own arena,
     up to 8 per core (engine loop, tokenizer and worker threads, torch's OpenMP team), and memory
-    freed in one arena is not reused by the others: resident memory crept 6-8% from wave to wave
-    of 256 streams; capped, it stays within the 5% that RELIABILITY.md promises."""
+    freed in one arena is not reused by the others: resident memory crept from wave to wave of
+    256 streams; capped, it stays within what RELIABILITY.md promises (figures in
+    bench/RESULTS.md)."""
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return False
     try:
@@ -197,12 +200,13 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     return bool(libc.mallopt(_M_ARENA_MAX, arenas))
 
 
-def _run(coro: Any) -> int:
+def _run(coro: Coroutine[object, object, int]) -> int:
     try:
         import uvloop  # optional: faster event loop when installed
     except ImportError:
         return asyncio.run(coro)
-    return uvloop.run(coro)
+    code: int = uvloop.run(coro)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 
 import jinja2
 from jinja2 import ext, meta, nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pagedserve.core.tokenizer import Tokenizer
 
@@ -36,7 +37,7 @@ class NoChatTemplateError(ValueError):
 
 
 class _StrictSandbox(ImmutableSandboxedEnvironment):
-    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:  # type: ignore[override]
+    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:
         # The default returns an Undefined that prints as "": make the attempt an error.
         raise SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} is unsafe"
@@ -96,10 +97,10 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[dict],
+        messages: list[dict[str, Any]],
         *,
         add_generation_prompt: bool = True,
-        tools: list | None = None,
+        tools: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
         context = {**self._special, **kwargs}

@@ -1,28 +1,26 @@
 """LLMEngine: requests in, one step at a time, deltas out. Single-threaded by design.
 
 A step is three named calls: `plan = scheduler.schedule()`, `result = model_runner.execute(...)`,
-`outputs = self.update(plan, result)`. Everything here runs on the engine thread (or the
-caller's, offline); AsyncEngine is the only bridge to asyncio.
+`outputs = output_processor.process(plan, result)`. Tensors (the sampling batch, per-sequence
+generators) live in the model runner, token -> text -> output work in the output processor; this
+module holds admission and the request tables' life cycle. Everything here runs on the engine
+thread (or the caller's, offline); AsyncEngine is the only bridge to asyncio.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
 import time
 
-import numpy as np
-import torch
-
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.detokenizer import IncrementalDetokenizer
 from pagedserve.core.errors import ContextLengthError
-from pagedserve.core.model_runner import PromptLogprobsSpec, StepResult
-from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from pagedserve.core.model_runner import PromptLogprobsSpec
+from pagedserve.core.output_processor import OutputProcessor
+from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from pagedserve.core.request import Request, Sequence
-from pagedserve.core.sampler import SamplingBatch, SamplingRow
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.scheduler import StepPlan
 from pagedserve.core.startup import EngineParts, build_engine_parts
@@ -34,22 +32,27 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, parts: EngineParts, config: EngineConfig) -> None:
         self.config = config
-        self.parts = parts
         self.tokenizer = parts.tokenizer
+        self.chat_template = parts.chat_template
+        self.model_info = parts.model_info
         self.scheduler = parts.scheduler
         self.model_runner = parts.model_runner
         self.max_model_len = parts.max_model_len
-        self.batch_invariant = parts.batch_invariant
-        self.eos_token_ids = parts.tokenizer.eos_token_ids
-        self._requests: dict[str, Request] = {}
-        self._seqs: dict[int, Sequence] = {}
+        self.output_processor = OutputProcessor(
+            self.scheduler,
+            eos_token_ids=parts.tokenizer.eos_token_ids,
+            max_model_len=self.max_model_len,
+            release=self.model_runner.release,
+        )
+        # The output processor's tables: it retires what finishes, the engine adds and aborts.
+        self._requests = self.output_processor.requests
+        self._seqs = self.output_processor.seqs
         self._seq_ids = itertools.count()
-        self._num_generated_tokens = 0
-        # Draws of the requests that give no seed: one generator, seeded once from --seed, so
-        # the same requests in the same order (the same steps) sample the same tokens.
-        self._unseeded = torch.Generator(device=self.model_runner.device)
-        self._unseeded.manual_seed(config.model.seed)
-        self._finished_reasons: collections.Counter[str] = collections.Counter()
+        self.batch_invariant = parts.batch_invariant
+        # Draws of the requests that give no seed: one generator in the runner, seeded once from
+        # --seed, so the same requests in the same order (the same steps) sample the same tokens.
+        self.model_runner.seed_unseeded(config.model.seed)
+        self._finished_reasons = self.output_processor.finished_reasons
         self.grammars = GrammarCache(parts.tokenizer)
         """Compiled grammars; the server fills it off the event loop before adding a request."""
 
@@ -111,7 +114,6 @@ class LLMEngine:
                 skip_special_tokens=params.skip_special_tokens,
                 prompt_token_ids=request.prompt_token_ids,
             ),
-            generator=self._generator(params, index),
             grammar=GrammarState(request.grammar) if request.grammar is not None else None,
         )
         # Prompt logprobs need every prompt token computed, so output 0 skips the cache.
@@ -119,16 +121,22 @@ class LLMEngine:
         self.scheduler.add_request(
             seq.seq_id, request.prompt_token_ids, request.max_tokens, use_prefix_cache=use_cache
         )
+        self.model_runner.add_sequence(seq.seq_id, self._seed(params, index))
         request.seqs.append(seq)
         request.num_children_added += 1
         self._seqs[seq.seq_id] = seq
 
-    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
-        if params.seed is None:
-            return None
-        generator = torch.Generator(device=self.model_runner.device)
-        generator.manual_seed(params.seed + index)
-        return generator
+    @staticmethod
+    def _seed(params: SamplingParams, index: int) -> int | None:
+        """Output `index` of a seeded request draws from its own generator, seeded so."""
+        return None if params.seed is None else params.seed + index
+
+    def _add_queued_children(self) -> None:
+        for request in self.output_processor.take_queued_children():
+            if self._requests.get(request.request_id) is not request:
+                continue  # aborted or failed since it was queued
+            while request.num_children_added < request.params.n:
+                self._add_sequence(request)
 
     def abort(self, request_id: str) -> None:
         """The client is gone: its unfinished outputs end with reason `abort`."""
@@ -143,6 +151,7 @@ class LLMEngine:
             return
         for seq in request.seqs:
             self.scheduler.abort(seq.seq_id)
+            self.model_runner.release(seq.seq_id)
             self._seqs.pop(seq.seq_id, None)
 
     def has_unfinished(self) -> bool:
@@ -158,25 +167,26 @@ class LLMEngine:
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             **dataclasses.asdict(scheduler.stats()),
-            num_generated_tokens=self._num_generated_tokens,
+            num_generated_tokens=self.output_processor.num_generated_tokens,
             finished_reasons=dict(self._finished_reasons),
         )
 
     # ---- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._add_queued_children()
         plan = self.scheduler.schedule()
         if plan.num_reqs == 0:
             return []
         self._note_scheduled(plan)
         try:
             result = self.model_runner.execute(
-                plan, self._sampling_batch(plan), self._prompt_specs(plan)
+                plan, self._sample_seqs(plan), self._prompt_specs(plan)
             )
         except Exception as exc:  # a fault in one step fails that step's requests, not the server
             logger.exception("engine step failed; failing the %d requests in it", plan.num_reqs)
             return self.fail_requests(self._request_ids_of(plan), f"engine step failed: {exc}")
-        return self.update(plan, result)
+        return self.output_processor.process(plan, result)
 
     def _note_scheduled(self, plan: StepPlan) -> None:
         now = time.monotonic()
@@ -187,31 +197,13 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
                 metrics.num_cached_tokens = self.scheduler.num_cached_tokens(seq_id)
         for seq_id in plan.preempted_seq_ids.tolist():
-            seq = self._seqs.get(seq_id)
-            if seq is not None:
-                seq.request.metrics.num_preemptions += 1
+            preempted = self._seqs.get(seq_id)
+            if preempted is not None:
+                preempted.request.metrics.num_preemptions += 1
 
-    def _sampling_batch(self, plan: StepPlan) -> SamplingBatch:
-        rows = []
-        for seq_id in plan.sample_seq_ids.tolist():
-            seq = self._seqs[seq_id]
-            request = seq.request
-            rows.append(
-                SamplingRow(
-                    params=request.params,
-                    prompt_token_ids=request.prompt_token_ids,
-                    output_token_ids=seq.output_token_ids,
-                    generator=seq.generator,
-                    grammar=seq.grammar,
-                )
-            )
-        return SamplingBatch.build(
-            rows,
-            vocab_size=self.tokenizer.vocab_size,
-            eos_token_ids=self.eos_token_ids,
-            device=self.model_runner.device,
-            shared_generator=self._unseeded,
-        )
+    def _sample_seqs(self, plan: StepPlan) -> list[Sequence]:
+        """The sequences that sample a token this step, in the plan's order."""
+        return [self._seqs[seq_id] for seq_id in plan.sample_seq_ids.tolist()]
 
     def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
         specs = []
@@ -234,84 +226,6 @@ class LLMEngine:
                 )
             )
         return specs
-
-    def update(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        sampled = result.sampled.token_ids.tolist()
-        self.scheduler.update(plan, np.asarray(sampled, dtype=np.int32))
-        for seq_id, logprobs in result.prompt_logprobs.items():
-            request = self._seqs[seq_id].request
-            if request.prompt_logprobs is not None:
-                request.prompt_logprobs.extend(logprobs)
-        touched: dict[str, Request] = {}
-        logprobs = result.sampled.logprobs
-        for i, seq_id in enumerate(plan.sample_seq_ids.tolist()):
-            seq = self._seqs[seq_id]
-            self._append_token(seq, sampled[i], logprobs[i] if logprobs else None)
-            touched[seq.request.request_id] = seq.request
-        return [self._emit(request) for request in touched.values()]
-
-    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
-        request, params = seq.request, seq.request.params
-        self._record_token_time(request)
-        seq.output_token_ids.append(token)
-        grammar_ended = seq.grammar is not None and seq.grammar.advance(token)
-        delta = seq.pending()
-        delta.token_ids.append(token)
-        if logprob is not None and delta.logprobs is not None:
-            delta.logprobs.append(logprob)
-        if len(seq.output_token_ids) == 1 and seq.index == 0:
-            self._add_remaining_children(request)
-        if token in self.eos_token_ids and not params.ignore_eos:
-            return self._finish(seq, "stop", None, flush=True)
-        if token in params.stop_token_ids:
-            return self._finish(seq, "stop", token, flush=True)
-        if grammar_ended:  # only EOS ends a grammar, and ignore_eos kept it: it is still the end
-            return self._finish(seq, "stop", None, flush=True)
-        delta.text += seq.detokenizer.add([token])
-        if seq.detokenizer.stop_hit is not None:
-            return self._finish(seq, "stop", seq.detokenizer.stop_hit, flush=False)
-        num_tokens = len(request.prompt_token_ids) + len(seq.output_token_ids)
-        if len(seq.output_token_ids) >= request.max_tokens or num_tokens >= self.max_model_len:
-            self._finish(seq, "length", None, flush=True)
-
-    def _add_remaining_children(self, request: Request) -> None:
-        while request.num_children_added < request.params.n:
-            self._add_sequence(request)
-
-    def _record_token_time(self, request: Request) -> None:
-        metrics, now = request.metrics, time.monotonic()
-        if metrics.first_token_time is None:
-            metrics.first_token_time = now
-        elif metrics.last_token_time is not None:
-            metrics.inter_token_latencies.append(now - metrics.last_token_time)
-        metrics.last_token_time = now
-        metrics.num_generated_tokens += 1
-        self._num_generated_tokens += 1
-
-    def _finish(
-        self, seq: Sequence, reason: str, stop_reason: int | str | None, flush: bool
-    ) -> None:
-        delta = seq.pending()
-        if flush:
-            delta.text += seq.detokenizer.flush()
-        seq.finish_reason = delta.finish_reason = reason
-        seq.stop_reason = delta.stop_reason = stop_reason
-        self._finished_reasons[reason] += 1
-        self.scheduler.finish(seq.seq_id)
-        self._seqs.pop(seq.seq_id, None)
-
-    def _emit(self, request: Request) -> RequestOutput:
-        deltas = [d for d in (seq.take_delta() for seq in request.seqs) if d is not None]
-        output = RequestOutput(request.request_id, request.prompt_token_ids, deltas)
-        if request.prompt_logprobs is not None and not request.prompt_logprobs_sent:
-            output.prompt_logprobs = [None, *request.prompt_logprobs]
-            request.prompt_logprobs_sent = True
-        if request.finished:
-            output.finished = True
-            request.metrics.finished_time = time.monotonic()
-            output.metrics = request.metrics
-            self._requests.pop(request.request_id, None)
-        return output
 
     def fail_requests(self, request_ids: list[str], message: str) -> list[RequestOutput]:
         """Ends these requests with finish_reason 'error', frees their pages."""

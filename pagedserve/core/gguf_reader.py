@@ -3,7 +3,7 @@
 GGUFReader parses metadata through thousands of tiny slices of an np.memmap, and every memmap
 slice runs memmap.__array_finalize__ in Python: a 49k-token vocabulary with 49k merges takes
 seconds. Slicing a plain ndarray view of the same mapping gives identical arrays (still backed
-by the mapped file) about 3x faster. Readers are cached per path so the model loader and the
+by the mapped file) several times faster. Readers are cached per path so the model loader and the
 tokenizer parse a file once. Torch-free: loading a GGUF vocabulary imports neither torch nor
 the native ops.
 """
@@ -31,7 +31,8 @@ class _PlainViewReader(GGUFReader):
         size = np.dtype(dtype).itemsize * count
         arr = plain[offset : offset + size].view(dtype=dtype)[:count]
         order = self.byte_order if override_order is None else override_order
-        return arr.view(arr.dtype.newbyteorder(order))
+        ordered: np.ndarray = arr.view(arr.dtype.newbyteorder(order))
+        return ordered
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +17,15 @@ from pagedserve.core.sampling_params import SamplingParams
 Prompt = str | Sequence[int]
 
 
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
 def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
     """Route each keyword to the config that owns the field; unknown keywords are an error."""
     parts: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
     for key, value in kwargs.items():
-        owner = next((cls for cls in parts if key in cls.__dataclass_fields__), None)
+        owner = next((cls for cls in parts if key in _field_names(cls)), None)
         if owner is None:
             raise TypeError(f"LLM() got an unexpected keyword argument {key!r}")
         parts[owner][key] = value
@@ -71,7 +76,7 @@ class LLM:
         messages: list[dict[str, Any]],
         sampling_params: SamplingParams | None = None,
     ) -> RequestOutput:
-        template = self.engine.parts.chat_template
+        template = self.engine.chat_template
         if template is None:
             raise ValueError("this model has no chat template; pass chat_template=<path>")
         prompt = template.render(messages, add_generation_prompt=True)

@@ -1,7 +1,10 @@
-"""Turns a step plan into tensors, runs the model, samples. The only owner of device memory.
+"""Turns a step plan into tensors, runs the model, samples. Owns every tensor of a step.
 
 The scheduler's plan arrays are numpy views; they become tensors here with one copy each
-(torch.from_numpy shares memory on the CPU, so the copy is the dtype cast or the upload).
+(torch.from_numpy shares memory on the CPU, so the copy is the dtype cast or the upload). The
+sampling batch is built here from the sampling sequences, with each seeded sequence's own
+torch.Generator (kept here, keyed by seq_id, from `add_sequence` until `release`). What leaves
+is plain: token ids as numpy, logprobs as TokenLogprob.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
 from pagedserve.core.kv_cache import KVCacheSpec
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.outputs import TokenLogprob
-from pagedserve.core.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
+from pagedserve.core.request import Sequence
+from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.scheduler import StepPlan
 
 
@@ -34,20 +38,26 @@ class PromptLogprobsSpec:
 
 @dataclass
 class StepResult:
-    sampled: SamplerOutput
+    token_ids: np.ndarray
+    """int32, one sampled token per entry of the plan's sample_seq_ids, in that order."""
+    logprobs: list[TokenLogprob | None] | None
+    """Per sampled row when any row asked (None for the rows that did not); None otherwise."""
     prompt_logprobs: dict[int, list[TokenLogprob]]
+    """seq_id -> the logprobs of this step's prompt chunk (PromptLogprobsSpec.target_ids)."""
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         arch: ArchConfig,
         *,
         num_pages: int,
         page_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
     ) -> None:
         self.model = model
         self.arch = arch
@@ -55,7 +65,12 @@ class ModelRunner:
         self.dtype = dtype
         self.page_size = page_size
         self.num_pages = num_pages
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
         self.sampler = Sampler()
+        self._generators: dict[int, torch.Generator] = {}
+        self._unseeded = torch.Generator(device=device)
+        """Draws of the rows without a seed: one generator, seeded by `seed_unseeded`."""
         shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
         # zeros, not empty: the whole pool is committed now, as the KV budget says. With lazily
         # mapped memory RSS would creep for as long as requests first touch pages (the
@@ -75,13 +90,33 @@ class ModelRunner:
             dtype_bytes=torch.empty((), dtype=dtype).element_size(),
         )
 
+    def add_sequence(self, seq_id: int, seed: int | None) -> None:
+        """A new sequence; a seeded one samples from its own generator, whatever the batch."""
+        if seed is not None:
+            self._generators[seq_id] = self._generator(seed)
+
+    def seed_unseeded(self, seed: int) -> None:
+        """Seed the generator of unseeded rows (once, from --seed): the same requests in the
+        same steps then sample the same tokens."""
+        self._unseeded.manual_seed(seed)
+
+    def release(self, seq_id: int) -> None:
+        """The sequence is done (finished or aborted): drop what is kept for it."""
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seed: int) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        return generator
+
     @torch.inference_mode()
     def execute(
         self,
         plan: StepPlan,
-        sampling: SamplingBatch,
+        sample_seqs: list[Sequence],
         prompt_specs: list[PromptLogprobsSpec],
     ) -> StepResult:
+        """`sample_seqs`: the sequences of plan.sample_seq_ids, in that order."""
         input_ids = self._tensor(plan.input_ids, torch.long)
         positions = self._tensor(plan.positions, torch.long)
         meta = self._metadata(plan)
@@ -89,8 +124,33 @@ class ModelRunner:
 
         sample_rows = self._tensor(plan.logits_indices, torch.long)
         logits = self.model.compute_logits(hidden[sample_rows])  # [num_sampled, vocab] fp32
-        sampled = self.sampler(logits, sampling)
-        return StepResult(sampled, self._prompt_logprobs(hidden, prompt_specs))
+        sampled = self.sampler(logits, self._sampling_batch(sample_seqs))
+        return StepResult(
+            token_ids=sampled.token_ids.numpy().astype(np.int32),
+            logprobs=sampled.logprobs,
+            prompt_logprobs=self._prompt_logprobs(hidden, prompt_specs),
+        )
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        rows = []
+        for seq in seqs:
+            request = seq.request
+            rows.append(
+                SamplingRow(
+                    params=request.params,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=seq.output_token_ids,
+                    generator=self._generators.get(seq.seq_id),
+                    grammar=seq.grammar,
+                )
+            )
+        return SamplingBatch.build(
+            rows,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            device=self.device,
+            shared_generator=self._unseeded,
+        )
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, specs: list[PromptLogprobsSpec]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedserve.core.outputs import CompletionOutput, RequestMetrics, TokenLogprob
 from pagedserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.core.detokenizer import IncrementalDetokenizer
+    from pagedserve.core.structured.state import CompiledGrammar, GrammarState
 
 
 @dataclass
@@ -20,10 +21,8 @@ class Sequence:
     index: int
     request: Request
     detokenizer: IncrementalDetokenizer
-    generator: Any = None
-    """torch.Generator when the request is seeded (typed loosely: this module is stdlib-only)."""
     output_token_ids: list[int] = field(default_factory=list)
-    grammar: Any = None
+    grammar: GrammarState | None = None
     """GrammarState (core.structured) of a constrained output: every output token accepted."""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -58,7 +57,7 @@ class Request:
     prompt_logprobs_sent: bool = False
     num_children_added: int = 0
     """How many of the n sequences have been handed to the scheduler so far."""
-    grammar: Any = None
+    grammar: CompiledGrammar | None = None
     """The compiled grammar its outputs follow (params.structured), shared by the n outputs."""
 
     @property

@@ -133,7 +133,7 @@ def _sample_vocabulary(
 def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x[rows], without the copy when rows (sorted, unique) is every row: x itself.
 
-    index_select copies whole rows; x[rows] (aten::index) is ~10x slower on the CPU here."""
+    index_select copies whole rows; x[rows] (aten::index) is much slower on the CPU."""
     return x if rows.numel() == x.shape[0] else x.index_select(0, rows)
 
 

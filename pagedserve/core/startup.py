@@ -15,6 +15,7 @@ import torch
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.chat_template import ChatTemplate, load_chat_template
 from pagedserve.core.config import EngineConfig, ModelConfig
+from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.kv_cache import KVCacheLayout, choose_num_pages
 from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
@@ -41,6 +42,19 @@ class EngineParts:
     kv_layout: KVCacheLayout
     batch_invariant: bool
     """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.resolved.name,
+            max_model_len=self.max_model_len,
+            vocab_size=self.tokenizer.vocab_size,
+            page_size=self.kv_layout.spec.page_size,
+            num_pages=self.kv_layout.num_pages,
+            dtype=str(self.model_runner.dtype).removeprefix("torch."),
+            device=str(self.model_runner.device),
+            batch_invariant=self.batch_invariant,
+        )
 
 
 def choose_device(name: str) -> torch.device:
@@ -92,7 +106,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     layout = KVCacheLayout(spec, num_pages)
     runner = ModelRunner(
-        model, arch, num_pages=num_pages, page_size=cc.page_size, dtype=dtype, device=device
+        model,
+        arch,
+        num_pages=num_pages,
+        page_size=cc.page_size,
+        dtype=dtype,
+        device=device,
+        vocab_size=tokenizer.vocab_size,
+        eos_token_ids=tokenizer.eos_token_ids,
     )
     scheduler = Scheduler(
         num_pages=num_pages,

@@ -10,7 +10,8 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from functools import partial
+from typing import TypeVar
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.request_log import HEADER as REQUEST_ID_HEADER
 from pagedserve.openai_compat.request_log import RequestIdMiddleware
@@ -31,6 +33,7 @@ from pagedserve.openai_compat.state import ServerState
 from pagedserve.openai_compat.ui import OPEN_PREFIX, ui_routes
 
 logger = logging.getLogger("pagedserve.server")
+T = TypeVar("T")
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
 """Reachable without the API key (probes, Prometheus, the page); so is everything under /ui/."""
@@ -69,8 +72,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(
     config: ServerConfig,
-    load_engine: Callable[[], Any],
-    on_ready: Callable[[Any], None] | None = None,
+    load_engine: Callable[[], EngineClient],
+    on_ready: Callable[[EngineClient], None] | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> Starlette:
     """`load_engine` is blocking (e.g. AsyncEngine.from_config bound to its config)."""
@@ -129,27 +132,25 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
     return middleware
 
 
-async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+async def _in_daemon_thread(fn: Callable[[], T]) -> T:
     """Like asyncio.to_thread, but a daemon thread: SIGTERM while a model loads does not wait
     for the load to finish before the process exits."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+    def settle(run: Callable[[], None]) -> None:
+        if not future.done():
+            run()
 
     def run() -> None:
         try:
-            result, error = fn(), None
+            result = fn()
         except BaseException as exc:  # handed to the awaiting coroutine
-            result, error = None, exc
+            outcome = partial(future.set_exception, exc)
+        else:
+            outcome = partial(future.set_result, result)
         if not loop.is_closed():
-            loop.call_soon_threadsafe(settle, result, error)
+            loop.call_soon_threadsafe(settle, outcome)
 
     threading.Thread(target=run, name="pagedserve-load", daemon=True).start()
     return await future

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.outputs import EngineStats, RequestMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -31,7 +31,7 @@ _LATENCY_BUCKETS = (
 class EngineStatsCollector(Collector):
     """Gauges and counters the engine keeps itself, read when Prometheus scrapes."""
 
-    def __init__(self, get_engine: Callable[[], Any], model_name: str) -> None:
+    def __init__(self, get_engine: Callable[[], EngineClient | None], model_name: str) -> None:
         self._get_engine = get_engine
         self._model_name = model_name
 
@@ -45,10 +45,17 @@ class EngineStatsCollector(Collector):
             "KV cache configuration (block_size is the page size).",
             labels=["block_size", "num_gpu_blocks", "model_name"],
         )
-        info.add_metric([str(engine.page_size), str(engine.num_pages), self._model_name], 1.0)
+        model = engine.model_info
+        info.add_metric([str(model.page_size), str(model.num_pages), self._model_name], 1.0)
         yield info
 
-    def _family(self, kind: type, name: str, doc: str, value: float) -> Metric:
+    def _family(
+        self,
+        kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+        name: str,
+        doc: str,
+        value: float,
+    ) -> Metric:
         family = kind(name, doc, labels=["model_name"])
         family.add_metric([self._model_name], value)
         return family
@@ -95,7 +102,7 @@ class EngineStatsCollector(Collector):
 class ServerMetrics:
     """The app's registry plus the per-request series it records."""
 
-    def __init__(self, model_name: str, get_engine: Callable[[], Any]) -> None:
+    def __init__(self, model_name: str, get_engine: Callable[[], EngineClient | None]) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         self.registry.register(EngineStatsCollector(get_engine, model_name))

@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 MAX_N = 128
 
@@ -54,14 +55,14 @@ class TextPart(_Strict):
 
 
 # The cross-field rules below, stated in /openapi.json too, so that its bodies are the accepted ones.
-_CONTENT_UNLESS_ASSISTANT = {
+_CONTENT_UNLESS_ASSISTANT: JsonDict = {
     "anyOf": [
         {"properties": {"role": {"const": "assistant"}}},
         {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
     ]
 }
-_NULL = {"type": "null"}  # an explicit null counts as absent
-_PROMPT_XOR_MESSAGES = {
+_NULL: JsonDict = {"type": "null"}  # an explicit null counts as absent
+_PROMPT_XOR_MESSAGES: JsonDict = {
     "oneOf": [
         {"required": ["prompt"], "properties": {"prompt": {"type": "string"}, "messages": _NULL}},
         {"required": ["messages"], "properties": {"messages": {"type": "array"}, "prompt": _NULL}},

@@ -25,7 +25,9 @@ from pagedserve.openai_compat.state import ServerState
 
 
 def _state(request: Request) -> ServerState:
-    return request.app.state.server
+    state = request.app.state.server
+    assert isinstance(state, ServerState)  # create_app put it there
+    return state
 
 
 @endpoint
@@ -71,7 +73,7 @@ async def tokenize(request: Request) -> Response:
         text = body.prompt or ""
         encode = ctx.engine.tokenizer.encode
         tokens = await off_loop(len(text), encode, text, body.add_special_tokens)
-    max_len = ctx.engine.max_model_len
+    max_len = ctx.engine.model_info.max_model_len
     return JSONResponse({"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
 
 
@@ -125,9 +127,9 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "object": "model",
         "created": state.started,
         "owned_by": "pagedserve",
-        "root": ctx.engine.model_name,
+        "root": ctx.engine.model_info.name,
         "parent": None,
-        "max_model_len": ctx.engine.max_model_len,
+        "max_model_len": ctx.engine.model_info.max_model_len,
         # Greedy and seeded results depend on the request alone, not the batch (issue 16).
-        "batch_invariant": ctx.engine.batch_invariant,
+        "batch_invariant": ctx.engine.model_info.batch_invariant,
     }

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
+from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.openai_compat import errors
@@ -54,7 +55,7 @@ def render_chat(
         raise errors.invalid(f"Chat template error: {exc}", param="messages") from exc
 
 
-def require_template(ctx: ServingContext) -> Any:
+def require_template(ctx: ServingContext) -> ChatTemplate:
     template = ctx.engine.chat_template
     if template is None:
         raise errors.invalid(
@@ -136,7 +137,7 @@ class ChatService:
 
     def _response(
         self, head: dict[str, Any], out: RequestOutput, top_k: int | None, plan: OutputPlan
-    ) -> dict:
+    ) -> dict[str, Any]:
         tokenizer = self.ctx.engine.tokenizer
         choices = []
         for o in out.outputs:
@@ -203,5 +204,7 @@ class ChatService:
             yield {**head, "choices": [], "usage": usage(num_prompt, num_generated, cached)}
 
 
-def _choice(index: int, delta: dict, logprobs: dict | None, finish_reason: str | None) -> dict:
+def _choice(
+    index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, finish_reason: str | None
+) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

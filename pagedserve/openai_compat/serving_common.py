@@ -6,11 +6,12 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pagedserve import __version__
+from pagedserve.core.engine_client import EngineClient, RequestStream
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import (
@@ -43,7 +44,7 @@ async def off_loop(chars: int, fn: Callable[..., T], *args: Any) -> T:
 class ServingContext:
     """The loaded engine plus what every response needs."""
 
-    engine: Any  # AsyncEngine (typed loosely so unit tests can pass a fake)
+    engine: EngineClient
     model_name: str
     metrics: ServerMetrics
     tool_call_parser: str = "auto"
@@ -75,11 +76,11 @@ class ServingContext:
 
     def start(
         self, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
-    ) -> list[AsyncIterator[RequestOutput]]:
+    ) -> list[RequestStream]:
         """Hand every prompt to the engine now, before any header is sent: the engine admits
         synchronously, so a full queue is this request's 429, never a 200 then an error frame.
         All or nothing: a refusal closes the streams already started (which aborts them)."""
-        streams: list[AsyncIterator[RequestOutput]] = []
+        streams: list[RequestStream] = []
         try:
             with engine_errors(param):
                 for i, prompt in enumerate(prompts):
@@ -87,9 +88,7 @@ class ServingContext:
                     streams.append(self.engine.generate(sub_id, prompt, params))
         except BaseException:
             for stream in streams:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+                stream.close()
             raise
         return streams
 
@@ -214,7 +213,7 @@ def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
 
 
 async def merge_streams(
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: Sequence[AsyncIterator[RequestOutput]],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several engine streams as (stream index, output); closing this closes all."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
@@ -246,7 +245,7 @@ async def merge_streams(
 
 
 async def stream_outputs(
-    streams: list[AsyncIterator[RequestOutput]], metrics: ServerMetrics
+    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """merge_streams, failing on engine errors and recording each finished request."""
     merged = merge_streams(streams)
@@ -259,7 +258,7 @@ async def stream_outputs(
 
 
 async def collect(
-    streams: list[AsyncIterator[RequestOutput]], metrics: ServerMetrics, param: str
+    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics, param: str
 ) -> list[RequestOutput]:
     """Each stream's outputs merged into one whole RequestOutput, in stream order."""
     finals: list[RequestOutput | None] = [None] * len(streams)

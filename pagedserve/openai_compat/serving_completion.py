@@ -14,6 +14,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
+from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.logprobs import CompletionLogprobs, merge_completion_logprobs
@@ -80,7 +81,9 @@ class CompletionService:
         finals = await until_disconnect(receive, collect(streams, ctx.metrics, "prompt"))
         return JSONResponse(self._response(head, job, finals))
 
-    async def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> tuple:
+    async def _prompts(
+        self, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> tuple[list[list[int]], list[str]]:
         """Token ids and echo text of each prompt."""
         tokenizer = self.ctx.engine.tokenizer
         if isinstance(prompt, str):
@@ -88,7 +91,7 @@ class CompletionService:
         if not prompt:
             raise errors.invalid("The prompt is empty.", param="prompt")
         if isinstance(prompt[0], int):
-            prompt = [prompt]  # type: ignore[list-item]
+            prompt = [prompt]
         ids: list[list[int]] = []
         texts: list[str] = []
         for item in prompt:
@@ -96,7 +99,7 @@ class CompletionService:
                 ids.append(await off_loop(len(item), tokenizer.encode, item, True))
                 texts.append(item)
             else:
-                ids.append(list(item))  # type: ignore[arg-type]
+                ids.append(list(item))
                 texts.append("")  # decoded lazily: only echo needs it
         return ids, texts
 
@@ -128,7 +131,9 @@ class CompletionService:
             text = self._echo_text(job, p) + text
         return text, logprobs, len(token_ids)
 
-    def _response(self, head: dict[str, Any], job: _Job, finals: list[RequestOutput]) -> dict:
+    def _response(
+        self, head: dict[str, Any], job: _Job, finals: list[RequestOutput]
+    ) -> dict[str, Any]:
         choices = []
         generated = 0
         for p, out in enumerate(finals):
@@ -147,7 +152,7 @@ class CompletionService:
         self,
         head: dict[str, Any],
         job: _Job,
-        streams: list[AsyncIterator[RequestOutput]],
+        streams: list[RequestStream],
         include_usage: bool,
     ) -> AsyncIterator[dict[str, Any]]:
         if include_usage:

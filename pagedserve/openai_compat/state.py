@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
 from pagedserve.openai_compat.server_config import ServerConfig
@@ -19,14 +19,14 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.started = int(time.time())
-        self.engine: Any = None
+        self.engine: EngineClient | None = None
         self.ctx: ServingContext | None = None
         self.chat: ChatService | None = None
         self.completion: CompletionService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
 
-    def attach(self, engine: Any) -> None:
-        name = self.config.served_model_name or engine.model_name
+    def attach(self, engine: EngineClient) -> None:
+        name = self.config.served_model_name or engine.model_info.name
         self.metrics = ServerMetrics(name, lambda: self.engine)
         self.ctx = ServingContext(
             engine,
@@ -43,6 +43,6 @@ class ServerState:
         """The serving context, or a 503 while loading or after an engine fault."""
         if self.ctx is None:
             raise errors.unavailable("The model is still loading.")
-        if self.engine.errored:
+        if self.ctx.engine.errored:
             raise errors.unavailable("The engine stopped after a fault; see the server log.")
         return self.ctx

@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 
+from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.structured import GrammarError
 from pagedserve.openai_compat import errors
@@ -115,7 +116,7 @@ def _check_size(text: str, param: str) -> None:
         raise errors.invalid(f"{param} is too large (over {MAX_SCHEMA_CHARS} characters).", param)
 
 
-async def compile_off_loop(engine: Any, spec: StructuredOutputs | None) -> None:
+async def compile_off_loop(engine: EngineClient, spec: StructuredOutputs | None) -> None:
     """Compile (or find in the LRU) the grammar on a worker thread, so a large schema never
     stalls the other streams; a grammar that does not compile is a 400 naming the field."""
     if spec is None:

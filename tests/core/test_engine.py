@@ -139,9 +139,30 @@ def test_n_outputs_share_the_prompt_pages(llm: LLM) -> None:
     out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))[0]
     assert sorted(o.index for o in out.outputs) == [0, 1, 2]
     assert all(len(o.token_ids) >= 1 for o in out.outputs)
-    page_size = llm.engine.parts.kv_layout.spec.page_size
+    page_size = llm.engine.model_info.page_size
     shared = (len(prompt) - 1) // page_size * page_size
     assert llm.engine.stats().prefix_hit_tokens - before >= 2 * shared
+
+
+def test_n_outputs_join_at_the_start_of_the_next_step(llm: LLM) -> None:
+    """Output 0's first token queues outputs 1..n-1; the engine adds them to the scheduler when
+    its next step starts (processing outputs never re-enters admission)."""
+    engine = llm.engine
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=4, ignore_eos=True)
+    engine.add_request("children", mixed_prompts(llm, 8)[7], params)
+    first: list = []
+    while not first:
+        first = engine.step()
+    assert [o.index for o in first[0].outputs] == [0]
+    stats = engine.stats()
+    assert stats.num_running + stats.num_waiting == 1
+    outputs = engine.step()
+    stats = engine.stats()
+    assert stats.num_running + stats.num_waiting == 3
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert sorted({o.index for out in outputs for o in out.outputs}) == [0, 1, 2]
+    assert not engine.model_runner._generators  # each seeded output's generator was released
 
 
 def test_stop_string_and_stop_token(llm: LLM) -> None:

@@ -1,4 +1,4 @@
-"""A small stand-in for AsyncEngine: byte tokenizer, echoing template, scripted outputs.
+"""A small EngineClient: byte tokenizer, tag template, scripted outputs.
 
 Output k of a request is the letters "abc..." (one token per letter), so every shape the server
 builds can be checked exactly without a model.
@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
+from pagedserve.core.chat_template import ChatTemplate
+from pagedserve.core.engine_client import EngineClient, ModelInfo
 from pagedserve.core.errors import ContextLengthError, QueueFullError
 from pagedserve.core.outputs import (
     CompletionOutput,
@@ -20,37 +21,37 @@ from pagedserve.core.outputs import (
     RequestOutput,
     TokenLogprob,
 )
-from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
+from pagedserve.core.tokenizer import Tokenizer, TokenizerMeta
 
 EOS = 256
+TAG_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+"""Each message as <role>content, then <assistant> (rendered by the real ChatTemplate)."""
 
 
-class ByteTokenizer:
-    vocab_size = 257
-    eos_token_ids = (EOS,)
+class ByteTokenizer(Tokenizer):
+    """One token per UTF-8 byte, and EOS."""
+
+    def __init__(self) -> None:
+        super().__init__(TokenizerMeta(eos_token_ids=frozenset({EOS})), vocab_size=257)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode())
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(t for t in token_ids if t < 256).decode(errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id]) if token_id < 256 else b""
 
+    def is_special(self, token_id: int) -> bool:
+        return token_id == EOS
+
     def token_str(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode(errors="replace")
-
-
-class TagTemplate:
-    source = "<{{ role }}>{{ content }}"
-    variables = frozenset({"messages", "add_generation_prompt"})
-
-    def render(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
 
 
 def _logprob(token_id: int, k: int) -> TokenLogprob:
@@ -58,16 +59,40 @@ def _logprob(token_id: int, k: int) -> TokenLogprob:
     return TokenLogprob(token_id, -0.5, 1, top)
 
 
-class FakeEngine:
-    model_name = "fake-model"
-    max_model_len = 64
-    batch_invariant = True
-    page_size = 16
-    num_pages = 8
+class FakeStream:
+    """A RequestStream over the fake's scripted async generator."""
 
+    def __init__(self, engine: FakeEngine, request_id: str, outputs: AsyncIterator[RequestOutput]):
+        self._engine = engine
+        self._request_id = request_id
+        self._outputs = outputs
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        return await self._outputs.__anext__()
+
+    def close(self) -> None:
+        self._engine.abort(self._request_id)
+
+
+class FakeEngine:
     def __init__(self, token_delay: float = 0.0, default_max_tokens: int = 5) -> None:
         self.tokenizer = ByteTokenizer()
-        self.chat_template: TagTemplate | None = TagTemplate()
+        self.chat_template: ChatTemplate | None = ChatTemplate(
+            TAG_TEMPLATE, bos_token=None, eos_token=None
+        )
+        self.model_info = ModelInfo(
+            name="fake-model",
+            max_model_len=64,
+            vocab_size=self.tokenizer.vocab_size,
+            page_size=16,
+            num_pages=8,
+            dtype="float32",
+            device="cpu",
+            batch_invariant=True,
+        )
         self.token_delay = token_delay
         self.default_max_tokens = default_max_tokens
         self.errored = False
@@ -79,36 +104,47 @@ class FakeEngine:
         self.num_generated = 0
         self.finished_reasons: dict[str, int] = {}
         self.seen_prompts: list[list[int]] = []
-        self.compiled: list[object] = []
+        self.compiled: list[StructuredOutputs] = []
         self.compile_gate: threading.Event | None = None
         self.script: str | None = None
         """When set, every output is this text (one character per token), then "stop"."""
 
-    def compile_grammar(self, spec: object) -> None:
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
         """Called on a worker thread by the server; `compile_gate` (if set) holds it there."""
         self.compiled.append(spec)
         if self.compile_gate is not None:
             assert self.compile_gate.wait(30), "compile_gate never opened"
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        if num_prompt_tokens + (params.max_tokens or 0) > self.max_model_len:
-            raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit {self.max_model_len}")
+        max_model_len = self.model_info.max_model_len
+        if num_prompt_tokens + (params.max_tokens or 0) > max_model_len:
+            raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit {max_model_len}")
         if self.queue_full:
             raise QueueFullError("full")
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> FakeStream:
         self.check_admission(len(prompt_token_ids), params)
         self.seen_params.append(params)
         self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)
+        return FakeStream(self, request_id, self._outputs(request_id, prompt_token_ids, params))
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.active:
+            self.active.discard(request_id)
+            self.aborted.append(request_id)
+
+    async def _outputs(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         finished = False
         try:
             if self.fail_requests:
-                out = CompletionOutput(0, finish_reason="error")
-                yield RequestOutput(request_id, prompt_token_ids, [out], True, error="boom")
+                failed = CompletionOutput(0, finish_reason="error")
+                yield RequestOutput(request_id, prompt_token_ids, [failed], True, error="boom")
                 return
             num = params.max_tokens or self.default_max_tokens
             if self.script is not None:
@@ -145,18 +181,24 @@ class FakeEngine:
                     self._count_ended("length", params.n)
                 yield out
         finally:
-            self.active.discard(request_id)
             if not finished:
-                self.aborted.append(request_id)
+                self.abort(request_id)
                 self._count_ended("abort", params.n)
+            self.active.discard(request_id)
 
     def _count_ended(self, reason: str, n: int) -> None:
         self.finished_reasons[reason] = self.finished_reasons.get(reason, 0) + n
 
     def stats(self) -> EngineStats:
         used = len(self.active)
-        return EngineStats(used, 0, self.num_pages, self.page_size, self.num_pages - used, used, 0,
+        pages, size = self.model_info.num_pages, self.model_info.page_size
+        return EngineStats(used, 0, pages, size, pages - used, used, 0,
                            10, 4, 0, self.num_generated, dict(self.finished_reasons))  # fmt: skip
 
     async def shutdown(self) -> None:
         return None
+
+
+def as_client(engine: FakeEngine) -> EngineClient:
+    """Where mypy checks that FakeEngine is an EngineClient (tests/test_types.py)."""
+    return engine

@@ -4,6 +4,7 @@ the fallback prompt for a template without a tool section."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -39,8 +40,8 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 @pytest.fixture
 def engine() -> FakeEngine:
     engine = FakeEngine()
-    engine.max_model_len = 4096
-    engine.chat_template = ChatTemplate(QWEN_LIKE, bos_token=None, eos_token=None)  # type: ignore[assignment]
+    engine.model_info = dataclasses.replace(engine.model_info, max_model_len=4096)
+    engine.chat_template = ChatTemplate(QWEN_LIKE, bos_token=None, eos_token=None)
     return engine
 
 

@@ -5,6 +5,7 @@ request closed (which aborts it)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -48,7 +49,7 @@ class LiveServer:
 @pytest.fixture(scope="module")
 def live() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine(token_delay=0.02)
-    engine.max_model_len = 10_000
+    engine.model_info = dataclasses.replace(engine.model_info, max_model_len=10_000)
     server = LiveServer(engine)
     yield server.base, engine
     server.stop()

@@ -9,6 +9,7 @@ Debian's there). Each generation is short; the whole module takes a few seconds 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -229,7 +230,7 @@ ANSWER = (
 class ScriptedEngine(FakeEngine):
     """Answers every request with ANSWER, one character per token."""
 
-    async def generate(
+    async def _outputs(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         for i, char in enumerate(ANSWER):
@@ -242,7 +243,7 @@ class ScriptedEngine(FakeEngine):
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[str]:
     engine = ScriptedEngine(token_delay=0.002)
-    engine.max_model_len = 10_000
+    engine.model_info = dataclasses.replace(engine.model_info, max_model_len=10_000)
     server = LiveServer(engine)
     yield server.base
     server.stop()

@@ -7,6 +7,7 @@ Both loaders produce this one frozen record; the model code reads nothing else. 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # "freq_factors": per-frequency divisors, as GGUF stores Llama 3.1 scaling (rope_freqs.weight).
 # "longrope": Phi-3's short/long per-frequency factors ("su" is its older name).
@@ -29,7 +30,7 @@ class ArchConfig:
     head_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None
+    rope_scaling: dict[str, Any] | None
     """None, or {"rope_type": one of ROPE_TYPES, ...} as HF writes it."""
     max_position_embeddings: int
     tie_word_embeddings: bool
@@ -114,4 +115,5 @@ class ArchConfig:
 
     @property
     def attn_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_size) ** -0.5
+        scale: float = (self.query_pre_attn_scalar or self.head_size) ** -0.5
+        return scale

@@ -12,16 +12,56 @@ float32 and so the transformers oracle included, runs the layers one by one as b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
-from torch import nn
 
-from pagedserve.core.ops.decoder_stack import LayerWeights, NativeDecoderStack, StackShape
+from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.models.linear import PackableLinear
+from pagedserve.core.models.moe import DenseMLP, SparseMoE
+from pagedserve.core.ops.decoder_stack import NativeDecoderStack, StackShape
+from pagedserve.core.ops.native import core
+
+
+class StackableLayer(Protocol):
+    """What the stack reads of a decoder layer (llama.py's LlamaDecoderLayer)."""
+
+    @property
+    def llama_shaped(self) -> bool: ...
+    @property
+    def mlp(self) -> DenseMLP | SparseMoE: ...
+
+    @property
+    def input_layernorm(self) -> torch.Tensor: ...
+    @property
+    def post_attention_layernorm(self) -> torch.Tensor: ...
+    @property
+    def qkv_proj(self) -> PackableLinear: ...
+    @property
+    def o_proj(self) -> PackableLinear: ...
+    @property
+    def attention(self) -> AttentionBackend: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @property
+    def logit_softcap(self) -> float: ...
 
 
 class DecoderStack(NativeDecoderStack):
     @classmethod
-    def build(cls, layers: Sequence[nn.Module]) -> DecoderStack | None:
+    def build(cls, layers: Sequence[StackableLayer]) -> DecoderStack | None:
         """A stack over these LlamaDecoderLayers, or None unless every layer is bf16 on the CPU
         with packed projections and an attention backend the native stack can stand in for."""
         if not layers or not all(_applies(layer) for layer in layers):
@@ -39,13 +79,13 @@ class DecoderStack(NativeDecoderStack):
         return cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
 
 
-def _applies(layer: nn.Module) -> bool:
+def _applies(layer: StackableLayer) -> bool:
     """Only Llama-shaped layers (a window and attention soft-capping included, which the
     stack passes to its kernels): q/k norms, sandwich norms, GeGLU, experts or a second rope
     keep the per-layer path."""
-    if not getattr(layer, "llama_shaped", False):
-        return False
     mlp = layer.mlp
+    if not layer.llama_shaped or not isinstance(mlp, DenseMLP):
+        return False
     projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
     return (
@@ -53,7 +93,7 @@ def _applies(layer: nn.Module) -> bool:
         and layer.o_proj.bias is None
         and mlp.gate_up_proj.bias is None
         and mlp.down_proj.bias is None
-        and getattr(attention, "native_decoder_stack", False)
+        and attention.native_decoder_stack
         and all(
             w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous()
             for w in (layer.input_layernorm, layer.post_attention_layernorm)
@@ -62,16 +102,22 @@ def _applies(layer: nn.Module) -> bool:
     )
 
 
-def _weights(layer: nn.Module) -> LayerWeights:
-    bias = layer.qkv_proj.bias
-    return LayerWeights(
+def _packed(linear: PackableLinear) -> int:
+    assert linear.packed is not None  # _applies checked it
+    return linear.packed.data_ptr()
+
+
+def _weights(layer: StackableLayer) -> core.DecoderLayerWeights:
+    bias, mlp = layer.qkv_proj.bias, layer.mlp
+    assert isinstance(mlp, DenseMLP)  # _applies checked it
+    return core.DecoderLayerWeights(
         input_norm=layer.input_layernorm.data_ptr(),
-        qkv=layer.qkv_proj.packed.data_ptr(),
+        qkv=_packed(layer.qkv_proj),
         qkv_bias=0 if bias is None else bias.data_ptr(),
-        o=layer.o_proj.packed.data_ptr(),
+        o=_packed(layer.o_proj),
         post_norm=layer.post_attention_layernorm.data_ptr(),
-        gate_up=layer.mlp.gate_up_proj.packed.data_ptr(),
-        down=layer.mlp.down_proj.packed.data_ptr(),
+        gate_up=_packed(mlp.gate_up_proj),
+        down=_packed(mlp.down_proj),
         sliding_window=layer.sliding_window,
         logit_softcap=layer.logit_softcap,
     )

@@ -38,7 +38,7 @@ def _activation(config: Config) -> str:
     return names[act]
 
 
-def _rope(params: Config | None, theta: float | None) -> tuple[float, dict | None]:
+def _rope(params: Config | None, theta: float | None) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from transformers <5 (rope_theta + rope_scaling) or >=5 (rope_parameters
     holding both)."""
     if theta is None:

@@ -8,12 +8,13 @@ form serves every format.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 
 def rope_inv_freq(
-    head_size: int, theta: float, rope_scaling: dict | None, max_positions: int = 0
+    head_size: int, theta: float, rope_scaling: dict[str, Any] | None, max_positions: int = 0
 ) -> torch.Tensor:
     """[head_size // 2] float32 inverse frequencies, after any rope scaling.
 
@@ -39,7 +40,7 @@ def rope_inv_freq(
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported")
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1 scaling: long wavelengths are slowed by `factor`, short ones kept, and the band
     in between blends the two linearly in 1/wavelength."""
     factor = float(scaling["factor"])
@@ -53,7 +54,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(long, inv_freq / factor, torch.where(short, inv_freq, scaled))
 
 
-def rope_attention_factor(rope_scaling: dict | None) -> float:
+def rope_attention_factor(rope_scaling: dict[str, Any] | None) -> float:
     """The factor longrope multiplies cos and sin by (1 for every other rope)."""
     if rope_scaling is None or rope_scaling.get("rope_type") != "longrope":
         return 1.0

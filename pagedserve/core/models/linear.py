@@ -9,9 +9,9 @@ load.
                                         (or gelu_tanh(...) * ..., GeGLU, when so built)
 
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
-1.1-1.3x slower at 64 rows and 1.7-2.5x slower at one row (weights streamed for a single
-request), and it cannot fuse the residual add or write fp32 logits; bench/linear.py measures
-both side by side. Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
+slower, most of all at one row (weights streamed for a single request), and it cannot fuse the
+residual add or write fp32 logits; bench/linear.py measures both side by side (figures in
+bench/RESULTS.md). Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
 matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
 while the native kernels sum every output over k in order whatever the rows. Anywhere else
 (float16, CUDA, a CPU without AVX512-BF16) the torch expressions run, and are not batch-invariant.

@@ -19,6 +19,8 @@ layer running natively it hands the whole stack to one native call per step
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,13 +66,13 @@ class LlamaDecoderLayer(nn.Module):
         self.rope_index = 1 if arch.uses_local_rope(index) else 0
         self.attention = attention
         qkv_size = (arch.num_heads + 2 * arch.num_kv_heads) * head
-        self.input_layernorm = _norm_weight(hidden)
+        self.input_layernorm = nn.Parameter(torch.empty(hidden))
         self.qkv_proj = Linear(hidden, qkv_size, bias=arch.attention_bias)
         self.q_norm = _norm_weight(head, arch.qk_norm)
         self.k_norm = _norm_weight(head, arch.qk_norm)
         self.o_proj = Linear(arch.num_heads * head, hidden, bias=arch.o_proj_bias)
         self.post_attn_norm = _norm_weight(hidden, arch.sandwich_norms)
-        self.post_attention_layernorm = _norm_weight(hidden)  # the norm before the MLP
+        self.post_attention_layernorm = nn.Parameter(torch.empty(hidden))  # before the MLP
         self.post_mlp_norm = _norm_weight(hidden, arch.sandwich_norms)
         self.mlp: DenseMLP | SparseMoE
         if arch.is_moe_layer(index):
@@ -97,7 +99,7 @@ class LlamaDecoderLayer(nn.Module):
         if self.q_norm is None:
             qk = qkv[:, :qk_size].view(n, heads + kv_heads, d)
         else:  # per-head norms: each head's d values are one row
-            assert self.k_norm is not None
+            assert self.q_norm is not None and self.k_norm is not None
             q = layer_ops.rms_norm(qkv[:, : heads * d].reshape(n * heads, d), self.q_norm, self.eps)
             k = qkv[:, heads * d : qk_size].reshape(n * kv_heads, d)
             k = layer_ops.rms_norm(k, self.k_norm, self.eps)
@@ -106,8 +108,17 @@ class LlamaDecoderLayer(nn.Module):
         qk = layer_ops.rotary(qk, *rope)
         return qk[:, :heads], qk[:, heads:], qkv[:, qk_size:].view(n, kv_heads, d)
 
-    def _attend(self, q, k, v, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:  # noqa: ANN001
-        options = {}  # only what the layer uses: check_attention_options vetted the backend
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        options: dict[
+            str, Any
+        ] = {}  # only what the layer uses: check_attention_options vetted the backend
         if self.sliding_window:
             options["sliding_window"] = self.sliding_window
         if self.logit_softcap:
@@ -128,8 +139,9 @@ class LlamaDecoderLayer(nn.Module):
         if self.post_attn_norm is None:
             hidden = self.o_proj(attn, residual=hidden)
             x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
-            return self.mlp(x, residual=hidden)
-        assert self.post_mlp_norm is not None
+            out: torch.Tensor = self.mlp(x, residual=hidden)
+            return out
+        assert self.post_attn_norm is not None and self.post_mlp_norm is not None
         hidden = hidden + layer_ops.rms_norm(self.o_proj(attn), self.post_attn_norm, self.eps)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
         return hidden + layer_ops.rms_norm(self.mlp(x), self.post_mlp_norm, self.eps)
@@ -171,23 +183,32 @@ class LlamaForCausalLM(nn.Module):
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
 
     def tie_weights(self) -> None:
-        self.lm_head.weight = self.embed_tokens.weight
+        weight = self.embed_tokens.weight
+        assert isinstance(weight, nn.Parameter)
+        self.lm_head.weight = weight
 
     def pack_weights(self) -> int:
         """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
         AVX512-BF16) and build the native decoder stack where every layer then runs natively;
         returns how many layers were packed. Call once, after the weights are loaded."""
         packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
-        self.stack = DecoderStack.build(self.layers)
+        self.stack = DecoderStack.build(self.decoder_layers())
         return packed
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+    def decoder_layers(self) -> list[LlamaDecoderLayer]:
+        return [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
+
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> LlamaForCausalLM:
         # .to() and friends may move the weights the native stack points at: drop it (the
         # layers run one by one until pack_weights() builds it again).
         self.stack = None
         if self.local_rope is not None:
             self.local_rope = (fn(self.local_rope[0]), fn(self.local_rope[1]))
-        return super()._apply(fn, recurse)
+        # torch's Module._apply carries no annotations.
+        module: LlamaForCausalLM = super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        return module
 
     def _ropes(self, positions: torch.Tensor) -> list[Rope]:
         """Each rope table's rows for these positions, [num_tokens, 1, head_size] each."""
@@ -210,7 +231,7 @@ class LlamaForCausalLM(nn.Module):
         if self.stack is not None and not torch.compiler.is_compiling():
             hidden = self.stack(hidden, *ropes[0], kv_caches, meta)
         else:
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
                 hidden = layer(hidden, ropes[layer.rope_index], kv_cache, meta)
         return layer_ops.rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 

@@ -79,7 +79,7 @@ def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return value.item() if value.size == 1 else value.tolist()
 
 
-def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
+def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
     scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling_type == "linear":
         return {

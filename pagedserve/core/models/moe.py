@@ -31,7 +31,8 @@ class DenseMLP(nn.Module):
         x: torch.Tensor,  # [m, hidden]
         residual: torch.Tensor | None = None,  # [m, hidden]
     ) -> torch.Tensor:  # [m, hidden]
-        return self.down_proj(self.gate_up_proj(x), residual=residual)
+        out: torch.Tensor = self.down_proj(self.gate_up_proj(x), residual=residual)
+        return out
 
 
 class SparseMoE(nn.Module):

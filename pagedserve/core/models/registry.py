@@ -11,7 +11,6 @@ import re
 from collections.abc import Iterator
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from pagedserve.core.attention.base import AttentionBackend
@@ -158,7 +157,7 @@ def load_model(
     attention: AttentionBackend,
     max_positions: int | None = None,
     progress: bool = True,
-) -> tuple[nn.Module, ArchConfig]:
+) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model in eval mode without gradients, weights in `dtype` on `device`.
 
     max_positions bounds the rotary tables (default: the model's max_position_embeddings).

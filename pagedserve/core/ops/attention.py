@@ -128,7 +128,7 @@ def _stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-def _cuda_module():  # noqa: ANN202 - a compiled module
+def _cuda_module() -> native.CudaKernels:
     if native.cuda is None:
         raise RuntimeError("pagedserve was built without CUDA kernels (pagedserve._cuda missing)")
     return native.cuda

@@ -4,8 +4,8 @@ checks.
     rms_norm_op = NativeOp.declare("rms_norm", rms_norm_eager, _check_norm, mutates=("out",))
     rms_norm_op(out, x, weight, eps)    # the body straight in eager code, the op when traced
 
-Eager code calls the op's body straight: the dispatcher costs ~100 us a call on CPU, several
-calls per layer and step. Traced code (torch.compile) must call the registered op, whose fake
+Eager code calls the op's body straight: the dispatcher's cost per call on the CPU (see
+bench/RESULTS.md) adds up over several calls per layer and step. Traced code (torch.compile) must call the registered op, whose fake
 (meta) version only checks the arguments.
 """
 

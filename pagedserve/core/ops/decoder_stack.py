@@ -1,6 +1,6 @@
 """The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, CPU).
 
-    stack = NativeDecoderStack(shape, [LayerWeights(...), ...], owner=layers)
+    stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
 models/decoder_stack.py decides where it applies and gathers each layer's weights.
@@ -41,14 +41,12 @@ class StackShape:
     """The attention's softmax scale."""
 
 
-LayerWeights = _core.DecoderLayerWeights
-"""One layer's bf16 weights, named (data pointers; qkv_bias 0: none; projections packed by
-ops/linear.py): LayerWeights(input_norm=, qkv=, qkv_bias=, o=, post_norm=, gate_up=, down=)."""
-
-
 class NativeDecoderStack:
-    def __init__(self, shape: StackShape, layers: Sequence[LayerWeights], owner: object) -> None:
-        """owner keeps every weight the pointers point at alive as long as the stack."""
+    def __init__(
+        self, shape: StackShape, layers: Sequence[_core.DecoderLayerWeights], owner: object
+    ) -> None:
+        """`layers`: each layer's bf16 weights, named (data pointers; qkv_bias 0: none; projections
+        packed by ops/linear.py). owner keeps every weight they point at alive with the stack."""
         self._owner, self._num_layers = owner, len(layers)
         self.hidden_size, self.head_size = shape.hidden_size, shape.head_size
         self.num_kv_heads = shape.num_kv_heads

@@ -8,17 +8,34 @@ compiled modules. Torch-free: the scheduler's bookkeeping imports it.
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Protocol
 
 from pagedserve import _core as core
 
-cuda: ModuleType | None
-try:
-    from pagedserve import _cuda as cuda
-except ImportError:  # built without CUDA
-    cuda = None
 
-__all__ = ["core", "cuda", "require"]
+class CudaKernels(Protocol):
+    """What pagedserve._cuda holds (mypy checks the module, through its stub, against this)."""
+
+    DECODE_SPLIT_LEN: int
+
+    def paged_attention(
+        self, args: core.AttentionArgs, workspace: int, max_splits: int, stream: int
+    ) -> None: ...
+
+    def reshape_and_cache(self, args: core.CacheWriteArgs, stream: int) -> None: ...
+
+
+def _load_cuda() -> CudaKernels | None:
+    try:
+        from pagedserve import _cuda
+    except ImportError:  # built without CUDA
+        return None
+    return _cuda
+
+
+cuda = _load_cuda()
+
+__all__ = ["CudaKernels", "core", "cuda", "require"]
 
 
 def require(ok: bool, template: str, *args: object) -> None:

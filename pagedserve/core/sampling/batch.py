@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pagedserve.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.core.structured.state import GrammarState
 
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (dividing by them would overflow float32 logits)."""
@@ -30,7 +33,7 @@ class SamplingRow:
     """Generated so far (for penalties and min_tokens)."""
     generator: torch.Generator | None = None
     """The sequence's own RNG (seeded from params.seed); None: the global RNG."""
-    grammar: Any = None
+    grammar: GrammarState | None = None
     """The sequence's GrammarState (core.structured) when its output is constrained."""
 
 
@@ -79,7 +82,7 @@ class SamplingBatch:
     logprob_ks: list[int]
     grammar_rows: list[int] = field(default_factory=list)
     """Rows whose output is constrained; `grammars` holds their states, aligned."""
-    grammars: list[Any] = field(default_factory=list)
+    grammars: list[GrammarState] = field(default_factory=list)
 
     @property
     def argmax_only(self) -> bool:
@@ -111,7 +114,7 @@ class SamplingBatch:
             logprob_rows=asked,
             logprob_ks=[rows[i].params.logprobs or 0 for i in asked],
             grammar_rows=constrained,
-            grammars=[rows[i].grammar for i in constrained],
+            grammars=[g for g in (r.grammar for r in rows) if g is not None],
         )
 
 

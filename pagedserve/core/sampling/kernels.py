@@ -1,9 +1,9 @@
 """Vectorized selection kernels over a step's rows: argmax, inverse-CDF draws, top-k, top-p.
 
-Measured on the 2-core CPU (torch 2.13): `argmax`, `sort` and boolean masks over [64, 49152]
-are slow (1-100 ms), while reductions over fixed-size chunks and arithmetic with `threshold_`
-are fast (0.1-0.4 ms). So the kernels work per chunk of CHUNK tokens and filter by scaling
-each row so that its cut-off becomes the scalar 1.0.
+On the CPU, `argmax`, `sort` and boolean masks over [64, 49152] are slow, while reductions over
+fixed-size chunks and arithmetic with `threshold_` are fast (figures in bench/RESULTS.md). So
+the kernels work per chunk of CHUNK tokens and filter by scaling each row so that its cut-off
+becomes the scalar 1.0.
 
 Every kernel treats rows independently and reduces each row in an order that does not depend on
 the other rows, so a seeded row draws the same token whatever shares the batch.
@@ -152,7 +152,8 @@ def sample_nucleus(q: torch.Tensor, top_p: torch.Tensor, draw: UniformSource) ->
 def _chunk_reduce(x: torch.Tensor, op: str, size: int = CHUNK) -> torch.Tensor:
     n, v = x.shape
     full = v // size * size
-    body = x[:, :full].unflatten(1, (full // size, size))
+    # torch's Tensor.unflatten carries no annotations.
+    body = x[:, :full].unflatten(1, (full // size, size))  # type: ignore[no-untyped-call]
     parts = [_reduce(body, op)]
     if full < v:
         parts.append(_reduce(x[:, full:].unsqueeze(1), op))
@@ -160,7 +161,7 @@ def _chunk_reduce(x: torch.Tensor, op: str, size: int = CHUNK) -> torch.Tensor:
 
 
 def _reduce(x: torch.Tensor, op: str) -> torch.Tensor:
-    # float32 sums of CHUNK values are 10x faster than float64 accumulation, and precise enough
+    # float32 sums of CHUNK values are much faster than float64 accumulation, and precise enough
     return x.amax(-1) if op == "amax" else x.sum(-1).double()
 
 

@@ -3,9 +3,14 @@ grammars forbid. Rows without a grammar are not touched."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from pagedserve.core.structured.state import GrammarState
+
+if TYPE_CHECKING:
+    import xgrammar
 
 
 class GrammarMasker:
@@ -13,7 +18,7 @@ class GrammarMasker:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
-        self._batch: object = None
+        self._batch: xgrammar.BatchGrammarMatcher | None = None
 
     def apply(self, logits: torch.Tensor, rows: list[int], states: list[GrammarState]) -> None:
         """Mask logits [N, vocab] (float32, contiguous) in place at `rows`."""
@@ -26,7 +31,7 @@ class GrammarMasker:
             # (bench/RESULTS.md); the apply over [rows, vocab] is the larger cost.
             self._batch = xgrammar.BatchGrammarMatcher(max_threads=1)
         matchers = [s.matcher for s in states]
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)  # type: ignore[attr-defined]
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         if bitmask.device != logits.device:
             bitmask = bitmask.to(logits.device, non_blocking=True)
         xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=rows)

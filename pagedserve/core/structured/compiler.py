@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.tokenizers.base import Tokenizer
@@ -59,12 +59,12 @@ class GrammarCache:
         self._tokenizer = tokenizer
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._compiler: Any = None
-        self._grammars: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._compiler: xgrammar.GrammarCompiler | None = None
+        self._grammars: OrderedDict[tuple[str, str], xgrammar.CompiledGrammar] = OrderedDict()
         self.num_compiled = 0
         self.compile_seconds = 0.0
 
-    def compile(self, spec: StructuredOutputs) -> Any:
+    def compile(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
         """The spec's CompiledGrammar (cached); GrammarError when it cannot be compiled."""
         with self._lock:
             found = self._grammars.get(spec.key)
@@ -87,7 +87,7 @@ class GrammarCache:
     def __len__(self) -> int:
         return len(self._grammars)
 
-    def _compiler_locked(self) -> Any:
+    def _compiler_locked(self) -> xgrammar.GrammarCompiler:
         if self._compiler is None:
             import xgrammar
 
@@ -98,7 +98,9 @@ class GrammarCache:
         return self._compiler
 
 
-def _compile(compiler: Any, spec: StructuredOutputs) -> Any:
+def _compile(
+    compiler: xgrammar.GrammarCompiler, spec: StructuredOutputs
+) -> xgrammar.CompiledGrammar:
     try:
         if spec.kind == "json_schema":
             return compiler.compile_json_schema(spec.value, any_whitespace=False)

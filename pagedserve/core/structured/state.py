@@ -7,16 +7,21 @@ the state always equals "every output token accepted", whatever the scheduler di
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Re-exported for core.request, which names it only for types (it stays stdlib-only).
+    from xgrammar import CompiledGrammar as CompiledGrammar
+    from xgrammar import GrammarMatcher
 
 logger = logging.getLogger(__name__)
 
 
 class GrammarState:
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: CompiledGrammar) -> None:
         import xgrammar
 
-        self.matcher = xgrammar.GrammarMatcher(compiled)
+        self.matcher: GrammarMatcher = xgrammar.GrammarMatcher(compiled)
 
     def advance(self, token_id: int) -> bool:
         """Accept the sampled token; True when the grammar has ended (it accepted a stop token,

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
 
-_Piece = model_pb2.ModelProto.SentencePiece
+# sentencepiece's generated protobuf module ships no type stubs: its attributes are unknown to mypy.
+_Piece = model_pb2.ModelProto.SentencePiece  # type: ignore[attr-defined]
+
+
+class _PieceFields(Protocol):
+    """The fields of a ModelProto.SentencePiece read here."""
+
+    piece: str
+    type: int
 
 
 class SentencePieceTokenizer(Tokenizer):
     def __init__(self, model_proto: bytes, meta: TokenizerMeta) -> None:
-        proto = model_pb2.ModelProto()
+        proto = model_pb2.ModelProto()  # type: ignore[attr-defined]  # no stubs (above)
         proto.ParseFromString(model_proto)
         super().__init__(meta, len(proto.pieces))
         self._add_eos_token = meta.add_eos_token
@@ -94,7 +103,7 @@ class SentencePieceTokenizer(Tokenizer):
         return token_id in self._special
 
 
-def _piece_bytes(piece: _Piece) -> bytes:
+def _piece_bytes(piece: _PieceFields) -> bytes:
     if piece.type == _Piece.BYTE:
         return bytes([int(piece.piece[3:5], 16)])
     if piece.type in (_Piece.CONTROL, _Piece.UNKNOWN):

@@ -127,7 +127,8 @@ class CallScanner:
         elif ch == '"':
             self._in_string = False
             if self._depth == 1 and self._expect == "key":
-                self._key = _loads(self.text[self._start : i + 1])
+                key = _loads(self.text[self._start : i + 1])  # a JSON string literal
+                self._key = key if isinstance(key, str) else None
                 self._expect = "colon"
             elif self._depth == 1:
                 self._value_end(i + 1)

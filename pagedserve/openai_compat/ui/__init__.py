@@ -48,18 +48,18 @@ async def index(request: Request) -> Response:
 async def info(request: Request) -> Response:
     state: ServerState = request.app.state.server
     base = {"api_key_required": state.config.api_key is not None, "version": __version__}
-    if state.ctx is None or state.engine.errored:
+    if state.ctx is None or state.engine is None or state.engine.errored:
         return JSONResponse({**base, "ready": False})
-    engine = state.ctx.engine
+    model = state.ctx.engine.model_info
     facts: dict[str, Any] = {
         "ready": True,
         "model": state.ctx.model_name,
-        "root": engine.model_name,
-        "dtype": getattr(engine, "dtype", None),
-        "device": getattr(engine, "device", None),
-        "page_size": engine.page_size,
-        "num_pages": engine.num_pages,
-        "max_model_len": engine.max_model_len,
+        "root": model.name,
+        "dtype": model.dtype,
+        "device": model.device,
+        "page_size": model.page_size,
+        "num_pages": model.num_pages,
+        "max_model_len": model.max_model_len,
     }
     return JSONResponse({**base, **facts})
 

@@ -1,0 +1,539 @@
+# Type stubs of the compiled module pagedserve._core (cpp/bindings/), for mypy.
+# Generated with `pybind11-stubgen pagedserve._core` from the built module, then formatted with
+# ruff; regenerate after changing the bindings (scripts/gen_stubs.sh). tests/native/test_stubs.py
+# checks that the stub and the built module name the same things.
+"""
+pagedserve native core: page allocator, scheduler, CPU kernels
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import typing
+
+import numpy
+import numpy.typing
+
+__all__: list[str] = [
+    "AdmissionError",
+    "AttentionArgs",
+    "CacheWriteArgs",
+    "DType",
+    "DecoderLayerWeights",
+    "DecoderStack",
+    "KV_CACHE_DIMS",
+    "KvCacheView",
+    "PageAllocator",
+    "Scheduler",
+    "SchedulerStats",
+    "StepPlan",
+    "TokenTensor",
+    "gated_rows",
+    "linear_bf16",
+    "linear_bf16_supported",
+    "linear_f32",
+    "pack_gated_weight_bf16",
+    "pack_gated_weight_f32",
+    "pack_linear_weight_bf16",
+    "pack_linear_weight_f32",
+    "packed_linear_elements",
+    "packed_linear_elements_f32",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary",
+    "silu_and_mul",
+]
+
+class PageAllocator:
+    def __init__(
+        self,
+        num_pages: typing.SupportsInt | typing.SupportsIndex,
+        page_size: typing.SupportsInt | typing.SupportsIndex,
+        enable_prefix_caching: bool = True,
+    ) -> None: ...
+    def allocate(self, n: typing.SupportsInt | typing.SupportsIndex) -> list[int] | None:
+        """
+        n fresh pages, or None (all or nothing)
+        """
+    def generation(self, page: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def incref(self, page: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def match_prefix(
+        self,
+        token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+        max_pages: typing.SupportsInt | typing.SupportsIndex,
+    ) -> list[int]: ...
+    def ref_count(self, page: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def register_page(
+        self,
+        page: typing.SupportsInt | typing.SupportsIndex,
+        parent: typing.SupportsInt | typing.SupportsIndex,
+        parent_generation: typing.SupportsInt | typing.SupportsIndex,
+        token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+    ) -> int: ...
+    def release(self, page: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_cached_pages(self) -> int: ...
+    @property
+    def num_free_pages(self) -> int: ...
+    @property
+    def num_pages(self) -> int: ...
+    @property
+    def num_used_pages(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+
+class AdmissionError(ValueError):
+    pass
+
+class StepPlan:
+    @property
+    def input_ids(self) -> numpy.ndarray: ...
+    @property
+    def logits_indices(self) -> numpy.ndarray: ...
+    @property
+    def max_pages(self) -> int: ...
+    @property
+    def max_query_len(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> numpy.ndarray: ...
+    @property
+    def num_reqs(self) -> int: ...
+    @property
+    def num_sampled(self) -> int: ...
+    @property
+    def num_scheduled_tokens(self) -> numpy.ndarray: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def page_table(self) -> numpy.ndarray: ...
+    @property
+    def positions(self) -> numpy.ndarray: ...
+    @property
+    def preempted_seq_ids(self) -> numpy.ndarray: ...
+    @property
+    def query_start_loc(self) -> numpy.ndarray: ...
+    @property
+    def sample_seq_ids(self) -> numpy.ndarray: ...
+    @property
+    def seq_ids(self) -> numpy.ndarray: ...
+    @property
+    def seq_lens(self) -> numpy.ndarray: ...
+    @property
+    def slot_mapping(self) -> numpy.ndarray: ...
+    @property
+    def step(self) -> int: ...
+
+class SchedulerStats:
+    @property
+    def num_cached_pages(self) -> int: ...
+    @property
+    def num_free_pages(self) -> int: ...
+    @property
+    def num_pages(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def num_used_pages(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def prefix_hit_tokens(self) -> int: ...
+    @property
+    def prefix_query_tokens(self) -> int: ...
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        num_pages: typing.SupportsInt | typing.SupportsIndex,
+        page_size: typing.SupportsInt | typing.SupportsIndex,
+        max_num_seqs: typing.SupportsInt | typing.SupportsIndex,
+        max_num_batched_tokens: typing.SupportsInt | typing.SupportsIndex,
+        max_model_len: typing.SupportsInt | typing.SupportsIndex,
+        enable_prefix_caching: bool,
+    ) -> None: ...
+    def abort(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def add_request(
+        self,
+        seq_id: typing.SupportsInt | typing.SupportsIndex,
+        prompt_token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+        max_tokens: typing.SupportsInt | typing.SupportsIndex,
+        use_prefix_cache: bool = True,
+    ) -> None: ...
+    def finish(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def num_cached_tokens(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def num_computed_tokens(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def page_ids(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> list[int]: ...
+    def ref_count(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def schedule(self) -> StepPlan:
+        """
+        The next step's plan: a view of the scheduler's buffers, valid until the next schedule()
+        """
+    def stats(self) -> SchedulerStats: ...
+    def update(
+        self,
+        step: typing.SupportsInt | typing.SupportsIndex,
+        sampled_token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+    ) -> None: ...
+    @property
+    def has_unfinished(self) -> bool: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+
+class DType:
+    """
+    Members:
+
+      float32
+
+      bfloat16
+
+      float16
+    """
+
+    __members__: typing.ClassVar[dict[str, DType]]
+    bfloat16: typing.ClassVar[DType]
+    float16: typing.ClassVar[DType]
+    float32: typing.ClassVar[DType]
+    @typing.overload
+    def __eq__(self, other: DType) -> bool: ...
+    @typing.overload
+    def __eq__(self, other: typing.Any) -> bool: ...
+    def __getstate__(self) -> int: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __int__(self) -> int: ...
+    @typing.overload
+    def __ne__(self, other: DType) -> bool: ...
+    @typing.overload
+    def __ne__(self, other: typing.Any) -> bool: ...
+    def __repr__(self) -> str: ...
+    def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    def __str__(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+
+class KvCacheView:
+    def __init__(self) -> None: ...
+    @property
+    def data(self) -> int: ...
+    @data.setter
+    def data(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def head_size(self) -> int: ...
+    @head_size.setter
+    def head_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_pages(self) -> int: ...
+    @num_pages.setter
+    def num_pages(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def page_size(self) -> int: ...
+    @page_size.setter
+    def page_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class TokenTensor:
+    def __init__(self) -> None: ...
+    @property
+    def data(self) -> int: ...
+    @data.setter
+    def data(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def head_stride(self) -> int: ...
+    @head_stride.setter
+    def head_stride(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def token_stride(self) -> int: ...
+    @token_stride.setter
+    def token_stride(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class CacheWriteArgs:
+    cache: KvCacheView
+    dtype: DType
+    key: TokenTensor
+    value: TokenTensor
+    def __init__(self) -> None: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @num_tokens.setter
+    def num_tokens(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def slot_mapping(self) -> int: ...
+    @slot_mapping.setter
+    def slot_mapping(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class AttentionArgs:
+    cache: KvCacheView
+    dtype: DType
+    query: TokenTensor
+    def __init__(self) -> None: ...
+    @property
+    def logit_softcap(self) -> float: ...
+    @logit_softcap.setter
+    def logit_softcap(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def max_query_len(self) -> int: ...
+    @max_query_len.setter
+    def max_query_len(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @max_seq_len.setter
+    def max_seq_len(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_heads(self) -> int: ...
+    @num_heads.setter
+    def num_heads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_reqs(self) -> int: ...
+    @num_reqs.setter
+    def num_reqs(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @num_tokens.setter
+    def num_tokens(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def out(self) -> int: ...
+    @out.setter
+    def out(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def out_head_stride(self) -> int: ...
+    @out_head_stride.setter
+    def out_head_stride(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def out_token_stride(self) -> int: ...
+    @out_token_stride.setter
+    def out_token_stride(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def page_table(self) -> int: ...
+    @page_table.setter
+    def page_table(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def page_table_stride(self) -> int: ...
+    @page_table_stride.setter
+    def page_table_stride(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def query_start_loc(self) -> int: ...
+    @query_start_loc.setter
+    def query_start_loc(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def scale(self) -> float: ...
+    @scale.setter
+    def scale(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None: ...
+    @property
+    def seq_lens(self) -> int: ...
+    @seq_lens.setter
+    def seq_lens(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def sliding_window(self) -> int: ...
+    @sliding_window.setter
+    def sliding_window(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+
+class DecoderLayerWeights:
+    def __init__(
+        self,
+        *,
+        input_norm: typing.SupportsInt | typing.SupportsIndex,
+        qkv: typing.SupportsInt | typing.SupportsIndex,
+        qkv_bias: typing.SupportsInt | typing.SupportsIndex,
+        o: typing.SupportsInt | typing.SupportsIndex,
+        post_norm: typing.SupportsInt | typing.SupportsIndex,
+        gate_up: typing.SupportsInt | typing.SupportsIndex,
+        down: typing.SupportsInt | typing.SupportsIndex,
+        sliding_window: typing.SupportsInt | typing.SupportsIndex = 0,
+        logit_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+    ) -> None: ...
+    @property
+    def down(self) -> int: ...
+    @down.setter
+    def down(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def gate_up(self) -> int: ...
+    @gate_up.setter
+    def gate_up(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def input_norm(self) -> int: ...
+    @input_norm.setter
+    def input_norm(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def logit_softcap(self) -> float: ...
+    @property
+    def o(self) -> int: ...
+    @o.setter
+    def o(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def post_norm(self) -> int: ...
+    @post_norm.setter
+    def post_norm(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def qkv(self) -> int: ...
+    @qkv.setter
+    def qkv(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def qkv_bias(self) -> int: ...
+    @qkv_bias.setter
+    def qkv_bias(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def sliding_window(self) -> int: ...
+
+class DecoderStack:
+    def __init__(
+        self,
+        hidden_size: typing.SupportsInt | typing.SupportsIndex,
+        num_heads: typing.SupportsInt | typing.SupportsIndex,
+        num_kv_heads: typing.SupportsInt | typing.SupportsIndex,
+        head_size: typing.SupportsInt | typing.SupportsIndex,
+        intermediate_size: typing.SupportsInt | typing.SupportsIndex,
+        rms_norm_eps: typing.SupportsFloat | typing.SupportsIndex,
+        scale: typing.SupportsFloat | typing.SupportsIndex,
+        layers: collections.abc.Sequence[DecoderLayerWeights],
+    ) -> None: ...
+    def forward(
+        self,
+        hidden: typing.SupportsInt | typing.SupportsIndex,
+        cos: typing.SupportsInt | typing.SupportsIndex,
+        signed_sin: typing.SupportsInt | typing.SupportsIndex,
+        rope_stride: typing.SupportsInt | typing.SupportsIndex,
+        kv_caches: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+        num_pages: typing.SupportsInt | typing.SupportsIndex,
+        page_size: typing.SupportsInt | typing.SupportsIndex,
+        slot_mapping: typing.SupportsInt | typing.SupportsIndex,
+        page_table: typing.SupportsInt | typing.SupportsIndex,
+        page_table_stride: typing.SupportsInt | typing.SupportsIndex,
+        seq_lens: typing.SupportsInt | typing.SupportsIndex,
+        query_start_loc: typing.SupportsInt | typing.SupportsIndex,
+        num_reqs: typing.SupportsInt | typing.SupportsIndex,
+        num_tokens: typing.SupportsInt | typing.SupportsIndex,
+        max_query_len: typing.SupportsInt | typing.SupportsIndex,
+        max_seq_len: typing.SupportsInt | typing.SupportsIndex,
+        num_threads: typing.SupportsInt | typing.SupportsIndex,
+    ) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+
+def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+def linear_bf16(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    bias: typing.SupportsInt | typing.SupportsIndex,
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    residual_stride: typing.SupportsInt | typing.SupportsIndex,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    out_float32: bool,
+    m: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    gated_width: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def linear_bf16_supported() -> bool: ...
+def linear_f32(
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    bias: typing.SupportsInt | typing.SupportsIndex,
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    residual_stride: typing.SupportsInt | typing.SupportsIndex,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    m: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    gated_width: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def pack_gated_weight_bf16(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def pack_gated_weight_f32(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    width: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def pack_linear_weight_bf16(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def pack_linear_weight_f32(
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def packed_linear_elements(
+    n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
+) -> int: ...
+def packed_linear_elements_f32(
+    n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
+) -> int: ...
+def paged_attention(
+    args: AttentionArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
+) -> None: ...
+def reshape_and_cache(
+    args: CacheWriteArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
+) -> None: ...
+def rms_norm(
+    *,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    weight: typing.SupportsInt | typing.SupportsIndex,
+    num_rows: typing.SupportsInt | typing.SupportsIndex,
+    hidden_size: typing.SupportsInt | typing.SupportsIndex,
+    eps: typing.SupportsFloat | typing.SupportsIndex,
+    dtype: DType,
+    sum_lanes: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def rotary(
+    *,
+    qk: typing.SupportsInt | typing.SupportsIndex,
+    token_stride: typing.SupportsInt | typing.SupportsIndex,
+    head_stride: typing.SupportsInt | typing.SupportsIndex,
+    cos: typing.SupportsInt | typing.SupportsIndex,
+    cos_stride: typing.SupportsInt | typing.SupportsIndex,
+    signed_sin: typing.SupportsInt | typing.SupportsIndex,
+    signed_sin_stride: typing.SupportsInt | typing.SupportsIndex,
+    num_tokens: typing.SupportsInt | typing.SupportsIndex,
+    num_heads: typing.SupportsInt | typing.SupportsIndex,
+    head_size: typing.SupportsInt | typing.SupportsIndex,
+    dtype: DType,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def silu_and_mul(
+    *,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    gate_up: typing.SupportsInt | typing.SupportsIndex,
+    gate_up_stride: typing.SupportsInt | typing.SupportsIndex,
+    num_rows: typing.SupportsInt | typing.SupportsIndex,
+    intermediate_size: typing.SupportsInt | typing.SupportsIndex,
+    dtype: DType,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+
+KV_CACHE_DIMS: tuple[str, ...] = ("kv", "num_pages", "num_kv_heads", "page_size", "head_size")

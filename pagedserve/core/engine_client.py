@@ -1,0 +1,89 @@
+"""EngineClient: what the server may ask of an engine, and ModelInfo: what it may know of it.
+
+`openai_compat` and the CLI hold an engine only through this protocol: `AsyncEngine`
+implements it, and so does the test suite's fake engine. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pagedserve.core.chat_template import ChatTemplate
+    from pagedserve.core.outputs import EngineStats, RequestOutput
+    from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
+    from pagedserve.core.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The loaded model and its limits, as the server reports them."""
+
+    name: str
+    """The model's name (the file or folder it was loaded from)."""
+    max_model_len: int
+    """Prompt plus completion tokens one request may hold."""
+    vocab_size: int
+    """Token ids are in [0, vocab_size)."""
+    page_size: int
+    """Tokens per KV cache page."""
+    num_pages: int
+    """KV cache pages in the pool."""
+    dtype: str
+    """The model's and the KV cache's element type, e.g. "bfloat16"."""
+    device: str
+    """Where the model runs, e.g. "cpu" or "cuda:0"."""
+    batch_invariant: bool
+    """Greedy and seeded results are a function of the request alone, not of the batch."""
+
+
+class RequestStream(Protocol):
+    """The outputs of one admitted request, as deltas; the last one has `finished` set."""
+
+    def __aiter__(self) -> RequestStream: ...
+
+    async def __anext__(self) -> RequestOutput: ...
+
+    def close(self) -> None:
+        """Abort the request (if it is still running) and free its pages."""
+
+
+class EngineClient(Protocol):
+    """An engine as the server sees it. Admission is synchronous: `generate` raises
+    ContextLengthError, QueueFullError or EngineDeadError before the caller sends anything."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's (or the configured) chat template; None when there is none."""
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def errored(self) -> bool:
+        """True once the engine has stopped after a fault; every call is then refused."""
+
+    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raise now what `generate` would raise for this request, without starting it."""
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> RequestStream:
+        """Admit the request and return the stream of its outputs."""
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile the spec's grammar where `generate` will find it (any thread; raises
+        GrammarError when it does not compile)."""
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its pages; unknown ids are ignored."""
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the running batch and the KV cache (for /metrics)."""
+
+    async def shutdown(self) -> None:
+        """Fail what is still running and stop the engine."""
