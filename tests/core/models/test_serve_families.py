@@ -25,7 +25,9 @@ def test_serve_qwen3_moe_folder(tmp_path: Path) -> None:
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     offline = llm.generate([PROMPT], greedy)[0].outputs[0].text
     messages = [{"role": "user", "content": "hello world"}]
-    rendered = llm.engine.parts.chat_template.render(messages, add_generation_prompt=True)
+    template = llm.engine.chat_template
+    assert template is not None
+    rendered = template.render(messages, add_generation_prompt=True)
     chat_prompt_tokens = len(llm.tokenizer.encode(rendered, add_special_tokens=False))
     server = start_server(tmp_path, str(folder), *flags)
     try:
