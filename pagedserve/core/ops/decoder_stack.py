@@ -15,7 +15,7 @@ offline throughput side by side (bench/RESULTS.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -50,16 +50,8 @@ class NativeDecoderStack:
         self._owner, self._num_layers = owner, len(layers)
         self.hidden_size, self.head_size = shape.hidden_size, shape.head_size
         self.num_kv_heads = shape.num_kv_heads
-        self._native = _core.DecoderStack(
-            hidden_size=shape.hidden_size,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_size=shape.head_size,
-            intermediate_size=shape.intermediate_size,
-            rms_norm_eps=shape.rms_norm_eps,
-            scale=shape.scale,
-            layers=list(layers),
-        )
+        # StackShape's fields are the native constructor's keyword arguments, name for name.
+        self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
     def __call__(
         self,
