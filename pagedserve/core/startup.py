@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.chat_template import ChatTemplate, load_chat_template
 from pagedserve.core.config import EngineConfig, ModelConfig
@@ -91,7 +92,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tokenizer = load_tokenizer(resolved.path)
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
-    attention = get_attention_backend(mc.attention_backend)
+    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
     # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
     # long factors only when the served context exceeds the original one).
     model, arch = load_model(
@@ -123,7 +124,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         enable_prefix_caching=cc.enable_prefix_caching,
     )
-    invariant = is_batch_invariant(model, attention.name, device)
+    invariant = is_batch_invariant(model, attention, device)
     logger.info(
         "model %s (%s) on %s in %s, attention %s, %sbatch-invariant; %s",
         resolved.name,
@@ -147,16 +148,19 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
 
 
-def is_batch_invariant(model: torch.nn.Module, attention: str, device: torch.device) -> bool:
+def is_batch_invariant(
+    model: torch.nn.Module, attention: AttentionBackend, device: torch.device
+) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel and the native CPU attention. torch's matmul (float16,
-    CUDA, CPUs without AVX512-BF16), the torch reference attention and the CUDA kernels (whose
-    decode splits long contexts) are not."""
+    layer on the native bf16/fp32 kernel and the native CPU attention with batch_invariant on
+    (--deterministic, the default). torch's matmul (float16, CUDA, CPUs without AVX512-BF16),
+    the torch reference attention, --no-deterministic and the CUDA kernels (whose decode splits
+    long contexts) are not."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
     return (
         device.type == "cpu"
-        and attention == "native"
+        and attention.batch_invariant
         and bool(linears)
         and all(m.packed is not None for m in linears)
     )
