@@ -2,7 +2,8 @@
 them (tests/tiny_gguf_families.py): an F32 file's logits equal its source transformers model's;
 through the engine (chunked prefill, a mixed batch, a prefix-cache hit, prompts shorter and
 longer than the 8-token window) greedy tokens equal transformers'; Gemma's norms are not
-offset twice (the file holds 1 + weight); what we do not implement is refused, naming the key."""
+offset twice (the file holds 1 + weight); what we do not implement is refused, naming the key;
+the files' SentencePiece vocabularies tokenize as transformers reads them."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import torch
 
 from pagedserve import LLM
 from pagedserve.core.models.loader_gguf import open_gguf
+from pagedserve.core.tokenizer import load_tokenizer
 from tests.core.models.family_oracle import assert_engine_matches
 from tests.core.models.paged_driver import PagedBatch
 from tests.core.models.test_families import LONGROPE, PROMPT, load, needs_window
 from tests.tiny_gguf_families import write_gguf_family
 from tests.tiny_models import add_gguf_shape, finish_gguf, make_hf_model
+from tests.tiny_tokenizers import TRICKY_TEXTS
 
 pytestmark = needs_window
 CASES = {
@@ -110,3 +113,23 @@ def test_gemma_27b_attention_scale_follows_llama_cpp(
         scales.append(open_gguf(path)[0].attn_scale)
     hidden_per_head = cfg.hidden_size // cfg.num_attention_heads
     assert scales == [hidden_per_head**-0.5, cfg.head_dim**-0.5]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "phi3"])
+def test_vocabulary_reads_as_transformers_reads_it(tmp_path: Path, family: str) -> None:
+    """The files' `llama` vocabularies: Gemma's without a dummy prefix, Phi-3's with the `▁`
+    prefix before every piece of text between special tokens (as llama.cpp and transformers
+    read it); ids and text equal transformers' reading of the same GGUF."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / f"{family}.gguf"
+    write_gguf_family(path, family, seed=45)
+    ours, theirs = (
+        load_tokenizer(path),
+        AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name),
+    )
+    turns = "<start_of_turn>user\nhi<end_of_turn>" if family != "phi3" else "<|user|>\nhi<|end|>"
+    for text in [*TRICKY_TEXTS, turns]:
+        ids = theirs.encode(text)
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
