@@ -41,9 +41,13 @@ _PHI3_KEYS = frozenset({"attention.sliding_window", "rope.scaling.attn_factor"})
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
+def _raw_window(meta: Meta, default: int = 0) -> int:
+    return int(meta.get("attention.sliding_window", default) or 0)
+
+
 def _window(meta: Meta, default: int = 0) -> int:
     """The sliding window; one at least as long as the context changes nothing (full)."""
-    window = int(meta.get("attention.sliding_window", default) or 0)
+    window = _raw_window(meta, default)
     return 0 if window >= int(meta.get("context_length", 0) or 0) > 0 else window
 
 
@@ -52,25 +56,28 @@ def _layer_types(num_layers: int, period: int) -> tuple[str, ...]:
     return tuple(SLIDING if i % period < period - 1 else FULL for i in range(num_layers))
 
 
-def _gemma(meta: Meta, arch: str, period: int, window: int) -> dict[str, Any]:
+def _gemma(meta: Meta, arch: str, period: int, default_window: int = 0) -> dict[str, Any]:
+    """Layer types follow llama.cpp's pattern wherever the file has a window (the sliding
+    layers keep Gemma 3's local rope even when the window spans the whole context)."""
     hidden, heads = int(meta["embedding_length"]), int(meta["attention.head_count"])
     num_layers = int(meta["block_count"])
     head = int(meta.get("attention.key_length", hidden // heads))
     big = num_layers == _GEMMA_27B_LAYERS[arch]
+    types = _layer_types(num_layers, period) if _raw_window(meta, default_window) else ()
     return {
         "embed_scale": math.sqrt(hidden),
         "sandwich_norms": True,
         "hidden_act": "gelu_tanh",
         "query_pre_attn_scalar": float(hidden // heads if big else head),
-        "sliding_window": window,
-        "layer_types": _layer_types(num_layers, period) if window else (),
+        "sliding_window": _window(meta, default_window),
+        "layer_types": types,
     }
 
 
 def _gemma2(meta: Meta) -> dict[str, Any]:
     # llama.cpp's Gemma 2 defaults: a 4096 window, soft-caps 50 (attention) and 30 (output).
     return {
-        **_gemma(meta, "gemma2", 2, _window(meta, 4096)),
+        **_gemma(meta, "gemma2", 2, 4096),
         "attn_logit_softcap": float(meta.get("attn_logit_softcapping", 50.0)),
         "final_logit_softcap": float(meta.get("final_logit_softcapping", 30.0)),
     }
@@ -78,10 +85,9 @@ def _gemma2(meta: Meta) -> dict[str, Any]:
 
 def _gemma3(meta: Meta) -> dict[str, Any]:
     # No window key (or 0): every layer global, on the one rope (llama.cpp's swa type NONE).
-    window = _window(meta)
-    local_theta = float(meta.get("rope.freq_base_swa", 10000.0)) if window else 0.0
+    local_theta = float(meta.get("rope.freq_base_swa", 10000.0)) if _raw_window(meta) else 0.0
     return {
-        **_gemma(meta, "gemma3", 6, window),
+        **_gemma(meta, "gemma3", 6),
         "final_logit_softcap": float(meta.get("final_logit_softcapping", 0.0)),
         "local_rope_theta": local_theta,
     }

@@ -57,6 +57,14 @@ def test_what_the_files_say(tmp_path: Path) -> None:
     g3, _ = open_gguf(tmp_path / "g3.gguf")
     assert (g3.rope_theta, g3.local_rope_theta, g3.qk_norm) == (1e6, 1e4, True)
     assert g3.layer_types.count("full_attention") == 1 and g3.layer_types[5] == "full_attention"
+    for window, local in ((1024.0, 1e4), (0.0, 0.0)):  # past the 256 context; none at all
+        path = tmp_path / f"g3-{window}.gguf"
+        write_gguf_family(
+            path, "gemma3_text", extra_keys={"gemma3.attention.sliding_window": window}
+        )
+        g3w, _ = open_gguf(path)
+        assert (g3w.sliding_window, g3w.local_rope_theta) == (0, local)
+        assert g3w.uses_local_rope(0) == bool(local) and not g3w.uses_local_rope(5)
     write_gguf_family(tmp_path / "p.gguf", "phi3", seed=1, rope_scaling=LONGROPE)
     phi3, _ = open_gguf(tmp_path / "p.gguf")
     assert phi3.rope_scaling is not None and phi3.rope_scaling["rope_type"] == "longrope"
