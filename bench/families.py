@@ -123,9 +123,11 @@ def bench(name: str, args: argparse.Namespace) -> dict:
         for engine in (ours, theirs):  # warm-up: first-call costs are not throughput
             engine.generate(prompts[:2], 4)
         runs: dict[str, list[float]] = {"pagedserve": [], "transformers": []}
-        for _ in range(args.repeats):
-            runs["pagedserve"].append(tokens_per_s(ours, prompts, args.output_len))
-            runs["transformers"].append(tokens_per_s(theirs, prompts, args.output_len))
+        for repeat in range(args.repeats):
+            for label, engine in (("pagedserve", ours), ("transformers", theirs)):
+                runs[label].append(tokens_per_s(engine, prompts, args.output_len))
+                print(f"{name} repeat {repeat + 1}/{args.repeats} {label}: "
+                      f"{runs[label][-1]:.1f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
     medians = {k: statistics.median(v) for k, v in runs.items()}
     return {"config": name, "family": family, **extra, "output_tok_s": medians,
             "ratio": medians["pagedserve"] / medians["transformers"], "runs": runs}  # fmt: skip
