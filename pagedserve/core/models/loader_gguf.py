@@ -64,8 +64,7 @@ _LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
-# [num_experts, out, in] tensors, split into one HF-named weight per expert.
-# Where an architecture's GGUF names map to other HF names than Llama's: Gemma's four norms
+# Where an architecture's GGUF names map to other HF names than Llama's: Gemma's sandwich norms
 # (its converter already stored them as 1 + weight: nothing to add), Phi-3's fused q/k/v and
 # gate/up (gate rows first, as in the HF checkpoint).
 _GEMMA_NAMES = {
@@ -80,6 +79,7 @@ _ARCH_LAYER_NAMES = {
 }
 # Tensors folded into ArchConfig.rope_scaling (Llama 3.1's freq factors, Phi-3's longrope).
 _ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# [num_experts, out, in] tensors, split into one HF-named weight per expert.
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
     "ffn_up_exps": "up_proj",
@@ -107,13 +107,16 @@ def _longrope(reader: GGUFReader, arch: str, long: Any) -> dict[str, Any]:
     short = _tensor(reader, "rope_factors_short.weight")
     if short is None:
         raise ValueError("GGUF has rope_factors_long.weight but no rope_factors_short.weight")
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError(
+            f"GGUF has longrope factors but no {arch}.rope.scaling.original_context_length"
+        )
     return {
         "rope_type": "longrope",
         "long_factor": _to_numpy(long).tolist(),
         "short_factor": _to_numpy(short).tolist(),
-        "original_max_position_embeddings": int(
-            _field(reader, f"{arch}.rope.scaling.original_context_length")
-        ),
+        "original_max_position_embeddings": int(original),
         "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
         "attention_factor": _field(reader, f"{arch}.rope.scaling.attn_factor"),
     }
