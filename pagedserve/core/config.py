@@ -100,19 +100,19 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     """Processes (ranks) the model is split over, Megatron-style: attention heads, MLP width and
     vocabulary divided among them; one worker process per rank beyond the engine's own, joined
-    by torch.distributed (gloo on CPU, NCCL on CUDA, one GPU per rank). Env: WORLD_SIZE."""
+    by torch.distributed (gloo on CPU, NCCL on CUDA, one GPU per rank). Env: WORLD_SIZE; default 1."""
     nnodes: int = 1
     """Machines the ranks are spread over (equal shares; node 0 runs the server and rank 0).
-    Env: NNODES."""
+    Env: NNODES; default 1."""
     node_rank: int = 0
     """This machine's index among nnodes; a node other than 0 runs workers only (no server).
-    Env: NODE_RANK."""
+    Env: NODE_RANK (else RANK); default 0."""
     master_addr: str = "127.0.0.1"
     """Address of node 0, where the ranks meet (torch.distributed's TCP store). Env:
-    MASTER_ADDR."""
+    MASTER_ADDR; default 127.0.0.1."""
     master_port: int = 0
     """Port of the ranks' meeting point on node 0; 0 picks a free one (one node only). Env:
-    MASTER_PORT."""
+    MASTER_PORT; default 0."""
     distributed_timeout: float = 120.0
     """Seconds a collective inside a step, or the ranks' start-up, may wait for a peer before
     the engine gives up and reports itself dead."""
