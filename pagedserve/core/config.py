@@ -100,7 +100,8 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     """Processes (ranks) the model is split over, Megatron-style: attention heads, MLP width and
     vocabulary divided among them; one worker process per rank beyond the engine's own, joined
-    by torch.distributed (gloo on CPU, NCCL on CUDA, one GPU per rank). Env: WORLD_SIZE; default 1."""
+    by torch.distributed (gloo on CPU, NCCL on CUDA, one GPU per rank). Env: WORLD_SIZE;
+    default 1."""
     nnodes: int = 1
     """Machines the ranks are spread over (equal shares; node 0 runs the server and rank 0).
     Env: NNODES; default 1."""
