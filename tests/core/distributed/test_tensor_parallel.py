@@ -9,12 +9,14 @@ whose top-2 logprob gap (at TP=1) is below 1e-3, where such a difference could f
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.core.errors import EngineDeadError
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import check_divisible, shard_arch, shard_weight
@@ -97,3 +99,25 @@ def test_shards_reassemble(tp_model: Path) -> None:
     assert torch.equal(torch.cat(cols, dim=1), down)
     with pytest.raises(ValueError, match=r"tensor_parallel_size 3 must divide"):
         shard_arch(arch, 3)
+
+
+def test_worker_death_while_idle_is_reported(tp_model: Path) -> None:
+    """The watchdog sees a worker exit between steps: the engine's fault callback fires at
+    once, and the next step refuses with EngineDeadError instead of waiting on the lost rank."""
+    llm = LLM(str(tp_model), tensor_parallel_size=2, **ENGINE)
+    try:
+        reasons: list[str] = []
+        llm.engine.on_fault(reasons.append)
+        tp = llm.engine.model_runner.tp
+        assert tp is not None
+        (worker,) = tp.processes
+        worker.kill()
+        deadline = time.monotonic() + 10
+        while not reasons and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reasons and "exited with code" in reasons[0], reasons
+        with pytest.raises(EngineDeadError, match="exited with code"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))
+    finally:
+        llm.close()
+    assert not worker.is_alive()
