@@ -36,7 +36,8 @@ class TPGroup:
     device: torch.device
     control: dist.ProcessGroup
     collective_seconds: float = field(default=0.0)
-    """Wall time spent inside the model's collectives (all-reduce, gather) on this rank."""
+    """Wall time this rank spent in the step's collectives (all-reduce, gather, the arrays'
+    broadcast), waits for a slower rank included."""
 
     @property
     def is_first(self) -> bool:
@@ -61,11 +62,14 @@ class TPGroup:
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (in place), on the data group."""
+        start = time.perf_counter()
         dist.broadcast(x, src=0)
+        self.collective_seconds += time.perf_counter() - start
         return x
 
     def broadcast_control(self, x: torch.Tensor) -> torch.Tensor:
-        """Rank 0's CPU x into every rank's x (in place), on the control group."""
+        """Rank 0's CPU x into every rank's x (in place), on the control group (not counted in
+        collective_seconds: a worker idles in it)."""
         dist.broadcast(x, src=0, group=self.control)
         return x
 
