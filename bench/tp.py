@@ -19,6 +19,7 @@ step.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +39,8 @@ SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
              rms_norm_eps=1e-5)  # fmt: skip
 PROMPT_LEN = 32
+# (label, tensor_parallel_size, torch threads per rank; 0 = the engine's own choice)
+CONFIGS = [("1", 1, 0), ("1 (1 thread)", 1, 1), ("2", 2, 0)]
 
 
 def cpu_model() -> str:
@@ -64,12 +68,16 @@ def write_model(folder: Path) -> None:
     model.save_pretrained(folder)
 
 
-def child(args: argparse.Namespace) -> dict[str, float]:
+def child(args: argparse.Namespace) -> dict[str, Any]:
     """One engine at args.tp: warm up, then one timed offline run."""
     from pagedserve import LLM, SamplingParams
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
     pages = args.num_prompts * ((PROMPT_LEN + args.output_len) // 16 + 2)
-    llm = LLM(args.model, dtype=args.dtype, tensor_parallel_size=args.tp, num_pages=pages,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, tensor_parallel_size=args.tp,
+              num_pages=pages,
               max_num_seqs=args.num_prompts, max_num_batched_tokens=512,
               enable_prefix_caching=False)  # fmt: skip
     gen = torch.Generator().manual_seed(1)
@@ -93,37 +101,49 @@ def child(args: argparse.Namespace) -> dict[str, float]:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    token_ids = [o.outputs[0].token_ids for o in outputs]
+    tokens = sum(len(ids) for ids in token_ids)
     collective = group.collective_seconds if group is not None else 0.0
     llm.close()
     return {"tok_s": tokens / elapsed, "steps": steps, "ms_per_step": 1e3 * elapsed / steps,
             "collective_ms_per_step": 1e3 * collective / steps,
-            "threads": torch.get_num_threads()}  # fmt: skip
+            "threads": torch.get_num_threads(),
+            "tokens_hash": hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]}  # fmt: skip
 
 
-def run_child(args: argparse.Namespace, model: Path, tp: int) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", "--tp", str(tp), "--model", str(model),
-           "--dtype", args.dtype, "--num-prompts", str(args.num_prompts),
+def run_child(args: argparse.Namespace, model: Path, tp: int, threads: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", "--tp", str(tp), "--threads", str(threads),
+           "--model", str(model),
+           "--dtype", args.dtype, "--device", args.device, "--num-prompts", str(args.num_prompts),
            "--output-len", str(args.output_len)]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
-def table(runs: dict[int, list[dict[str, float]]], args: argparse.Namespace) -> str:
-    lines = [f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; {args.dtype}; "
-             f"{args.num_prompts} prompts x {args.output_len} tokens; medians of {args.repeats}",
-             "", "| TP | output tok/s | ms/step | collective ms/step | share of step | threads/rank |",
+def table(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    lines = [f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores; {args.device}; "
+             f"{args.dtype}; {args.num_prompts} prompts x {args.output_len} tokens; medians of "
+             f"{args.repeats}", "",
+             "| TP | output tok/s | ms/step | collective ms/step | share of step | threads/rank |",
              "|---|---|---|---|---|---|"]  # fmt: skip
-    for tp, results in runs.items():
-        med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    tok_s = {}
+    for label, results in runs.items():
+        med = {k: statistics.median(r[k] for r in results) for k in results[0]
+               if k != "tokens_hash"}  # fmt: skip
+        tok_s[label] = med["tok_s"]
         share = med["collective_ms_per_step"] / med["ms_per_step"]
-        lines.append(f"| {tp} | {med['tok_s']:.1f} | {med['ms_per_step']:.2f} | "
+        lines.append(f"| {label} | {med['tok_s']:.1f} | {med['ms_per_step']:.2f} | "
                      f"{med['collective_ms_per_step']:.2f} | {share:.0%} | {med['threads']:.0f} |")  # fmt: skip
-    ratio = statistics.median(r["tok_s"] for r in runs[2]) / statistics.median(
-        r["tok_s"] for r in runs[1]
-    )
-    lines += ["", f"TP=2 / TP=1 throughput: {ratio:.2f}x"]
+    (tp1, _, _), (tp1_one, _, _), (tp2, _, _) = CONFIGS
+
+    def same(*labels: str) -> str:
+        hashes = {r["tokens_hash"] for label in labels for r in runs[label]}
+        return "identical" if len(hashes) == 1 else "not identical"
+
+    lines += ["", f"TP=2 / TP=1: {tok_s[tp2] / tok_s[tp1]:.2f}x (vs TP=1 on one thread: "
+              f"{tok_s[tp2] / tok_s[tp1_one]:.2f}x). Greedy tokens: TP=1 runs {same(tp1, tp1_one)}; "
+              f"TP=2 vs TP=1 {same(tp1, tp2)}"]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -131,11 +151,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, 2 GPUs)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -146,10 +168,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "llama"
         write_model(model)
-        runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in CONFIGS}
         for _ in range(args.repeats):
-            for tp in runs:
-                runs[tp].append(run_child(args, model, tp))
+            for label, tp, threads in CONFIGS:
+                runs[label].append(run_child(args, model, tp, threads))
     print(json.dumps({"runs": runs}))
     print(table(runs, args))
 

@@ -27,7 +27,7 @@ from multiprocessing.process import BaseProcess
 import torch
 
 from pagedserve.core.config import ParallelConfig
-from pagedserve.core.distributed.group import TPGroup, open_group, open_store
+from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import StepChannel
 from pagedserve.core.distributed.worker import WorkerSpec, threads_per_rank, worker_main
 
@@ -88,7 +88,7 @@ class TensorParallel:
         try:
             if spec.device.type == "cpu":
                 torch.set_num_threads(threads_per_rank(parallel))
-            group = open_group(spec.parallel, 0, spec.device, store)
+            group = open_group(spec.parallel, 0, rank_device(spec.device, 0), store)
         except BaseException:
             stop_processes(processes, grace=0.0)
             raise
