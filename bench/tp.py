@@ -136,6 +136,8 @@ def table(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> st
         lines.append(f"| {label} | {med['tok_s']:.1f} | {med['ms_per_step']:.2f} | "
                      f"{med['collective_ms_per_step']:.2f} | {share:.0%} | {med['threads']:.0f} |")  # fmt: skip
     (tp1, _, _), (tp1_one, _, _), (tp2, _, _) = CONFIGS
+    if tp1_one not in runs:  # on a GPU
+        tp1_one = tp1
 
     def same(*labels: str) -> str:
         hashes = {r["tokens_hash"] for label in labels for r in runs[label]}
@@ -168,9 +170,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "llama"
         write_model(model)
-        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in CONFIGS}
+        # CPU threads per rank matter on the CPU only.
+        configs = [c for c in CONFIGS if args.device == "cpu" or not c[2]]
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in configs}
         for _ in range(args.repeats):
-            for label, tp, threads in CONFIGS:
+            for label, tp, threads in configs:
                 runs[label].append(run_child(args, model, tp, threads))
     print(json.dumps({"runs": runs}))
     print(table(runs, args))
