@@ -141,7 +141,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         enable_prefix_caching=cc.enable_prefix_caching,
     )
-    invariant = is_batch_invariant(model, attention.name, device)
+    # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
+    # (gloo's and NCCL's algorithms chunk by size), so by the batch.
+    invariant = tp is None and is_batch_invariant(model, attention.name, device)
     logger.info(
         "model %s (%s) on %s in %s, tensor_parallel_size %d, attention %s, %sbatch-invariant; %s",
         resolved.name,
