@@ -121,3 +121,23 @@ def test_worker_death_while_idle_is_reported(tp_model: Path) -> None:
     finally:
         llm.close()
     assert not worker.is_alive()
+
+
+def test_bf16_ranks_run_native_kernels_per_layer(tp_model: Path) -> None:
+    """At TP > 1 the layers run one by one (the one-call native decoder stack cannot stop for
+    the all-reduce), each projection still on the packed native kernel where the CPU has it."""
+    from pagedserve.core.models.linear import PackableLinear
+    from pagedserve.core.ops.linear import native_linear_available
+
+    llm = LLM(str(tp_model), tensor_parallel_size=2, dtype="bfloat16", num_pages=64)
+    try:
+        model = llm.engine.model_runner.model
+        assert model.stack is None
+        linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+        assert all(m.packed is not None for m in linears) == native_linear_available()
+        out = llm.generate(
+            PROMPTS[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
+        assert all(len(o.outputs[0].token_ids) == 8 for o in out)
+    finally:
+        llm.close()
