@@ -22,6 +22,7 @@ from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import check_divisible, shard_arch, shard_weight
 from pagedserve.core.outputs import RequestOutput
 from tests.core.distributed.conftest import write_tp_model
+from tests.tiny_models import write_gguf_llama
 
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 ENGINE = dict(dtype="float32", num_pages=64, page_size=8, max_num_batched_tokens=16)
@@ -47,9 +48,15 @@ def _tokens_agree(reference: RequestOutput, other: RequestOutput) -> None:
             return
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2_moe"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2_moe", "gguf"])
 def test_greedy_tp2_matches_tp1(tmp_path: Path, architecture: str) -> None:
-    model = write_tp_model(tmp_path / architecture, architecture)
+    """An HF Llama, an MoE with a shared expert (experts' widths split), and a Q8_0 GGUF Llama
+    (dequantized at load, then split like any other weight)."""
+    if architecture == "gguf":
+        model = tmp_path / "tiny.gguf"
+        write_gguf_llama(model, qtype="Q8_0", seed=5)
+    else:
+        model = write_tp_model(tmp_path / architecture, architecture)
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     reference, parallel = _generate(model, greedy, 1), _generate(model, greedy, 2)
     for ref, got in zip(reference, parallel, strict=True):
