@@ -56,6 +56,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),
     (ModelConfig, "seed", {"type": int}),
+    (ModelConfig, "deterministic", {"action": argparse.BooleanOptionalAction}),
     (CacheConfig, "kv_cache_memory", {"type": float, "metavar": "GIB"}),
     (CacheConfig, "gpu_memory_utilization", {"type": float}),
     (CacheConfig, "page_size", {"type": int}),

@@ -35,6 +35,11 @@ class ModelConfig:
     """Seeds, once at start-up, the random generator that requests without a `seed` draw
     from: the same requests in the same order (offline, or one at a time) sample the same
     tokens from run to run. A request's own `seed` gives it its own generator."""
+    deterministic: bool = True
+    """Batch-invariant kernels: a request's greedy (or seeded) tokens do not depend on the
+    other requests of a step, the prefill chunking or prefix-cache hits (native CPU kernels;
+    CUDA never is). --no-deterministic trades that for a faster decode attention (the cost is
+    measured in bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.chat_template import ChatTemplate, load_chat_template
 from pagedserve.core.config import EngineConfig, ModelConfig
@@ -95,7 +96,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tokenizer = load_tokenizer(resolved.path)
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
-    attention = get_attention_backend(mc.attention_backend)
+    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
@@ -143,7 +144,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
-    invariant = tp is None and is_batch_invariant(model, attention.name, device)
+    invariant = tp is None and is_batch_invariant(model, attention, device)
     logger.info(
         "model %s (%s) on %s in %s, tensor_parallel_size %d, attention %s, %sbatch-invariant; %s",
         resolved.name,
@@ -184,6 +185,7 @@ def start_tensor_parallel(
         dtype=dtype,
         device=device,
         attention_backend=config.model.attention_backend,
+        deterministic=config.model.deterministic,
         max_positions=config.model.max_model_len,
         page_size=config.cache.page_size,
         parallel=parallel,
@@ -191,16 +193,19 @@ def start_tensor_parallel(
     return TensorParallel.start(spec)
 
 
-def is_batch_invariant(model: torch.nn.Module, attention: str, device: torch.device) -> bool:
+def is_batch_invariant(
+    model: torch.nn.Module, attention: AttentionBackend, device: torch.device
+) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel and the native CPU attention. torch's matmul (float16,
-    CUDA, CPUs without AVX512-BF16), the torch reference attention and the CUDA kernels (whose
-    decode splits long contexts) are not."""
+    layer on the native bf16/fp32 kernel and the native CPU attention with batch_invariant on
+    (--deterministic, the default). torch's matmul (float16, CUDA, CPUs without AVX512-BF16),
+    the torch reference attention, --no-deterministic and the CUDA kernels (whose decode splits
+    long contexts) are not."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
     return (
         device.type == "cpu"
-        and attention == "native"
+        and attention.batch_invariant
         and bool(linears)
         and all(m.packed is not None for m in linears)
     )

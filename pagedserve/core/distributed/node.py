@@ -41,6 +41,7 @@ def run_node(config: EngineConfig) -> int:
         dtype=choose_dtype(mc.dtype, device),
         device=device,
         attention_backend=mc.attention_backend,
+        deterministic=mc.deterministic,
         max_positions=mc.max_model_len,
         page_size=config.cache.page_size,
         parallel=parallel,

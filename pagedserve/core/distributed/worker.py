@@ -38,6 +38,8 @@ class WorkerSpec:
     device: torch.device
     """cpu or cuda (a CUDA rank takes the GPU of its index on its node)."""
     attention_backend: str
+    deterministic: bool
+    """ModelConfig.deterministic: the same attention kernels as rank 0."""
     max_positions: int | None
     page_size: int
     parallel: ParallelConfig
@@ -89,7 +91,7 @@ def serve_rank(spec: WorkerSpec, rank: int) -> None:
             spec.resolved,
             dtype=spec.dtype,
             device=device,
-            attention=get_attention_backend(spec.attention_backend),
+            attention=get_attention_backend(spec.attention_backend, spec.deterministic),
             max_positions=spec.max_positions,
             progress=False,
             group=group,
