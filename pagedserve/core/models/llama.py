@@ -90,6 +90,7 @@ class LlamaDecoderLayer(nn.Module):
             and self.mlp.gate_up_proj.activation == "silu"
             and self.o_proj.bias is None
             and self.rope_index == 0
+            and type(self.o_proj) is Linear  # tensor parallel: an all-reduce inside the layer
         )
 
     def _qkv(self, qkv: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, ...]:
