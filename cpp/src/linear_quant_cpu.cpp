@@ -1,0 +1,190 @@
+// Quantized linear layers (linear_quant.hpp): the AVX512-VNNI kernel on the shared linear
+// driver (linear_cpu_driver.hpp: threads over 32-column tiles, L2 panels, prefetch, the bias /
+// residual / fp32-logits / SiLU-gated epilogue), the run-time choice of path, and the entry.
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "linear_cpu_driver.hpp"
+#include "linear_quant_layout.hpp"
+#include "linear_quant_portable.hpp"
+#include "pagedserve/linear_quant.hpp"
+
+#define PAGEDSERVE_QUANT_TARGET \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+
+namespace pagedserve {
+namespace {
+
+using namespace linear_detail;
+using quant_detail::ActivationRow;
+using quant_detail::Format;
+using quant_detail::kBlockK;
+
+// The driver's view of one product: x's dtype T (bf16 bits or fp32), weights of kBits bits in
+// groups of kGroup features.
+template <typename T>
+struct QuantArgs {
+    const T* x = nullptr;
+    std::int64_t x_stride = 0;
+    const std::uint8_t* packed = nullptr;
+    const T* bias = nullptr;
+    const T* residual = nullptr;
+    std::int64_t residual_stride = 0;
+    void* out = nullptr;
+    std::int64_t out_stride = 0;
+    bool out_float32 = false;
+    std::int64_t m = 0, n = 0, k = 0, gated_width = 0;
+    const std::uint8_t* acts = nullptr;  // quantize_activations of x
+    std::int64_t act_row_bytes = 0;
+};
+
+template <typename T, int kBits, int kGroup>
+struct QuantKernel {
+    using Args = QuantArgs<T>;
+    using Weight = std::uint8_t;
+    static constexpr Format kFormat{kBits, kGroup};
+    static constexpr std::int64_t kSteps = kGroup / 4;  // vpdpbusd steps per group
+
+    static std::int64_t tile_elements(std::int64_t k) {
+        return quant_detail::tile_bytes(kFormat, k);
+    }
+
+    // The u8 operand of step s (4 features x 16 columns) of half h of a packed block.
+    PAGEDSERVE_QUANT_TARGET static __m512i weights(const std::uint8_t* block, std::int64_t s,
+                                                   std::int64_t h) {
+        if constexpr (kBits == 8) return _mm512_loadu_si512(block + (s * 2 + h) * 64);
+        const __m512i v = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
+        const __m512i nibble = _mm512_set1_epi8(0x0F);
+        return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), nibble);
+    }
+
+    // Rows row0 .. row0 + R - 1 times one tile: per block, per half tile, per group, R int32
+    // sums of vpdpbusd folded into the fp32 accumulators.
+    template <int R>
+    PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
+                                                const std::uint8_t* w, Prefetch prefetch,
+                                                __m512 (&acc)[R][2]) {
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const std::uint8_t* act[R];
+        for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
+        const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
+        const std::int64_t lines_per_block = block_bytes / 64 + 1;
+        std::int64_t line = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) {
+            for (std::int64_t i = 0; i < lines_per_block && line < prefetch.lines; ++i, ++line)
+                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+            const std::uint8_t* block = w + b * block_bytes;
+            const float* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
+            const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+            for (std::int64_t h = 0; h < 2; ++h) {
+                for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
+                    group<R>(a.k, act, b, g, h, block, scales + g * 32 + 16 * h,
+                             mins + g * 32 + 16 * h, acc);
+                }
+            }
+        }
+    }
+
+    // acc[.][h] += scale * d * sum(u q) + min * d * sum(q) over group g of block b.
+    template <int R>
+    PAGEDSERVE_QUANT_TARGET static void group(std::int64_t k, const std::uint8_t* const* act,
+                                              std::int64_t b, std::int64_t g, std::int64_t h,
+                                              const std::uint8_t* block, const float* scale_p,
+                                              const float* min_p, __m512 (&acc)[R][2]) {
+        __m512i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        for (std::int64_t s = g * kSteps; s < (g + 1) * kSteps; ++s) {
+            const __m512i wv = weights(block, s, h);
+            for (int r = 0; r < R; ++r) {
+                std::int32_t x4;
+                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
+                isum[r] = _mm512_dpbusd_epi32(isum[r], wv, _mm512_set1_epi32(x4));
+            }
+        }
+        const __m512 scale = _mm512_loadu_ps(scale_p), min = _mm512_loadu_ps(min_p);
+        for (int r = 0; r < R; ++r) {
+            const ActivationRow row(act[r], k);
+            const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
+            acc[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), sd, acc[r][h]);
+            acc[r][h] = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)),
+                                        acc[r][h]);
+        }
+    }
+
+    PAGEDSERVE_LINEAR_TARGET static __m512 load(const T* p, __mmask16 mask) {
+        if constexpr (sizeof(T) == 4) {
+            return _mm512_maskz_loadu_ps(mask, p);
+        } else {
+            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+        }
+    }
+
+    PAGEDSERVE_LINEAR_TARGET static void store_row(const Args& a, std::int64_t row,
+                                                   std::int64_t col, __m512 v, __mmask16 mask) {
+        if (sizeof(T) == 4 || a.out_float32) {
+            _mm512_mask_storeu_ps(static_cast<float*>(a.out) + row * a.out_stride + col, mask, v);
+        } else {
+            const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+            auto* out = static_cast<std::uint16_t*>(a.out) + row * a.out_stride + col;
+            _mm256_mask_storeu_epi16(out, mask, bits);
+        }
+    }
+};
+
+bool vnni_supported() {
+    static const bool supported = [] {
+        __builtin_cpu_init();
+        return linear_bf16_supported() && __builtin_cpu_supports("avx512vnni");
+    }();
+    return supported;
+}
+
+template <typename T>
+QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes) {
+    QuantArgs<T> t;
+    t.x = static_cast<const T*>(a.x), t.x_stride = a.x_stride, t.packed = a.packed;
+    t.bias = static_cast<const T*>(a.bias), t.residual = static_cast<const T*>(a.residual);
+    t.residual_stride = a.residual_stride, t.out = a.out, t.out_stride = a.out_stride;
+    t.out_float32 = a.out_float32, t.m = a.m, t.n = a.n, t.k = a.k;
+    t.gated_width = a.gated_width, t.acts = acts, t.act_row_bytes = row_bytes;
+    return t;
+}
+
+template <typename T>
+void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
+              int num_threads) {
+    const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
+    const Format f = quant_detail::format_of(a.ggml_type);
+    if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32>>(t, num_threads);
+    if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32>>(t, num_threads);
+    run_linear<QuantKernel<T, 8, 16>>(t, num_threads);
+}
+
+}  // namespace
+
+const char* quant_linear_path() { return vnni_supported() ? "avx512-vnni" : "portable"; }
+
+void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
+    check_linear(quant_type_supported(args.ggml_type),
+                 "quant_linear: no kernel for ggml type " + std::to_string(args.ggml_type));
+    check_linear(args.k > 0 && args.k % quant_block_features(args.ggml_type) == 0,
+                 "quant_linear: k must be a multiple of the type's block size");
+    if (!check_linear_args(args, "quant_linear")) return;
+    const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
+    // Per calling thread, grown to the largest call seen: a step calls this several times per
+    // layer, so the int8 rows are not allocated each time.
+    thread_local std::vector<std::uint8_t> acts;
+    if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
+    quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
+                                       acts.data(), num_threads);
+    const int threads = std::max(1, num_threads);
+    if (force_portable || !vnni_supported()) {
+        return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
+    }
+    if (args.float32) return run_vnni<float>(args, acts.data(), row_bytes, threads);
+    run_vnni<std::uint16_t>(args, acts.data(), row_bytes, threads);
+}
+
+}  // namespace pagedserve
