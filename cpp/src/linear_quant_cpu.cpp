@@ -59,8 +59,9 @@ struct QuantKernel {
         return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), nibble);
     }
 
-    // Rows row0 .. row0 + R - 1 times one tile: per block, per half tile, per group, R int32
-    // sums of vpdpbusd folded into the fp32 accumulators.
+    // Rows row0 .. row0 + R - 1 times one tile: per block and group, up to 4 rows at a time
+    // (each activation broadcast feeds both half tiles: 8 int32 sums, 16 fp32 accumulators and
+    // the weights fit the 32 registers), the int32 sums then folded into the accumulators.
     template <int R>
     PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
                                                 const std::uint8_t* w, Prefetch prefetch,
@@ -75,40 +76,47 @@ struct QuantKernel {
             for (std::int64_t i = 0; i < lines_per_block && line < prefetch.lines; ++i, ++line)
                 _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
             const std::uint8_t* block = w + b * block_bytes;
-            const float* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
-            const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
-            for (std::int64_t h = 0; h < 2; ++h) {
-                for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
-                    group<R>(a.k, act, b, g, h, block, scales + g * 32 + 16 * h,
-                             mins + g * 32 + 16 * h, acc);
+            for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
+                if constexpr (R > 4) {
+                    group<4, R>(a.k, act, 0, b, g, block, acc);
+                    group<R - 4, R>(a.k, act, 4, b, g, block, acc);
+                } else {
+                    group<R, R>(a.k, act, 0, b, g, block, acc);
                 }
             }
         }
     }
 
-    // acc[.][h] += scale * d * sum(u q) + min * d * sum(q) over group g of block b.
-    template <int R>
+    // acc[r] += scale * d * sum(u q) + min * d * sum(q) over group g of block b, for rows
+    // r0 .. r0 + Q - 1 of the micro-tile, both half tiles.
+    template <int Q, int R>
     PAGEDSERVE_QUANT_TARGET static void group(std::int64_t k, const std::uint8_t* const* act,
-                                              std::int64_t b, std::int64_t g, std::int64_t h,
-                                              const std::uint8_t* block, const float* scale_p,
-                                              const float* min_p, __m512 (&acc)[R][2]) {
-        __m512i isum[R];
-        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+                                              int r0, std::int64_t b, std::int64_t g,
+                                              const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        __m512i isum[Q][2];
+        for (int r = 0; r < Q; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
         for (std::int64_t s = g * kSteps; s < (g + 1) * kSteps; ++s) {
-            const __m512i wv = weights(block, s, h);
-            for (int r = 0; r < R; ++r) {
+            const __m512i w0 = weights(block, s, 0), w1 = weights(block, s, 1);
+            for (int r = 0; r < Q; ++r) {
                 std::int32_t x4;
-                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
-                isum[r] = _mm512_dpbusd_epi32(isum[r], wv, _mm512_set1_epi32(x4));
+                std::memcpy(&x4, act[r0 + r] + kBlockK * b + 4 * s, sizeof(x4));
+                const __m512i xv = _mm512_set1_epi32(x4);
+                isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], w0, xv);
+                isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], w1, xv);
             }
         }
-        const __m512 scale = _mm512_loadu_ps(scale_p), min = _mm512_loadu_ps(min_p);
-        for (int r = 0; r < R; ++r) {
-            const ActivationRow row(act[r], k);
-            const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
-            acc[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), sd, acc[r][h]);
-            acc[r][h] = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)),
-                                        acc[r][h]);
+        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
+        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
+            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            for (int r = 0; r < Q; ++r) {
+                const ActivationRow row(act[r0 + r], k);
+                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
+                __m512& out = acc[r0 + r][h];
+                out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][h]), sd, out);
+                out = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)), out);
+            }
         }
     }
 

@@ -21,6 +21,7 @@ from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
+from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
@@ -42,6 +43,8 @@ class EngineParts:
     kv_layout: KVCacheLayout
     batch_invariant: bool
     """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
+    weights: str = ""
+    """What runs the weights (ModelInfo.weights)."""
 
     @property
     def model_info(self) -> ModelInfo:
@@ -54,6 +57,7 @@ class EngineParts:
             dtype=str(self.model_runner.dtype).removeprefix("torch."),
             device=str(self.model_runner.device),
             batch_invariant=self.batch_invariant,
+            weights=self.weights,
         )
 
 
@@ -95,8 +99,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
     # long factors only when the served context exceeds the original one).
     model, arch = load_model(
-        resolved, dtype=dtype, device=device, attention=attention, max_positions=mc.max_model_len
+        resolved,
+        dtype=dtype,
+        device=device,
+        attention=attention,
+        max_positions=mc.max_model_len,
+        quantization=mc.quantization,
     )
+    weights = model.quantization or str(dtype).removeprefix("torch.")
     max_model_len = _max_model_len(mc, arch)
 
     spec = ModelRunner.kv_spec(arch, cc.page_size, dtype)
@@ -125,11 +135,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
     invariant = is_batch_invariant(model, attention.name, device)
     logger.info(
-        "model %s (%s) on %s in %s, attention %s, %sbatch-invariant; %s",
+        "model %s (%s) on %s in %s, weights: %s, attention %s, %sbatch-invariant; %s",
         resolved.name,
         arch.architecture,
         device,
         dtype,
+        weights,
         attention.name,
         "" if invariant else "not ",
         layout.describe(),
@@ -144,20 +155,22 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len,
         layout,
         invariant,
+        weights,
     )
 
 
 def is_batch_invariant(model: torch.nn.Module, attention: str, device: torch.device) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel and the native CPU attention. torch's matmul (float16,
+    layer on the native bf16/fp32 kernel (or the quantized one) and the native CPU attention. torch's matmul (float16,
     CUDA, CPUs without AVX512-BF16), the torch reference attention and the CUDA kernels (whose
     decode splits long contexts) are not."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
     return (
         device.type == "cpu"
         and attention == "native"
-        and bool(linears)
+        and (bool(linears) or quantized)
         and all(m.packed is not None for m in linears)
     )
 

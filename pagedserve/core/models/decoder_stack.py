@@ -89,7 +89,7 @@ def _applies(layer: StackableLayer) -> bool:
     projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
     return (
-        all(p.packed is not None for p in projections)
+        all(isinstance(p, PackableLinear) and p.packed is not None for p in projections)
         and layer.o_proj.bias is None
         and mlp.gate_up_proj.bias is None
         and mlp.down_proj.bias is None

@@ -181,6 +181,7 @@ class LlamaForCausalLM(nn.Module):
             local = rope_inv_freq(arch.head_size, arch.local_rope_theta, None)
             self.local_rope = rope_tables(local, positions, dtype, device)
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
+        self.quantization = ""  # what runs the linears kept quantized (models/quantized.py)
 
     def tie_weights(self) -> None:
         weight = self.embed_tokens.weight
