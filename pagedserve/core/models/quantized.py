@@ -179,7 +179,7 @@ class QuantizedPlan:
             _replace(model, path, QuantizedLinear(parts[0].k, _segments(parts), bias))
         for path, (gate, up) in self.gated.items():
             width = gate.data.shape[0]
-            rows = _gated_rows(gate.row_addresses(), up.row_addresses(), width)
+            rows = gated_row_table(gate.row_addresses(), up.row_addresses(), width)
             packed = pack_quant_weight(gate.ggml_type, rows, gate.k)
             _replace(model, path, QuantizedGateUpLinear(gate.k, width, gate.ggml_type, packed))
 
@@ -199,7 +199,7 @@ def _segments(parts: list[KeptTensor]) -> list[Segment]:
     return segments
 
 
-def _gated_rows(gate: np.ndarray, up: np.ndarray, width: int) -> np.ndarray:
+def gated_row_table(gate: np.ndarray, up: np.ndarray, width: int) -> np.ndarray:
     """Packed column c of a gated weight (core/linear.hpp's kLinearGateCols): gate row
     16 (c // 32) + c % 16, or that up row where c % 32 >= 16, 0 past width."""
     cols = np.arange(int(core.gated_rows(width)))
@@ -232,7 +232,10 @@ def _layer_parts(arch: ArchConfig, i: int) -> dict[str, list[tuple[str, int]]]:
         path + "o_proj": [(blk + "attn_output.weight", 0)],
     }  # fmt: skip
     if not arch.is_moe_layer(i) and arch.hidden_act == "silu":
-        parts[path + "mlp.gate_up_proj"] = [(blk + "ffn_gate.weight", 0), (blk + "ffn_up.weight", 0)]
+        parts[path + "mlp.gate_up_proj"] = [
+            (blk + "ffn_gate.weight", 0),
+            (blk + "ffn_up.weight", 0),
+        ]
         parts[path + "mlp.down_proj"] = [(blk + "ffn_down.weight", 0)]
     return parts
 
@@ -256,7 +259,9 @@ def plan_quantized(
             continue
         types = [GGMLQuantizationType(t.tensor_type) for t in found if t is not None]
         if not all(int(t) in QUANT_TYPES for t in types):
-            plan.fallback.update(t.name for t in types if t not in _PLAIN and int(t) not in QUANT_TYPES)
+            plan.fallback.update(
+                t.name for t in types if t not in _PLAIN and int(t) not in QUANT_TYPES
+            )
             continue
         parts = [_kept(t, arch, h) for t, (_, h) in zip(found, names, strict=True)]
         if not path.endswith("gate_up_proj"):
