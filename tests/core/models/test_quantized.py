@@ -14,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
+from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.linear import Linear
@@ -24,16 +25,18 @@ from pagedserve.core.models.quantized import (
     QuantizedPlan,
 )
 from pagedserve.core.models.resolve import resolve_model
+from pagedserve.core.ops.linear import native_linear_available
 from tests.core.models.paged_driver import PagedBatch
+from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import dequantized, gguf_rows, int8_activations
 from tests.tiny_models import write_gguf_model
 
 IDS = [5, 17, 42, 7, 99, 3, 250, 11]
 
 
-def load(path: Path, quantization: str, dtype: torch.dtype = torch.float32):
+def load(path: Path, quantization: str, dtype: torch.dtype = torch.float32, attention=None):
     return load_model(resolve_model(str(path)), dtype=dtype, device=torch.device("cpu"),
-                      attention=TorchReferenceBackend(), progress=False,
+                      attention=attention or TorchReferenceBackend(), progress=False,
                       quantization=quantization)  # fmt: skip
 
 
@@ -69,16 +72,25 @@ def test_linears_stay_quantized_and_match_the_dequantized_model(
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.85
 
 
-def test_bf16_model_keeps_quantized_weights_and_the_native_stack_steps_aside(
-    tmp_path: Path,
+@pytest.mark.skipif(not native_linear_available(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize(("family", "qtype"), [("llama", "Q4_1"), ("qwen2", "Q8_0")])
+def test_native_stack_runs_the_quantized_layers_bit_for_bit(
+    tmp_path: Path, family: str, qtype: str
 ) -> None:
+    """bf16 with the native attention: the decoder stack calls the quantized kernel for every
+    projection, with the per-layer path's results bit for bit; both near the dequantized model."""
     path = tmp_path / "m.gguf"
-    write_gguf_model(path, "llama", qtype="Q8_0")
-    model, arch = load(path, "auto", torch.bfloat16)
-    assert model.stack is None  # the per-layer path runs the quantized linears
-    want = logits(*load(path, "none", torch.bfloat16), dtype=torch.bfloat16)
-    got = logits(model, arch, dtype=torch.bfloat16)
-    assert (got - want).abs().max() <= 0.3 * want.std(), (got - want).abs().max()
+    write_gguf_model(path, family, qtype=qtype)
+    model, arch = load(path, "auto", torch.bfloat16, NativeAttentionBackend())
+    assert model.stack is not None
+    fused = hidden_states(model, arch)
+    model.stack = None
+    by_layer = hidden_states(model, arch)
+    for got, want in zip(fused, by_layer, strict=True):
+        assert torch.equal(got, want)
+    dense = hidden_states(*load(path, "none", torch.bfloat16, NativeAttentionBackend()))
+    for got, want in zip(fused, dense, strict=True):
+        assert (got.float() - want.float()).abs().max() <= 0.3 * want.float().std()
 
 
 def test_parts_of_mixed_types_run_as_column_segments() -> None:
