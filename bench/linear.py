@@ -6,7 +6,9 @@
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
 --quantized times the GGUF kernels (ops/linear_quant.py; int8 activations, AVX512-VNNI or the
 portable path) beside the native bf16 kernel and torch on the same layers at 1, 16, 64 and 256
-rows: GB/s of (packed) weights at one row, GFLOP/s at more.
+rows: GB/s of (packed) weights at one row, GFLOP/s at more. --dequant-bf16 adds, per type, the
+alternative the kernel was chosen against (weights converted to bf16 in registers, AVX512-BF16
+dot products with unrounded bf16 activations).
 
 For each layer (qkv, o with its residual add, gate_up, down with its residual, lm_head with fp32
 logits) and each row count (1: single-request decode, 64: a batch-64 decode step, 512: a
@@ -36,6 +38,7 @@ from gguf.quants import quantize
 from pagedserve.core.models.linear import Linear
 from pagedserve.core.ops.linear import native_linear_available
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
+from pagedserve.core.ops.native import core
 
 # (name, in_features, out_features, residual add, fp32 output)
 LAYERS = (
@@ -92,12 +95,27 @@ def gguf_rows(qtype: GGMLQuantizationType, n: int, k: int) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
-def quantized_table(types: list[str], repeats: int) -> None:
-    """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel."""
+def dequant_bf16_call(
+    out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, qtype: int, res: torch.Tensor | None
+) -> Callable[[], None]:
+    """The alternative the kernel measured against: weights to bf16 in registers, dpbf16."""
+    m, k = x.shape
+    n = out.shape[1]
+    res_ptr = 0 if res is None else res.data_ptr()
+    return lambda: core.quant_linear(qtype, x.data_ptr(), k, False, packed.data_ptr(), 0,
+                                     res_ptr, n, out.data_ptr(), n, out.dtype == torch.float32,
+                                     m, n, k, 0, torch.get_num_threads(), False, True)  # fmt: skip
+
+
+def quantized_table(types: list[str], repeats: int, dequant: bool) -> None:
+    """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel
+    (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
     print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
           "each kernel reads (packed)")  # fmt: skip
     print(f"{'layer':15s} {'rows':>5s} {'torch':>8s} {'bf16':>8s} "
-          + " ".join(f"{t:>8s}" for t in types) + "   (us; then per kernel GB/s or GFLOP/s)")  # fmt: skip
+          + " ".join(f"{t:>8s}" for t in types)
+          + "".join(f" {t + '/bf16':>9s}" for t in types if dequant)
+          + "   (us; then per kernel GB/s or GFLOP/s)")  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(torch.bfloat16)
         w = (torch.randn(n, k) * k**-0.5).bfloat16()
@@ -119,8 +137,12 @@ def quantized_table(types: list[str], repeats: int) -> None:
                 functools.partial(layer, x, res, out_dtype=out_dtype),
             ]
             calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0) for q, p in packs]
+            if dequant:
+                calls += [dequant_bf16_call(out, x, p, q, res) for q, p in packs]
             times = timed_all(calls, repeats)
-            sizes = [n * k * 2, layer.weight_bytes()] + [p.numel() for _, p in packs]
+            sizes = [n * k * 2, layer.weight_bytes()] + [p.numel() for _, p in packs] * (
+                1 + dequant
+            )
             rates = [f"{s / t / 1e9:.0f}GB/s" if m == 1 else f"{2 * m * n * k / t / 1e9:.0f}GF/s"
                      for s, t in zip(sizes, times, strict=True)]  # fmt: skip
             print(f"{name:15s} {m:5d} " + " ".join(f"{t * 1e6:8.0f}" for t in times)
@@ -147,6 +169,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--quantized", default="", help="GGUF types to time, e.g. Q4_1,Q8_0")
+    ap.add_argument("--dequant-bf16", action="store_true",
+                    help="with --quantized: also time the bf16-in-register alternative")  # fmt: skip
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if not native_linear_available():
@@ -155,7 +179,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}")
     print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
     if args.quantized:
-        quantized_table(args.quantized.split(","), args.repeats)
+        quantized_table(args.quantized.split(","), args.repeats, args.dequant_bf16)
         print(f"load average after: {os.getloadavg()}")
         return
     print(

@@ -542,7 +542,8 @@ def quant_linear(
     k: typing.SupportsInt | typing.SupportsIndex,
     gated_width: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
-    force_portable: bool,
+    force_portable: bool = False,
+    dequant_bf16: bool = False,
 ) -> None: ...
 def quant_linear_path() -> str: ...
 def quant_row_bytes(

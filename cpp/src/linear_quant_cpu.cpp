@@ -35,11 +35,106 @@ struct QuantArgs {
     std::int64_t out_stride = 0;
     bool out_float32 = false;
     std::int64_t m = 0, n = 0, k = 0, gated_width = 0;
-    const std::uint8_t* acts = nullptr;  // quantize_activations of x
+    const std::uint8_t* acts = nullptr;  // quantize_activations of x (or dequant_bf16's sums)
     std::int64_t act_row_bytes = 0;
 };
 
-template <typename T, int kBits, int kGroup>
+// The measured alternative to int8 activations (bench/linear.py --quantized ... dequant-bf16):
+// weights converted to bf16 in registers (exact: u < 256), AVX512-BF16 dot products with the bf16
+// activations, then scale * dot + min * sum(x) per group. bf16 x only.
+template <int kBits, int kGroup>
+struct QuantBf16 {
+    static constexpr Format kFormat{kBits, kGroup};
+
+    // bf16 pairs of features (4s, 4s + 1) -> lo and (4s + 2, 4s + 3) -> hi of 16 columns, from
+    // the u8 operand of one vpdpbusd step: u as float by the 2^23 trick, then its top half.
+    PAGEDSERVE_QUANT_TARGET static void split(__m512i v, __m512bh& lo, __m512bh& hi) {
+        const __m512i magic = _mm512_set1_epi32(0x4B000000), byte = _mm512_set1_epi32(0xFF);
+        const __m512 bias = _mm512_set1_ps(8388608.0f);
+        const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+        __m512i f[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i u = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte);
+            f[j] = _mm512_castps_si512(
+                _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(u, magic)), bias));
+        }
+        lo = reinterpret_cast<__m512bh>(
+            _mm512_or_si512(_mm512_srli_epi32(f[0], 16), _mm512_and_si512(f[1], top)));
+        hi = reinterpret_cast<__m512bh>(
+            _mm512_or_si512(_mm512_srli_epi32(f[2], 16), _mm512_and_si512(f[3], top)));
+    }
+
+    template <int R, typename Args>
+    PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
+                                                const std::uint8_t* w, Prefetch prefetch,
+                                                __m512 (&acc)[R][2]) {
+        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
+        std::int64_t line = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) {
+            for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
+                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+            for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
+                if constexpr (R > 4) {
+                    group<4, R>(a, row0, 0, b, g, w + b * block_bytes, acc);
+                    group<R - 4, R>(a, row0, 4, b, g, w + b * block_bytes, acc);
+                } else {
+                    group<R, R>(a, row0, 0, b, g, w + b * block_bytes, acc);
+                }
+            }
+        }
+    }
+
+    template <int Q, int R, typename Args>
+    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+                                              std::int64_t b, std::int64_t g,
+                                              const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        __m512 dot[Q][2];
+        for (int r = 0; r < Q; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_ps();
+        for (std::int64_t s = g * kGroup / 4; s < (g + 1) * kGroup / 4; ++s) {
+            __m512bh lo[2], hi[2];
+            for (int h = 0; h < 2; ++h) {
+                __m512i v;
+                if constexpr (kBits == 8) {
+                    v = _mm512_loadu_si512(block + (s * 2 + h) * 64);
+                } else {
+                    const __m512i raw = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
+                    v = _mm512_and_si512(s < 4 ? raw : _mm512_srli_epi16(raw, 4),
+                                         _mm512_set1_epi8(0x0F));
+                }
+                split(v, lo[h], hi[h]);
+            }
+            for (int r = 0; r < Q; ++r) {
+                const auto* x = reinterpret_cast<const std::uint16_t*>(a.x) +
+                                (row0 + r0 + r) * a.x_stride + kBlockK * b + 4 * s;
+                std::int32_t p0, p1;
+                std::memcpy(&p0, x, 4), std::memcpy(&p1, x + 2, 4);
+                const __m512bh x0 = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p0));
+                const __m512bh x1 = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p1));
+                for (int h = 0; h < 2; ++h) {
+                    dot[r][h] = _mm512_dpbf16_ps(dot[r][h], lo[h], x0);
+                    dot[r][h] = _mm512_dpbf16_ps(dot[r][h], hi[h], x1);
+                }
+            }
+        }
+        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
+        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
+            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            for (int r = 0; r < Q; ++r) {
+                const auto* sums = reinterpret_cast<const float*>(
+                    a.acts + (row0 + r0 + r) * a.act_row_bytes);  // per 16 features
+                const float sum = kGroup == 16 ? sums[2 * b + g] : sums[2 * b] + sums[2 * b + 1];
+                __m512& out = acc[r0 + r][h];
+                out = _mm512_fmadd_ps(dot[r][h], scale, out);
+                out = _mm512_fmadd_ps(min, _mm512_set1_ps(sum), out);
+            }
+        }
+    }
+};
+
+template <typename T, int kBits, int kGroup, bool kDequantBf16 = false>
 struct QuantKernel {
     using Args = QuantArgs<T>;
     using Weight = std::uint8_t;
@@ -66,6 +161,17 @@ struct QuantKernel {
     PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
                                                 const std::uint8_t* w, Prefetch prefetch,
                                                 __m512 (&acc)[R][2]) {
+        if constexpr (kDequantBf16) {
+            QuantBf16<kBits, kGroup>::template product<R>(a, row0, w, prefetch, acc);
+        } else {
+            product_vnni<R>(a, row0, w, prefetch, acc);
+        }
+    }
+
+    template <int R>
+    PAGEDSERVE_QUANT_TARGET static void product_vnni(const Args& a, std::int64_t row0,
+                                                     const std::uint8_t* w, Prefetch prefetch,
+                                                     __m512 (&acc)[R][2]) {
         for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
         const std::uint8_t* act[R];
         for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
@@ -160,14 +266,33 @@ QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int6
     return t;
 }
 
-template <typename T>
+template <typename T, bool kBf16 = false>
 void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
               int num_threads) {
     const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
     const Format f = quant_detail::format_of(a.ggml_type);
-    if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32>>(t, num_threads);
-    if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32>>(t, num_threads);
-    run_linear<QuantKernel<T, 8, 16>>(t, num_threads);
+    if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32, kBf16>>(t, num_threads);
+    if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32, kBf16>>(t, num_threads);
+    run_linear<QuantKernel<T, 8, 16, kBf16>>(t, num_threads);
+}
+
+// Per row, the fp32 sum of each 16 bf16 features, in order (dequant_bf16's min terms).
+void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_bytes) {
+    const auto* x = static_cast<const std::uint16_t*>(a.x);
+    for (std::int64_t r = 0; r < a.m; ++r) {
+        auto* sums = reinterpret_cast<float*>(out + r * row_bytes);
+        for (std::int64_t g = 0; g < a.k / 16; ++g) {
+            float sum = 0.0f;
+            for (std::int64_t i = 0; i < 16; ++i) {
+                const std::uint32_t bits = static_cast<std::uint32_t>(x[r * a.x_stride + 16 * g + i])
+                                           << 16;
+                float v;
+                std::memcpy(&v, &bits, sizeof(v));
+                sum += v;
+            }
+            sums[g] = sum;
+        }
+    }
 }
 
 }  // namespace
@@ -185,6 +310,12 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     // layer, so the int8 rows are not allocated each time.
     thread_local std::vector<std::uint8_t> acts;
     if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
+    if (args.dequant_bf16) {
+        check_linear(vnni_supported() && !args.float32 && !force_portable,
+                     "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
+        sum_rows(args, acts.data(), row_bytes);
+        return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
+    }
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads);
     const int threads = std::max(1, num_threads);

@@ -54,6 +54,9 @@ struct QuantLinearArgs {
     bool out_float32 = false;  // fp32 output (logits) for bf16 x; fp32 x always writes fp32
     std::int64_t m = 0, n = 0, k = 0;
     std::int64_t gated_width = 0;  // > 0: silu(gate) * up, as LinearArgs::gated_width
+    // The measured alternative (bench/linear.py; slower, so no layer uses it): bf16 x times the
+    // weights converted to bf16 in registers, AVX512-BF16 dot products; bf16 x only.
+    bool dequant_bf16 = false;
 };
 
 // Which path quant_linear runs on this CPU: "avx512-vnni" or "portable".

@@ -111,6 +111,22 @@ def test_portable_path_equals_the_vnni_path_bit_for_bit(qtype: Q) -> None:
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+def test_bf16_dequantized_alternative_is_exact_up_to_fp32_sums(qtype: Q) -> None:
+    """The measured alternative (bench/linear.py): bf16 x times weights converted in registers."""
+    if quant_linear_path() == "portable":
+        pytest.skip("the alternative needs AVX512-BF16 and VNNI")
+    m, n, k = shapes(qtype)[1]
+    packed, w = weight(qtype, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).bfloat16()
+    out = torch.empty(m, n)
+    core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
+                      out.data_ptr(), n, True, m, n, k, 0, 2, False, True)  # fmt: skip
+    xd = x.double().numpy()
+    err = np.abs(out.numpy() - xd @ w.T.astype(np.float64))
+    assert np.all(err <= 1e-6 * (np.abs(xd) @ np.abs(w.T)) + 1e-7)
+
+
 ROWS = (1, 7, 64, 300)
 
 
