@@ -39,6 +39,40 @@ struct QuantArgs {
     std::int64_t act_row_bytes = 0;
 };
 
+// The u8 values of step s (4 features x 16 columns) of half tile h of a packed block: vpdpbusd's
+// unsigned operand.
+template <int kBits>
+PAGEDSERVE_QUANT_TARGET inline __m512i step_values(const std::uint8_t* block, std::int64_t s,
+                                                   std::int64_t h) {
+    if constexpr (kBits == 8) return _mm512_loadu_si512(block + (s * 2 + h) * 64);
+    const __m512i v = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
+    return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+}
+
+// Rows row0 .. row0 + R - 1 times one tile, for either kernel G: accumulators zeroed, then per
+// block (prefetching a block's worth of the next panel) and group, G::group over up to 4 rows at
+// a time (so that each activation broadcast feeds both half tiles within the 32 registers).
+template <typename G, int R, typename Args>
+PAGEDSERVE_QUANT_TARGET void sweep(const Args& a, std::int64_t row0, const std::uint8_t* w,
+                                   Prefetch prefetch, __m512 (&acc)[R][2]) {
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const std::int64_t blocks = a.k / kBlockK, block_bytes = G::kFormat.block_bytes();
+    std::int64_t line = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+        for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
+            _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+        const std::uint8_t* block = w + b * block_bytes;
+        for (std::int64_t g = 0; g < G::kFormat.groups(); ++g) {
+            if constexpr (R > 4) {
+                G::template group<4, R>(a, row0, 0, b, g, block, acc);
+                G::template group<R - 4, R>(a, row0, 4, b, g, block, acc);
+            } else {
+                G::template group<R, R>(a, row0, 0, b, g, block, acc);
+            }
+        }
+    }
+}
+
 // The measured alternative to int8 activations (bench/linear.py --quantized ... dequant-bf16):
 // weights converted to bf16 in registers (exact: u < 256), AVX512-BF16 dot products with the bf16
 // activations, then scale * dot + min * sum(x) per group. bf16 x only.
@@ -64,27 +98,6 @@ struct QuantBf16 {
             _mm512_or_si512(_mm512_srli_epi32(f[2], 16), _mm512_and_si512(f[3], top)));
     }
 
-    template <int R, typename Args>
-    PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
-                                                const std::uint8_t* w, Prefetch prefetch,
-                                                __m512 (&acc)[R][2]) {
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
-        std::int64_t line = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) {
-            for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
-                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
-            for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
-                if constexpr (R > 4) {
-                    group<4, R>(a, row0, 0, b, g, w + b * block_bytes, acc);
-                    group<R - 4, R>(a, row0, 4, b, g, w + b * block_bytes, acc);
-                } else {
-                    group<R, R>(a, row0, 0, b, g, w + b * block_bytes, acc);
-                }
-            }
-        }
-    }
-
     template <int Q, int R, typename Args>
     PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
                                               std::int64_t b, std::int64_t g,
@@ -93,17 +106,7 @@ struct QuantBf16 {
         for (int r = 0; r < Q; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_ps();
         for (std::int64_t s = g * kGroup / 4; s < (g + 1) * kGroup / 4; ++s) {
             __m512bh lo[2], hi[2];
-            for (int h = 0; h < 2; ++h) {
-                __m512i v;
-                if constexpr (kBits == 8) {
-                    v = _mm512_loadu_si512(block + (s * 2 + h) * 64);
-                } else {
-                    const __m512i raw = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
-                    v = _mm512_and_si512(s < 4 ? raw : _mm512_srli_epi16(raw, 4),
-                                         _mm512_set1_epi8(0x0F));
-                }
-                split(v, lo[h], hi[h]);
-            }
+            for (int h = 0; h < 2; ++h) split(step_values<kBits>(block, s, h), lo[h], hi[h]);
             for (int r = 0; r < Q; ++r) {
                 const auto* x = reinterpret_cast<const std::uint16_t*>(a.x) +
                                 (row0 + r0 + r) * a.x_stride + kBlockK * b + 4 * s;
@@ -145,15 +148,6 @@ struct QuantKernel {
         return quant_detail::tile_bytes(kFormat, k);
     }
 
-    // The u8 operand of step s (4 features x 16 columns) of half h of a packed block.
-    PAGEDSERVE_QUANT_TARGET static __m512i weights(const std::uint8_t* block, std::int64_t s,
-                                                   std::int64_t h) {
-        if constexpr (kBits == 8) return _mm512_loadu_si512(block + (s * 2 + h) * 64);
-        const __m512i v = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
-        const __m512i nibble = _mm512_set1_epi8(0x0F);
-        return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), nibble);
-    }
-
     // Rows row0 .. row0 + R - 1 times one tile: per block and group, up to 4 rows at a time
     // (each activation broadcast feeds both half tiles: 8 int32 sums, 16 fp32 accumulators and
     // the weights fit the 32 registers), the int32 sums then folded into the accumulators.
@@ -162,50 +156,28 @@ struct QuantKernel {
                                                 const std::uint8_t* w, Prefetch prefetch,
                                                 __m512 (&acc)[R][2]) {
         if constexpr (kDequantBf16) {
-            QuantBf16<kBits, kGroup>::template product<R>(a, row0, w, prefetch, acc);
+            sweep<QuantBf16<kBits, kGroup>, R>(a, row0, w, prefetch, acc);
         } else {
-            product_vnni<R>(a, row0, w, prefetch, acc);
-        }
-    }
-
-    template <int R>
-    PAGEDSERVE_QUANT_TARGET static void product_vnni(const Args& a, std::int64_t row0,
-                                                     const std::uint8_t* w, Prefetch prefetch,
-                                                     __m512 (&acc)[R][2]) {
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        const std::uint8_t* act[R];
-        for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
-        const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
-        const std::int64_t lines_per_block = block_bytes / 64 + 1;
-        std::int64_t line = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) {
-            for (std::int64_t i = 0; i < lines_per_block && line < prefetch.lines; ++i, ++line)
-                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
-            const std::uint8_t* block = w + b * block_bytes;
-            for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
-                if constexpr (R > 4) {
-                    group<4, R>(a.k, act, 0, b, g, block, acc);
-                    group<R - 4, R>(a.k, act, 4, b, g, block, acc);
-                } else {
-                    group<R, R>(a.k, act, 0, b, g, block, acc);
-                }
-            }
+            sweep<QuantKernel, R>(a, row0, w, prefetch, acc);
         }
     }
 
     // acc[r] += scale * d * sum(u q) + min * d * sum(q) over group g of block b, for rows
     // r0 .. r0 + Q - 1 of the micro-tile, both half tiles.
     template <int Q, int R>
-    PAGEDSERVE_QUANT_TARGET static void group(std::int64_t k, const std::uint8_t* const* act,
-                                              int r0, std::int64_t b, std::int64_t g,
+    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+                                              std::int64_t b, std::int64_t g,
                                               const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        const std::uint8_t* act[Q];
+        for (int r = 0; r < Q; ++r) act[r] = a.acts + (row0 + r0 + r) * a.act_row_bytes;
         __m512i isum[Q][2];
         for (int r = 0; r < Q; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
         for (std::int64_t s = g * kSteps; s < (g + 1) * kSteps; ++s) {
-            const __m512i w0 = weights(block, s, 0), w1 = weights(block, s, 1);
+            const __m512i w0 = step_values<kBits>(block, s, 0);
+            const __m512i w1 = step_values<kBits>(block, s, 1);
             for (int r = 0; r < Q; ++r) {
                 std::int32_t x4;
-                std::memcpy(&x4, act[r0 + r] + kBlockK * b + 4 * s, sizeof(x4));
+                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
                 const __m512i xv = _mm512_set1_epi32(x4);
                 isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], w0, xv);
                 isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], w1, xv);
@@ -217,7 +189,7 @@ struct QuantKernel {
             const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
             const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
             for (int r = 0; r < Q; ++r) {
-                const ActivationRow row(act[r0 + r], k);
+                const ActivationRow row(act[r], a.k);
                 const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
                 __m512& out = acc[r0 + r][h];
                 out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][h]), sd, out);
