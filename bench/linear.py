@@ -112,21 +112,23 @@ def quantized_table(types: list[str], repeats: int, dequant: bool) -> None:
     (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
     print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
           "each kernel reads (packed)")  # fmt: skip
-    print(f"{'layer':15s} {'rows':>5s} {'torch':>8s} {'bf16':>8s} "
-          + " ".join(f"{t:>8s}" for t in types)
-          + "".join(f" {t + '/bf16':>9s}" for t in types if dequant)
-          + "   (us; then per kernel GB/s or GFLOP/s)")  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(torch.bfloat16)
         w = (torch.randn(n, k) * k**-0.5).bfloat16()
         layer.weight.data.copy_(w)  # type: ignore[union-attr]
         layer.pack()
-        packs = []
+        packs = []  # (type, packed) of the types whose block size divides k (K-quants: 256)
         for t in types:
             qtype = GGMLQuantizationType[t]
+            if k % GGML_QUANT_SIZES[qtype][0]:
+                continue
             rows = gguf_rows(qtype, n, k)
             addresses = rows.ctypes.data + np.arange(n, dtype=np.int64) * rows.strides[0]
             packs.append((int(qtype), pack_quant_weight(int(qtype), addresses, k)))
+        names = [GGMLQuantizationType(q).name for q, _ in packs]
+        names += [f"{t}/bf16" for t in names] if dequant else []
+        print(f"{name} [k={k}, n={n}]: median us of torch, bf16, " + ", ".join(names)
+              + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
         for m in (1, 16, 64, 256):
             x = torch.randn(m, k).bfloat16()
             res = torch.randn(m, n).bfloat16() if residual else None
