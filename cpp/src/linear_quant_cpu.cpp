@@ -289,7 +289,7 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
         return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
     }
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
-                                       acts.data(), num_threads);
+                                       acts.data(), num_threads, force_portable);
     const int threads = std::max(1, num_threads);
     if (force_portable || !vnni_supported()) {
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);

@@ -64,8 +64,9 @@ struct ActivationRow {
     }
 };
 
-// Quantizes rows [0, m) of x (bf16 bits or fp32) into `out` (activation_row_bytes(k) each).
+// Quantizes rows [0, m) of x (bf16 bits or fp32) into `out` (activation_row_bytes(k) each);
+// portable: the plain loop even where AVX-512 exists (the bytes are the same either way).
 void quantize_activations(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
-                          std::int64_t k, std::uint8_t* out, int num_threads);
+                          std::int64_t k, std::uint8_t* out, int num_threads, bool portable);
 
 }  // namespace pagedserve::quant_detail

@@ -1,5 +1,5 @@
 // Reading GGUF blocks (ggml's block layouts: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and repacking
-// them once into linear_quant_layout.hpp's tiles, plus the per-row int8 activations.
+// them once into linear_quant_layout.hpp's tiles.
 #include <omp.h>
 
 #include <algorithm>
@@ -136,44 +136,6 @@ void write_block(const Format& f, const Block32 (&src)[kTileN], std::uint8_t* ds
     }
 }
 
-template <typename T>
-float to_float(const T* x, std::int64_t i) {
-    if constexpr (sizeof(T) == 4) {
-        return x[i];
-    } else {
-        const std::uint32_t bits = static_cast<std::uint32_t>(x[i]) << 16;
-        float f;
-        std::memcpy(&f, &bits, sizeof(f));
-        return f;
-    }
-}
-
-template <typename T>
-void quantize_row(const T* x, std::int64_t k, std::uint8_t* out) {
-    auto* q = reinterpret_cast<std::int8_t*>(out);
-    float* d = reinterpret_cast<float*>(out + k);
-    float* sum32 = d + k / kBlockK;
-    float* sum16 = sum32 + k / kBlockK;
-    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
-        float v[kBlockK], amax = 0.0f;
-        for (int i = 0; i < kBlockK; ++i) {
-            v[i] = to_float(x, kBlockK * b + i);
-            amax = std::max(amax, std::fabs(v[i]));
-        }
-        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sums[2] = {0, 0};
-        for (int i = 0; i < kBlockK; ++i) {
-            const int qi = static_cast<int>(std::nearbyint(v[i] * inv));  // |qi| <= 127
-            q[kBlockK * b + i] = static_cast<std::int8_t>(qi);
-            sums[i / 16] += qi;
-        }
-        d[b] = scale;
-        sum16[2 * b] = scale * static_cast<float>(sums[0]);
-        sum16[2 * b + 1] = scale * static_cast<float>(sums[1]);
-        sum32[b] = scale * static_cast<float>(sums[0] + sums[1]);
-    }
-}
-
 }  // namespace
 
 Format format_of(int ggml_type) {
@@ -183,21 +145,6 @@ Format format_of(int ggml_type) {
         case kGgmlQ6_K: return {8, 16};
         default: throw std::invalid_argument("no quantized kernel for ggml type " +
                                              std::to_string(ggml_type));
-    }
-}
-
-void quantize_activations(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
-                          std::int64_t k, std::uint8_t* out, int num_threads) {
-    const std::int64_t row_bytes = activation_row_bytes(k);
-    const int threads = m * k < (1 << 16) ? 1 : std::max(1, num_threads);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t r = 0; r < m; ++r) {
-        if (float32) {
-            quantize_row(static_cast<const float*>(x) + r * x_stride, k, out + r * row_bytes);
-        } else {
-            quantize_row(static_cast<const std::uint16_t*>(x) + r * x_stride, k,
-                         out + r * row_bytes);
-        }
     }
 }
 

@@ -160,10 +160,11 @@ class QuantizedPlan:
         return "lm_head" in self.linears
 
     def describe(self) -> str:
-        """E.g. "Q4_1 x 150, Q8_0 x 1 kept quantized (native avx512-vnni)"."""
+        """E.g. "Q4_1 x 150, Q8_0 x 1 kept quantized (native avx512-vnni)"; "" when nothing is
+        kept (the weights are then the compute dtype's)."""
         parts = [p for ps in (*self.linears.values(), *self.gated.values()) for p in ps]
         if not parts:
-            return "dequantized"
+            return ""
         counts = Counter(GGMLQuantizationType(p.ggml_type).name for p in parts)
         kinds = ", ".join(f"{name} x {n}" for name, n in sorted(counts.items()))
         text = f"{kinds} kept quantized (native {quant_linear_path()})"
