@@ -121,11 +121,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-server", type=Path, default=None)
     ap.add_argument("--agreement-only", action="store_true", help="skip the speed figures")
+    ap.add_argument("--per-layer", action="store_true",
+                    help="also time auto with the decoder stack off (layers one by one)")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_model()}; threads {args.threads}; load average {os.getloadavg()}")
     common = {"enable_prefix_caching": False, "max_num_seqs": 64}
     llms = {q: LLM(quantization=q, **common) for q in ("auto", "none")}
+    if args.per_layer:  # auto without the native decoder stack: the layers one by one
+        llms["auto-per-layer"] = LLM(quantization="auto", **common)
+        llms["auto-per-layer"].engine.model_runner.model.stack = None  # type: ignore[attr-defined]
     for q, llm in llms.items():
         print(f"{q}: linear weights {weight_bytes(llm) / 1e6:.1f} MB read per token")
     short = llms["none"].tokenizer.encode("Tell me a story about a robot.")
@@ -136,10 +141,11 @@ def main() -> None:
             figures[q]["decode"].append(tokens_per_s(llm, [short], 128))
             figures[q]["offline"].append(tokens_per_s(llm, batch, 128))
     for name in ("decode", "offline") if not args.agreement_only else ():
-        auto, none = (statistics.median(figures[q][name]) for q in ("auto", "none"))
-        print(f"{name}: auto {auto:.1f} tok/s, none {none:.1f} tok/s, auto/none {auto / none:.2f}x")
+        medians = {q: statistics.median(figures[q][name]) for q in llms}
+        print(f"{name}: " + ", ".join(f"{q} {v:.1f} tok/s" for q, v in medians.items())
+              + f"; auto/none {medians['auto'] / medians['none']:.2f}x")  # fmt: skip
     print(f"load average after timing {os.getloadavg()}")
-    runs = {q: [greedy(llm, p) for p in PROMPTS] for q, llm in llms.items()}
+    runs = {q: [greedy(llms[q], p) for p in PROMPTS] for q in ("auto", "none")}
     prompts = [ids for ids, _ in runs["auto"]]
     others = {"none": [t for _, t in runs["none"]]}
     if args.llama_server is not None:
