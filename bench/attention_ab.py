@@ -20,7 +20,10 @@ sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__n
 sys.path[:0] = [base, base + "/tests/core/attention"]
 import torch
 from attention_batches import make_batch
-from pagedserve.core.attention import ops
+try:  # the op module's home since issue 15
+    from pagedserve.core.ops import attention as ops
+except ImportError:  # trees before it
+    from pagedserve.core.attention import ops
 torch.set_num_threads(1)
 res = {}
 for name, q, s, calls in [("decode 32 x 600", [1] * 32, [600] * 32, 40),

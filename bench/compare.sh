@@ -5,6 +5,9 @@
 #   long:   one 1,000-token prompt at a time, 16 out (prefill speed)
 #   shared: 32 requests at once sharing one cold 1,000-token prompt, 32 out (prefix cache);
 #           also on pagedserve with --no-enable-prefix-caching
+#   mixed:  16 streams decoding (128-token prompts, 128 out) while 2,200-token prompts (16 out)
+#           arrive 2 at a time, both for a fixed time (issue 12): the decoders' inter-token
+#           latency under long prefills (mixed), the long prompts' TTFT (mixed_long)
 # then llama-server again on a Q8_0 re-encode (llama-quantize), and the offline engine on the c32
 # prompts (HTTP overhead). Appends a dated table to bench/RESULTS.md (bench/compare_report.py) and
 # draws PNG plots (bench/plots.py: tok/s, TTFT, ITL vs concurrency) into bench/plots/<run>/ (with
@@ -21,11 +24,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0 write=1 llama=1 build=0
-p_short=128 o_short=128 p_long=1000 o_long=16 o_shared=32
+p_short=128 o_short=128 p_long=1000 o_long=16 o_shared=32 p_mixed=2200
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
-        --tiny) quick=1 p_short=32 o_short=8 p_long=200 o_long=4 o_shared=4 ;;
+        --tiny) quick=1 p_short=32 o_short=8 p_long=200 o_long=4 o_shared=4 p_mixed=300 ;;
         --no-write) write=0 ;;
         --no-llama) llama=0 ;;
         --build) build=1 ;;
@@ -39,6 +42,7 @@ gguf=$(cd /tmp && python -c 'from pagedserve.core.models.resolve import resolve_
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 short_ctx=$((32 * (p_short + o_short + 64)))  # 10240 tokens
 long_ctx=$((32 * (p_long + o_shared + 64)))   # 35072 tokens
+mixed_ctx=$((18 * (p_mixed + o_short + 64)))  # 43056 tokens: 18 slots of the longest request
 pid=""
 
 free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -100,13 +104,23 @@ shared_case() {  # shared_case SERVER KIND: a fresh seed, so the prompt is cold 
         --output-tokens "$o_shared" --shared-prefix --seed 700
 }
 
+mixed_case() {  # mixed_case SERVER KIND: both loads for the same fixed time, side by side
+    local secs; secs=$(n 60 20)
+    bench "$1" mixed_long "$2" --concurrency 2 --num-requests 1000 --max-seconds "$secs" \
+        --prompt-tokens "$p_mixed" --output-tokens "$o_long" --seed 800 &
+    local long=$!
+    bench "$1" mixed "$2" --concurrency 16 --num-requests 1000 --max-seconds "$secs" \
+        --prompt-tokens "$p_short" --output-tokens "$o_short" --seed 850
+    wait "$long"
+}
+
 pagedserve_cmd() {  # pagedserve_cmd CTX_TOKENS [FLAGS...]
     local pages=$(($1 / 16)); shift
     echo python -m pagedserve serve "$gguf" --num-pages "$pages" --max-num-seqs 64 --max-model-len 2048 "$@"
 }
 
-llama_cmd() {  # llama_cmd GGUF CTX_TOKENS
-    echo "$PWD/$bin/llama-server" -m "$1" --host 127.0.0.1 -np 32 -cb -c "$2" -t 2 -tb 2 \
+llama_cmd() {  # llama_cmd GGUF CTX_TOKENS [SLOTS]: each slot gets CTX_TOKENS / SLOTS
+    echo "$PWD/$bin/llama-server" -m "$1" --host 127.0.0.1 -np "${3:-32}" -cb -c "$2" -t 2 -tb 2 \
         --cache-ram 0 --no-webui
 }
 
@@ -122,6 +136,10 @@ run_pagedserve() {
     start_server pagedserve-nocache $(pagedserve_cmd "$long_ctx" --no-enable-prefix-caching)
     shared_case pagedserve-nocache pagedserve
     stop_server
+    # shellcheck disable=SC2046
+    start_server pagedserve-mixed $(pagedserve_cmd "$mixed_ctx" --max-model-len 4096)
+    mixed_case pagedserve pagedserve
+    stop_server
 }
 
 run_llama() {  # run_llama NAME GGUF
@@ -129,6 +147,8 @@ run_llama() {  # run_llama NAME GGUF
     start_server "$1-short" $(llama_cmd "$2" "$short_ctx"); short_grid "$1" llamacpp; stop_server
     # shellcheck disable=SC2046
     start_server "$1-long" $(llama_cmd "$2" "$long_ctx"); long_grid "$1" llamacpp; stop_server
+    # shellcheck disable=SC2046
+    start_server "$1-mixed" $(llama_cmd "$2" "$mixed_ctx" 18); mixed_case "$1" llamacpp; stop_server
 }
 
 have_llama() { [[ -x "$bin/llama-server" && -x "$bin/llama-quantize" ]]; }
@@ -146,7 +166,7 @@ if ((llama)); then
     run_llama llama-q8_0 "$PWD/$q8"
 fi
 
-setup="Servers one at a time; prompts $p_short/$p_long tokens, outputs $o_short (c1-c64), $o_long (long), $o_shared (shared); KV room matched: 32 x (prompt + output + 64) tokens (llama-server -np 32 -cb -c $short_ctx or $long_ctx -t 2 -tb 2 --cache-ram 0; pagedserve --num-pages $((short_ctx / 16)) or $((long_ctx / 16)), --max-num-seqs 64). Completions endpoint, streaming, greedy, fixed output length (ignore_eos). Runs: \`$run_dir\`."
+setup="Servers one at a time; prompts $p_short/$p_long tokens, outputs $o_short (c1-c64), $o_long (long), $o_shared (shared); KV room matched: 32 x (prompt + output + 64) tokens (llama-server -np 32 -cb -c $short_ctx or $long_ctx -t 2 -tb 2 --cache-ram 0; pagedserve --num-pages $((short_ctx / 16)) or $((long_ctx / 16)), --max-num-seqs 64). Mixed: 16 x ($p_short in, $o_short out) streams and $p_mixed-token prompts ($o_long out) at c=2 for the same $(n 60 20) s; 18 slots of $((mixed_ctx / 18)) tokens (llama-server -np 18 -c $mixed_ctx; pagedserve --num-pages $((mixed_ctx / 16)) --max-model-len 4096). Completions endpoint, streaming, greedy, fixed output length (ignore_eos). Runs: \`$run_dir\`."
 python - "$run_dir" "$load_before" "$gguf" "$quick" "$setup" <<'EOF'
 import datetime, json, sys
 run_dir, load_before, gguf, quick, setup = sys.argv[1:]

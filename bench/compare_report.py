@@ -21,7 +21,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Serving comparison (issue 5)"
 SERVERS = ("pagedserve", "pagedserve-nocache", "llama-q4_1", "llama-q8_0")
 PEERS = ("pagedserve", "llama-q4_1", "llama-q8_0")  # the summary's columns
-CASES = ("c1", "c8", "c32", "c64", "long", "shared")
+CASES = ("c1", "c8", "c32", "c64", "long", "shared", "mixed", "mixed_long")
 PLOTS = ("throughput.png", "ttft.png", "itl.png", "mixed_itl.png")  # bench/plots.py's files
 Runs = dict[tuple[str, str], dict[str, Any]]
 
@@ -99,6 +99,10 @@ def target_rows(runs: Runs) -> list[tuple[str, float | None, float | None, float
     rows.append(("long prompt tok/s", *rates, ""))
     rows.append(("shared prefix TTFT p50 s", *each("shared", "ttft_s"), "<= 0.1x"))
     rows.append(("c32 peak RSS MiB", *(rss(server) for server in PEERS), "report"))
+    # Mixed load (issue 12): decoders' gaps while long prompts prefill, and those prompts' TTFT.
+    p99 = tuple(stat(runs.get((server, "mixed")), "itl_s", "p99") for server in PEERS)
+    rows.append(("mixed: decoders' ITL p99 s", *p99, "<= 0.25 s"))
+    rows.append(("mixed: 2,200-tok prompts' TTFT p50 s", *each("mixed_long", "ttft_s"), "report"))
     return rows  # type: ignore[return-value]
 
 

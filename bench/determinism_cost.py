@@ -1,4 +1,7 @@
-"""The cost of batch invariance (issue 16): this checkout vs a baseline build, side by side.
+"""The cost of batch invariance (issue 16), side by side: this checkout with --deterministic (the
+default) vs --no-deterministic, or this checkout vs a baseline build.
+
+    python bench/determinism_cost.py --repeats 5          # the flag on vs off, same build
 
     git archive <baseline-rev> | tar -x -C /tmp/base
     cmake -S /tmp/base -B /tmp/base/build -DPAGEDSERVE_CUDA=OFF \
@@ -37,7 +40,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def worker(dtype: str, output_tokens: int) -> dict:
+def worker(dtype: str, output_tokens: int, deterministic: bool) -> dict:
     """One process's figures for the build it imported."""
     import torch
 
@@ -45,7 +48,9 @@ def worker(dtype: str, output_tokens: int) -> dict:
     from pagedserve import LLM, SamplingParams
 
     torch.set_num_threads(2)
-    llm = LLM(dtype=dtype, max_num_seqs=32, max_model_len=2048, enable_prefix_caching=False)
+    options = {} if deterministic else {"deterministic": False}  # baselines lack the flag
+    llm = LLM(dtype=dtype, max_num_seqs=32, max_model_len=2048, enable_prefix_caching=False,
+              **options)  # fmt: skip
     text = llm.tokenizer.encode(
         "The engine batched every request it could and paged its cache. " * 120
     )
@@ -70,9 +75,11 @@ def worker(dtype: str, output_tokens: int) -> dict:
     }
 
 
-def run(base: str, dtype: str, output_tokens: int) -> dict:
+def run(base: str, dtype: str, output_tokens: int, deterministic: bool = True) -> dict:
     cmd = [sys.executable, "-c", LAUNCH, base, str(HERE), "--worker", "--dtype", dtype,
            "--output-tokens", str(output_tokens)]  # fmt: skip
+    if not deterministic:
+        cmd.append("--no-deterministic")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -86,27 +93,33 @@ def cpu_model() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--baseline", help="source tree of the baseline build (see above)")
+    ap.add_argument(
+        "--baseline",
+        help="source tree of a baseline build (see above); without it,"
+        " this checkout's --no-deterministic is the baseline",
+    )
     ap.add_argument("--candidate", default="", help="source tree to compare (default: this)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+    ap.add_argument("--no-deterministic", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.dtype, a.output_tokens)))
+        print(json.dumps(worker(a.dtype, a.output_tokens, not a.no_deterministic)))
         return 0
-    if not a.baseline:
-        ap.error("--baseline: the baseline's source tree is required")
+    # (name, source tree, deterministic): a baseline build, or this one with the flag off.
+    baseline = ("baseline", a.baseline, True) if a.baseline else ("baseline", a.candidate, False)
     print(f"CPU: {cpu_model()}; load average at start {os.getloadavg()}")
-    print("| dtype | figure | baseline | this checkout | ratio |\n|---|---|---:|---:|---:|")
+    old_name = "baseline build" if a.baseline else "--no-deterministic"
+    print(f"| dtype | figure | {old_name} | this checkout | ratio |\n|---|---|---:|---:|---:|")
     for dtype in a.dtypes.split(","):
         runs: dict[str, list[dict]] = {"baseline": [], "this": []}
         for i in range(a.repeats):
-            order = [("baseline", a.baseline), ("this", a.candidate)]
-            for name, base in order if i % 2 == 0 else order[::-1]:
-                runs[name].append(run(base, dtype, a.output_tokens))
+            order = [baseline, ("this", a.candidate, True)]
+            for name, base, deterministic in order if i % 2 == 0 else order[::-1]:
+                runs[name].append(run(base, dtype, a.output_tokens, deterministic))
         for key in ("c32_tok_s", "prefill_1k_tok_s"):
             old = statistics.median(r[key] for r in runs["baseline"])
             new = statistics.median(r[key] for r in runs["this"])

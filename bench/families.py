@@ -3,11 +3,12 @@ tiny but not toy (hidden 1024, 8 layers, random weights written by transformers)
 LLM.generate vs transformers' generate() on the same folder, same dtype, side by side.
 
     python bench/families.py                 # 64 prompts x 128 tokens, bf16, 3 repeats
-    python bench/families.py --quick         # 8 x 16, 1 repeat, while developing
+    python bench/families.py --quick         # 8 x 48 (past the window), 1 repeat
+    python bench/families.py --tiny          # hidden 128, 2 layers, 4 x 24: a smoke run only
     python bench/families.py --num-prompts 16 --output-len 32   # a smaller grid
 
-Each figure is the median over --repeats, the two engines interleaved within each repeat so a
-shared machine's load falls on both alike. Prints one JSON object (CPU model included).
+Each figure is the median over --repeats, after one short warm-up generate per engine, the two
+engines interleaved within each repeat so a shared machine's load falls on both alike. Prints one JSON object (CPU model included).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ CONFIGS = {
     # Mistral with a 64-token sliding window (prompt + output run well past it).
     "mistral-window64": ("mistral", {"sliding_window": 64}),
 }  # fmt: skip
+# --tiny: the same configs shrunk to a smoke run (its figures rank nothing).
+TINY_SHAPE = dict(SHAPE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+TINY_EXTRA = {"mixtral-moe": {"intermediate_size": 64}, "mistral-window64": {"sliding_window": 16}}
 PROMPT_LEN = 32
 
 
@@ -57,13 +62,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def write_model(folder: Path, family: str, extra: dict) -> None:
+def write_model(folder: Path, family: str, extra: dict, shape: dict = SHAPE) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.tiny_tokenizers import write_tiny_bpe
 
     write_tiny_bpe(folder)
-    cfg = AutoConfig.for_model(family, **{**SHAPE, **extra})
+    cfg = AutoConfig.for_model(family, **{**shape, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -105,18 +110,24 @@ def tokens_per_s(engine, prompts: list[list[int]], max_tokens: int) -> float:  #
 
 def bench(name: str, args: argparse.Namespace) -> dict:
     family, extra = CONFIGS[name]
+    if args.tiny:
+        extra = {**extra, **TINY_EXTRA[name]}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / name
-        write_model(folder, family, extra)
+        write_model(folder, family, extra, TINY_SHAPE if args.tiny else SHAPE)
         gen = torch.Generator().manual_seed(1)
         prompts = [torch.randint(10, 390, (PROMPT_LEN,), generator=gen).tolist()
                    for _ in range(args.num_prompts)]  # fmt: skip
         ours = Ours(folder, args.dtype, args.num_prompts, args.output_len)
         theirs = Theirs(folder, args.dtype, args.hf_batch)
+        for engine in (ours, theirs):  # warm-up: first-call costs are not throughput
+            engine.generate(prompts[:2], 4)
         runs: dict[str, list[float]] = {"pagedserve": [], "transformers": []}
-        for _ in range(args.repeats):
-            runs["pagedserve"].append(tokens_per_s(ours, prompts, args.output_len))
-            runs["transformers"].append(tokens_per_s(theirs, prompts, args.output_len))
+        for repeat in range(args.repeats):
+            for label, engine in (("pagedserve", ours), ("transformers", theirs)):
+                runs[label].append(tokens_per_s(engine, prompts, args.output_len))
+                print(f"{name} repeat {repeat + 1}/{args.repeats} {label}: "
+                      f"{runs[label][-1]:.1f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
     medians = {k: statistics.median(v) for k, v in runs.items()}
     return {"config": name, "family": family, **extra, "output_tok_s": medians,
             "ratio": medians["pagedserve"] / medians["transformers"], "runs": runs}  # fmt: skip
@@ -125,6 +136,7 @@ def bench(name: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-batch", type=int, default=64)
@@ -132,14 +144,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
     args = parser.parse_args()
-    if args.quick:
-        args.num_prompts, args.output_len = 8, 16
-    if args.quick:
-        args.repeats = 1
+    if args.quick or args.tiny:
+        args.num_prompts, args.output_len, args.repeats = (4, 24, 1) if args.tiny else (8, 48, 1)
     results = [bench(name, args) for name in args.configs]
     print(json.dumps({"cpu": cpu_model(), "threads": torch.get_num_threads(),
                       "num_prompts": args.num_prompts, "prompt_len": PROMPT_LEN,
-                      "output_len": args.output_len, "dtype": args.dtype,
+                      "output_len": args.output_len, "dtype": args.dtype, "tiny": args.tiny,
                       "results": results}, indent=1))  # fmt: skip
 
 

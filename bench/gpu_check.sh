@@ -2,8 +2,9 @@
 # One GPU check, for a lent NVIDIA machine with the repo copied and $OUT set: build pagedserve
 # with its CUDA kernels (editable, against the CUDA torch already installed there; nothing is
 # downloaded), run the CUDA tests, then the kernel benchmark (incl. decode bandwidth for
-# 64 requests x 4k context vs the device peak). Everything lands under $OUT; the steps' time
-# limits add up to under 10 minutes.
+# 64 requests x 4k context vs the device peak), and TP=2 over NCCL when there are two GPUs.
+# Everything lands under $OUT; the steps' time limits add up to under 10 minutes (90 s more
+# for the TP step, which runs only with two GPUs).
 #     OUT=/some/folder bench/gpu_check.sh [cuda arch, default 90]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,4 +42,13 @@ step pytest_cuda 150 python3 -m pytest -q -m cuda --noconftest -p no:cacheprovid
 step bench_kernels 150 python3 bench/kernels.py --device cuda --repeats 20 \
     --dtypes float32,bfloat16,float16
 grep -v '^ ' "$OUT/bench_kernels.log" | grep '^{' >"$OUT/kernels_cuda.jsonl" || true
+
+# Tensor parallel over NCCL (issue 14): TP=1 vs TP=2 on a random Llama, fp32, one GPU per rank,
+# with the greedy tokens of both compared; it needs two GPUs.
+num_gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if [[ "$num_gpus" -ge 2 ]]; then
+    step tp_nccl 90 python3 bench/tp.py --device cuda --dtype float32 --repeats 1
+else
+    echo "== tp_nccl: skipped: $num_gpus GPU(s) here, TP=2 over NCCL needs 2" | tee "$OUT/tp_nccl.log"
+fi
 exit $status

@@ -282,6 +282,7 @@ class CacheWriteArgs:
     def slot_mapping(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
 
 class AttentionArgs:
+    batch_invariant: bool
     cache: KvCacheView
     dtype: DType
     query: TokenTensor
@@ -417,6 +418,7 @@ class DecoderStack:
         rms_norm_eps: typing.SupportsFloat | typing.SupportsIndex,
         scale: typing.SupportsFloat | typing.SupportsIndex,
         layers: collections.abc.Sequence[DecoderLayerWeights],
+        batch_invariant: bool = True,
     ) -> None: ...
     def forward(
         self,

@@ -23,6 +23,7 @@ from pagedserve.core.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     field_docs,
 )
@@ -56,6 +57,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),
     (ModelConfig, "seed", {"type": int}),
+    (ModelConfig, "deterministic", {"action": argparse.BooleanOptionalAction}),
     (CacheConfig, "kv_cache_memory", {"type": float, "metavar": "GIB"}),
     (CacheConfig, "gpu_memory_utilization", {"type": float}),
     (CacheConfig, "page_size", {"type": int}),
@@ -64,7 +66,24 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (SchedulerConfig, "max_num_seqs", {"type": int}),
     (SchedulerConfig, "max_num_batched_tokens", {"type": int}),
     (SchedulerConfig, "max_waiting", {"type": int}),
+    # default None: the environment (_PARALLEL_ENV) fills what no flag gives, then the field.
+    (ParallelConfig, "tensor_parallel_size", {"type": int, "default": None}),
+    (ParallelConfig, "nnodes", {"type": int, "default": None}),
+    (ParallelConfig, "node_rank", {"type": int, "default": None}),
+    (ParallelConfig, "master_addr", {"default": None}),
+    (ParallelConfig, "master_port", {"type": int, "default": None}),
+    (ParallelConfig, "distributed_timeout", {"type": float, "metavar": "SECONDS"}),
 ]
+
+# torch.distributed's usual environment, for the flags not given (RANK: this node's launcher's
+# rank, i.e. the node's index, when NODE_RANK is not set).
+_PARALLEL_ENV: dict[str, tuple[type, tuple[str, ...]]] = {
+    "tensor_parallel_size": (int, ("WORLD_SIZE",)),
+    "nnodes": (int, ("NNODES",)),
+    "node_rank": (int, ("NODE_RANK", "RANK")),
+    "master_addr": (str, ("MASTER_ADDR",)),
+    "master_port": (int, ("MASTER_PORT",)),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +120,22 @@ def configs_from_args(
         model=ModelConfig(model=args.model, **pick(ModelConfig)),
         cache=CacheConfig(**pick(CacheConfig)),
         scheduler=SchedulerConfig(**pick(SchedulerConfig)),
+        parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
     )
     return server, engine
+
+
+def _parallel_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """ParallelConfig fields from the environment (flags override them)."""
+    values: dict[str, Any] = {}
+    for name, (kind, keys) in _PARALLEL_ENV.items():
+        key = next((k for k in keys if env.get(k)), None)
+        if key is not None:
+            try:
+                values[name] = kind(env[key])
+            except ValueError:
+                raise ValueError(f"{name}: environment {key}={env[key]!r} is not valid") from None
+    return values
 
 
 def _url(config: ServerConfig) -> str:
@@ -218,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(server)
+    if engine.parallel.node_rank != 0:  # another node of a tensor-parallel engine
+        from pagedserve.core.distributed.node import run_node
+
+        return run_node(engine)
     limit_malloc_arenas()
     return _run(run_server(server, engine))
 

@@ -126,15 +126,27 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_GGUF_LAYER[rest]}.{kind}"
 
 
-def _add_metadata(writer: gguf.GGUFWriter, cfg, tokenizer: Tokenizer) -> None:
+def add_gguf_shape(writer: gguf.GGUFWriter, cfg) -> None:
+    """The keys every llama.cpp converter writes from an HF config."""
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+
+
+def finish_gguf(writer: gguf.GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add_metadata(writer: gguf.GGUFWriter, cfg, tokenizer: Tokenizer) -> None:
+    add_gguf_shape(writer, cfg)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
@@ -229,10 +241,7 @@ def write_gguf_model(
         _add_tensor(writer, _gguf_name(name), data, qtype)
     for name, by_index in experts.items():
         _add_tensor(writer, name, np.stack([by_index[i] for i in sorted(by_index)]), qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return model
 
 

@@ -60,7 +60,8 @@ void bind_args(py::module_& m) {
         .def_readwrite("scale", &AttentionArgs::scale)
         .def_readwrite("dtype", &AttentionArgs::dtype)
         .def_readwrite("sliding_window", &AttentionArgs::sliding_window)
-        .def_readwrite("logit_softcap", &AttentionArgs::logit_softcap);
+        .def_readwrite("logit_softcap", &AttentionArgs::logit_softcap)
+        .def_readwrite("batch_invariant", &AttentionArgs::batch_invariant);
     def_pointer(attn, "out", &AttentionArgs::out);
     def_pointer(attn, "page_table", &AttentionArgs::page_table);
     def_pointer(attn, "seq_lens", &AttentionArgs::seq_lens);

@@ -59,12 +59,13 @@ void bind_layer_weights(py::module_& m) {
 pagedserve::DecoderStack make_stack(std::int64_t hidden_size, std::int64_t num_heads,
                                     std::int64_t num_kv_heads, std::int64_t head_size,
                                     std::int64_t intermediate_size, float rms_norm_eps,
-                                    float scale, std::vector<DecoderLayerWeights> layers) {
+                                    float scale, std::vector<DecoderLayerWeights> layers,
+                                    bool batch_invariant) {
     pagedserve::DecoderShape shape;
     shape.hidden_size = hidden_size, shape.num_heads = num_heads;
     shape.num_kv_heads = num_kv_heads, shape.head_size = head_size;
     shape.intermediate_size = intermediate_size, shape.rms_norm_eps = rms_norm_eps;
-    shape.scale = scale;
+    shape.scale = scale, shape.batch_invariant = batch_invariant;
     return pagedserve::DecoderStack(shape, std::move(layers));
 }
 
@@ -99,7 +100,8 @@ void bind_decoder_stack(py::module_& m) {
     py::class_<pagedserve::DecoderStack>(m, "DecoderStack")
         .def(py::init(&make_stack), py::arg("hidden_size"), py::arg("num_heads"),
              py::arg("num_kv_heads"), py::arg("head_size"), py::arg("intermediate_size"),
-             py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"))
+             py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"),
+             py::arg("batch_invariant") = true)
         .def_property_readonly("num_layers", &pagedserve::DecoderStack::num_layers)
         .def("forward", &forward, py::arg("hidden"), py::arg("cos"), py::arg("signed_sin"),
              py::arg("rope_stride"), py::arg("kv_caches"), py::arg("num_pages"),

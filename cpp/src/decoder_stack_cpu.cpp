@@ -131,6 +131,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     attend.num_reqs = step.num_reqs, attend.num_tokens = n, attend.num_heads = s.num_heads;
     attend.max_query_len = step.max_query_len, attend.max_seq_len = step.max_seq_len;
     attend.scale = s.scale, attend.dtype = DType::kBFloat16;
+    attend.batch_invariant = s.batch_invariant;
     attend.sliding_window = w.sliding_window, attend.logit_softcap = w.logit_softcap;
     paged_attention_cpu(attend, num_threads);
 

@@ -80,6 +80,7 @@ constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work
 constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
 constexpr int kGroupRows = 4;     // query vectors scored together (shared key loads)
 constexpr int kWidenMinRows = 8;  // from this many query vectors, bf16 values are widened once
+constexpr int kDotMaxRows = 8;    // below this many, a dot per key (batch_invariant = false)
 
 struct WorkItem {
     std::int64_t req, kv_head, row0, rows;
@@ -99,7 +100,7 @@ struct Scratch {
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
           acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
-          s(kGroupRows * width), zero(d), k_pages(pages_per_block),
+          s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
           v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
 };
 

@@ -2,7 +2,8 @@
 // inside its anonymous namespace, when the compiler targets AVX-512F). Head sizes are
 // compile-time multiples of 32 here; everything else keeps the portable loops.
 //
-// - transpose16: register-only transposes of 16 vectors.
+// - transpose16: register-only transposes of 16 vectors; hsum16: 16 horizontal sums at once
+//   (the decode scoring of batch_invariant = false).
 // - Key rows are read straight from the cache in its own dtype. With AVX512-BF16, bf16 scores are
 //   _mm512_dpbf16_ps of raw bf16 query and key (exact products, fp32 sums) times `scale`;
 //   without it, bf16 rows are widened in registers (bf16 is the top half of an fp32).
@@ -57,6 +58,55 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const Bf16* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Lane j of the result = the sum of the 16 lanes of v[j] (a transpose-add tree: 45 shuffles and
+// adds for 16 sums instead of 16 separate horizontal reductions).
+inline __m512 hsum16(const __m512 v[16]) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; ++i)  // 128-bit lane L: [v2i, v2i+1, v2i, v2i+1] partial sums
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  // lane L: partial sums of v4i .. v4i+3 over lane L's floats
+        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    // Transpose-add the 4x4 grid of 128-bit lanes: lane k of the result sums b[k]'s lanes.
+    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+// One key row's partial dot products with the query (lane sums give the score), in registers.
+// q: kD / 16 fp32 vectors (scaled query), or with dpbf16 kD / 32 raw bf16 pair vectors.
+template <typename T, int kD, bool kDp>
+inline __m512 row_dot(const __m512* q, const T* k) {
+    __m512 acc = _mm512_setzero_ps();
+    if constexpr (kDp) {
+#if defined(__AVX512BF16__)
+        for (int i = 0; i < kD / 32; ++i)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), (__m512bh)q[i]);
+#endif
+    } else {
+        for (int i = 0; i < kD / 16; ++i) acc = _mm512_fmadd_ps(q[i], load16(k + 16 * i), acc);
+    }
+    return acc;
+}
+
+// Scores of one query vector against `count` <= 16 key rows, lane j for keys[j].
+template <typename T, int kD, bool kDp>
+inline __m512 dot16(const __m512* q, const T* const keys[16], int count) {
+    __m512 acc[16];
+    if (count == 16) {  // the common case, without a branch per key
+        for (int j = 0; j < 16; ++j) acc[j] = row_dot<T, kD, kDp>(q, keys[j]);
+    } else {
+        for (int j = 0; j < 16; ++j)
+            acc[j] = j < count ? row_dot<T, kD, kDp>(q, keys[j]) : _mm512_setzero_ps();
+    }
+    return hsum16(acc);
 }
 
 // Scores of kR query vectors (fp32 rows of q, stride kD) against kC * 16 transposed fp32 keys

@@ -6,7 +6,8 @@
 // keys per micro-kernel call; each score is one lane's dot product summed over head_size in
 // order, whatever the number of query vectors. So a query's output is bit-identical in a decode
 // step and in any prefill chunk (batch invariance, issue 16): a per-key dot whose lanes are
-// summed by a tree (the decode path this replaced) rounds differently.
+// summed by a tree rounds differently. That per-key dot is still the decode path when the caller
+// turns batch_invariant off: no transpose, each key row read once from the cache.
 #pragma once
 
 // Raw cache rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows.
@@ -130,6 +131,40 @@ void attend_block_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m_len
     }
 }
 
+// Scores of query vector m against the block's keys [0, n) into s (16 keys per register): a dot
+// per key from the cache rows as they are, lanes summed by hsum16 (batch_invariant = false).
+template <typename T, int kD, bool kDp>
+void scores_dot_avx512(const AttentionArgs& a, const Scratch& sc, std::int64_t m, std::int64_t n,
+                       float* s) {
+    __m512 q[kD / 16];
+    for (int i = 0; i < (kDp ? kD / 32 : kD / 16); ++i) {
+        q[i] = kDp ? _mm512_castsi512_ps(_mm512_loadu_si512(sc.q_bf16.data() + m * kD + 32 * i))
+                   : _mm512_loadu_ps(sc.q.data() + m * kD + 16 * i);
+    }
+    for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const T* keys[kChunk];
+        const int count = static_cast<int>(std::min<std::int64_t>(kChunk, n - c0));
+        for (int j = 0; j < count; ++j) keys[j] = static_cast<const T*>(sc.k_rows[c0 + j]);
+        __m512 v = dot16<T, kD, kDp>(q, keys, count);
+        if (kDp) v = _mm512_mul_ps(v, _mm512_set1_ps(a.scale));  // raw bf16 query: unscaled
+        _mm512_storeu_ps(s + c0, v);
+    }
+}
+
+// The block for all m_len < kDotMaxRows query vectors at once, keys scored by scores_dot_avx512
+// and values read straight from the cache.
+template <typename T, int kD, bool kDp>
+void attend_block_dot_avx512(const AttentionArgs& a, Scratch& sc, std::int64_t m_len,
+                             std::int64_t key0, std::int64_t n, std::int64_t first_pos) {
+    std::int64_t lo[kDotMaxRows], hi[kDotMaxRows];
+    const std::int64_t n_max = horizons(a, 0, m_len, key0, n, first_pos, lo, hi);
+    if (n_max <= 0) return;
+    for (std::int64_t r = 0; r < m_len; ++r)
+        scores_dot_avx512<T, kD, kDp>(a, sc, r, n_max, sc.s.data() + r * sc.width);
+    softmax_rows<kD>(a, sc, 0, m_len, lo, hi, n_max, kD);
+    pv_block<T, kD>(sc, 0, m_len, n_max);
+}
+
 template <typename T, int kD>
 void load_raw_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
@@ -152,9 +187,14 @@ void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) 
     load_queries<T, kD>(a, w, sc);
     if constexpr (kDp) load_raw_queries<T, kD>(a, w, sc);
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
+    const bool dot = !a.batch_invariant && m_len < kDotMaxRows;
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
         const std::int64_t n = gather_block<T>(a, w, key0, num_keys, sc);
+        if (dot) {
+            attend_block_dot_avx512<T, kD, kDp>(a, sc, m_len, key0, n, first_pos);
+            continue;
+        }
         transpose_keys<T, kD, kDp>(sc, n);
         if (m_len < kWidenMinRows) {  // few vectors (decode): values straight from the cache
             attend_block_avx512<T, T, kD, kDp>(a, sc, m_len, key0, n, first_pos);

@@ -34,6 +34,7 @@ struct Case {
     DType dtype = DType::kFloat32;
     std::int64_t sliding_window = 0;  // AttentionArgs' per-call options
     float logit_softcap = 0.0f;
+    bool batch_invariant = true;
 };
 
 // cache, query and out hold the values as floats (bf16-rounded for a bf16 case, so the naive
@@ -128,6 +129,7 @@ AttentionArgs args_for(Batch& b, float scale) {
     }
     a.scale = scale;
     a.sliding_window = b.c.sliding_window, a.logit_softcap = b.c.logit_softcap;
+    a.batch_invariant = b.c.batch_invariant;
     return a;
 }
 
@@ -229,7 +231,11 @@ void test_attention_matches_naive_bf16() {
         // An odd head size takes the portable loops with bf16 storage.
         {1, 2, 96, 16, {1, 9}, {17, 40}, bf},
     };
-    for (const Case& c : cases) check_case(c, rng, 1e-4, 1e-2, "matches the naive loop (bf16)");
+    for (Case c : cases) {
+        check_case(c, rng, 1e-4, 1e-2, "matches the naive loop (bf16)");
+        c.batch_invariant = false;  // the decodes' per-key dot scoring
+        check_case(c, rng, 1e-4, 1e-2, "fast decode scoring matches the naive loop (bf16)");
+    }
 }
 
 // Sliding windows (smaller than a page, straddled by a chunk, past the context) and soft-capped
@@ -244,6 +250,8 @@ void test_window_and_softcap_match_naive() {
                 c.logit_softcap = window % 2 == 0 ? 0.3f : 0.0f;  // small: the cap binds
                 const double rtol = dtype == DType::kBFloat16 ? 1e-2 : 0.0;
                 check_case(c, rng, 1e-4, rtol, "window and soft cap match the naive loop");
+                c.batch_invariant = false;  // decodes scored by a dot per key
+                check_case(c, rng, 1e-4, rtol, "fast decode scoring matches the naive loop");
             }
         }
     }

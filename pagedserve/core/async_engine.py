@@ -122,6 +122,7 @@ class AsyncEngine:
         self._stats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
         self._thread.start()
+        engine.on_fault(self._on_fault)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -186,12 +187,28 @@ class AsyncEngine:
     async def shutdown(self) -> None:
         self._commands.put(_Stop())
         await asyncio.to_thread(self._thread.join, 30)
+        await asyncio.to_thread(self.engine.close)
+
+    def _on_fault(self, reason: str) -> None:
+        """A tensor-parallel worker died (watchdog thread): dead now (/health 503, admission
+        refused), every stream ends with the error, and the engine thread stops when it next
+        reads its commands (a step in flight fails on its own: its collective breaks)."""
+        if self._errored is None:
+            self._errored = reason
+        self._commands.put(_Stop())
+        self._post(self._fail_streams, reason)
+
+    def _fail_streams(self, reason: str) -> None:
+        for request_id in list(self._mailboxes):
+            self._dispatch([_error_output(request_id, [], reason)])
 
     # ---- the engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             self._loop_forever()
+        except EngineDeadError as exc:  # the tensor-parallel ranks are lost
+            self._die(str(exc))
         except Exception as exc:  # a bug in scheduling/bookkeeping: fail loudly, never hang
             logger.exception("engine loop crashed")
             self._die(f"engine loop crashed: {exc}")
@@ -218,7 +235,7 @@ class AsyncEngine:
                 return True
             block = False
             if isinstance(command, _Stop):
-                self._die("the engine was shut down")
+                self._die(self._errored or "the engine was shut down")
                 return False
             if isinstance(command, _Abort):
                 self.engine.abort(command.request_id)

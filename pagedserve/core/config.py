@@ -36,6 +36,11 @@ class ModelConfig:
     """Seeds, once at start-up, the random generator that requests without a `seed` draw
     from: the same requests in the same order (offline, or one at a time) sample the same
     tokens from run to run. A request's own `seed` gives it its own generator."""
+    deterministic: bool = True
+    """Batch-invariant kernels: a request's greedy (or seeded) tokens do not depend on the
+    other requests of a step, the prefill chunking or prefix-cache hits (native CPU kernels;
+    CUDA never is). --no-deterministic trades that for a faster decode attention (the cost is
+    measured in bench/RESULTS.md)."""
 
     quantization: str = "auto"
     """GGUF quantized weights: auto keeps the file's quantization (Q4_0, Q4_1, Q8_0, Q4_K,
@@ -106,10 +111,63 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """Processes (ranks) the model is split over, Megatron-style: attention heads, MLP width and
+    vocabulary divided among them; one worker process per rank beyond the engine's own, joined
+    by torch.distributed (gloo on CPU, NCCL on CUDA, one GPU per rank). Env: WORLD_SIZE;
+    default 1."""
+    nnodes: int = 1
+    """Machines the ranks are spread over (equal shares; node 0 runs the server and rank 0).
+    Env: NNODES; default 1."""
+    node_rank: int = 0
+    """This machine's index among nnodes; a node other than 0 runs workers only (no server).
+    Env: NODE_RANK (else RANK); default 0."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, where the ranks meet (torch.distributed's TCP store). Env:
+    MASTER_ADDR; default 127.0.0.1."""
+    master_port: int = 0
+    """Port of the ranks' meeting point on node 0; 0 picks a free one (one node only). Env:
+    MASTER_PORT; default 0."""
+    distributed_timeout: float = 120.0
+    """Seconds a collective inside a step, or the ranks' start-up, may wait for a peer before
+    the engine gives up and reports itself dead."""
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
+            raise ValueError(
+                f"nnodes ({self.nnodes}) must be >= 1 and divide tensor_parallel_size "
+                f"({self.tensor_parallel_size})"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}"
+            )
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"master_port must be in [0, 65535], got {self.master_port}")
+        if self.nnodes > 1 and not self.master_port:
+            raise ValueError("master_port: give a fixed port when nnodes > 1 (0 picks one locally)")
+        if self.distributed_timeout <= 0:
+            raise ValueError(f"distributed_timeout must be > 0 s, got {self.distributed_timeout}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    def node_ranks(self) -> range:
+        """The global ranks this node hosts."""
+        first = self.node_rank * self.ranks_per_node
+        return range(first, first + self.ranks_per_node)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 @cache

@@ -13,10 +13,11 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.detokenizer import IncrementalDetokenizer
-from pagedserve.core.errors import ContextLengthError
+from pagedserve.core.errors import ContextLengthError, EngineDeadError
 from pagedserve.core.model_runner import PromptLogprobsSpec
 from pagedserve.core.output_processor import OutputProcessor
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -171,6 +172,16 @@ class LLMEngine:
             finished_reasons=dict(self._finished_reasons),
         )
 
+    def on_fault(self, callback: Callable[[str], None]) -> None:
+        """callback(reason), from another thread, when the engine can no longer step (a
+        tensor-parallel worker died); never called at tensor_parallel_size 1."""
+        self.model_runner.on_fault(callback)
+
+    def close(self) -> None:
+        """Release what outlives the object (the tensor-parallel workers); call once, when no
+        step runs."""
+        self.model_runner.close()
+
     # ---- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -184,6 +195,8 @@ class LLMEngine:
                 plan, self._sample_seqs(plan), self._prompt_specs(plan)
             )
         except Exception as exc:  # a fault in one step fails that step's requests, not the server
+            if self.model_runner.fault is not None:  # unless the tensor-parallel ranks are lost
+                raise EngineDeadError(self.model_runner.fault) from exc
             logger.exception("engine step failed; failing the %d requests in it", plan.num_reqs)
             return self.fail_requests(self._request_ids_of(plan), f"engine step failed: {exc}")
         return self.output_processor.process(plan, result)

@@ -9,7 +9,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pagedserve.core.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import SamplingParams
@@ -23,7 +29,9 @@ def _field_names(cls: type) -> set[str]:
 
 def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
     """Route each keyword to the config that owns the field; unknown keywords are an error."""
-    parts: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
+    parts: dict[type, dict[str, Any]] = {
+        cls: {} for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+    }
     for key, value in kwargs.items():
         owner = next((cls for cls in parts if key in _field_names(cls)), None)
         if owner is None:
@@ -33,11 +41,13 @@ def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
         model=ModelConfig(**parts[ModelConfig]),
         cache=CacheConfig(**parts[CacheConfig]),
         scheduler=SchedulerConfig(**parts[SchedulerConfig]),
+        parallel=ParallelConfig(**parts[ParallelConfig]),
     )
 
 
 class LLM:
-    """Offline engine. Keywords are the fields of ModelConfig, CacheConfig and SchedulerConfig.
+    """Offline engine. Keywords are the fields of ModelConfig, CacheConfig, SchedulerConfig and
+    ParallelConfig (tensor_parallel_size=2 starts a worker process: close() stops it).
 
     >>> llm = LLM(dtype="float32")                      # the bundled SmolLM2-135M-Instruct
     >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
@@ -47,6 +57,10 @@ class LLM:
         self.engine = LLMEngine.from_config(_split_kwargs({"model": model, **kwargs}))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also end with this process)."""
+        self.engine.close()
 
     def generate(
         self,

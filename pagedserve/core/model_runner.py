@@ -9,12 +9,16 @@ is plain: token ids as numpy, logprobs as TokenLogprob.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
+from pagedserve.core.distributed.launcher import TensorParallel
+from pagedserve.core.distributed.step import StepInputs
 from pagedserve.core.kv_cache import KVCacheSpec
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.llama import LlamaForCausalLM
@@ -58,8 +62,12 @@ class ModelRunner:
         device: torch.device,
         vocab_size: int,
         eos_token_ids: frozenset[int],
+        tp: TensorParallel | None = None,
     ) -> None:
+        """`arch` is the model's shape on this rank (model.arch: a rank's share of the heads
+        under tensor parallelism, whose KV cache holds its own heads only)."""
         self.model = model
+        self.tp = tp
         self.arch = arch
         self.device = device
         self.dtype = dtype
@@ -117,19 +125,48 @@ class ModelRunner:
         prompt_specs: list[PromptLogprobsSpec],
     ) -> StepResult:
         """`sample_seqs`: the sequences of plan.sample_seq_ids, in that order."""
-        input_ids = self._tensor(plan.input_ids, torch.long)
-        positions = self._tensor(plan.positions, torch.long)
-        meta = self._metadata(plan)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-
-        sample_rows = self._tensor(plan.logits_indices, torch.long)
-        logits = self.model.compute_logits(hidden[sample_rows])  # [num_sampled, vocab] fp32
+        with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
+            inputs = self._inputs(plan, prompt_specs)
+            m = self.model
+            hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            logits = m.compute_logits(hidden[inputs.sample_rows])  # [num_sampled, vocab] fp32
+            prompt_logits = self._prompt_logits(hidden, prompt_specs)
         sampled = self.sampler(logits, self._sampling_batch(sample_seqs))
         return StepResult(
             token_ids=sampled.token_ids.numpy().astype(np.int32),
             logprobs=sampled.logprobs,
-            prompt_logprobs=self._prompt_logprobs(hidden, prompt_specs),
+            prompt_logprobs=self._prompt_logprobs(prompt_logits, prompt_specs),
         )
+
+    def _collectives(self) -> contextlib.AbstractContextManager[None]:
+        return self.tp.stepping() if self.tp is not None else contextlib.nullcontext()
+
+    def _inputs(self, plan: StepPlan, specs: list[PromptLogprobsSpec]) -> StepInputs:
+        if self.tp is not None:  # the workers get the same inputs by broadcast
+            rows = [(spec.row_start, len(spec.target_ids)) for spec in specs]
+            return self.tp.channel.send(plan, rows)
+        return StepInputs(
+            input_ids=self._tensor(plan.input_ids, torch.long),
+            positions=self._tensor(plan.positions, torch.long),
+            meta=self._metadata(plan),
+            sample_rows=self._tensor(plan.logits_indices, torch.long),
+            prompt_rows=[],
+        )
+
+    @property
+    def fault(self) -> str | None:
+        """Why the tensor-parallel ranks can no longer step (None: they can, or TP=1)."""
+        return self.tp.fault if self.tp is not None else None
+
+    def on_fault(self, callback: Callable[[str], None]) -> None:
+        """callback(reason), from another thread, when a tensor-parallel worker fails."""
+        if self.tp is not None:
+            self.tp.watch(callback)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do at TP=1)."""
+        if self.tp is not None:
+            self.tp.close()
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
         rows = []
@@ -152,18 +189,26 @@ class ModelRunner:
             shared_generator=self._unseeded,
         )
 
-    def _prompt_logprobs(
+    def _prompt_logits(
         self, hidden: torch.Tensor, specs: list[PromptLogprobsSpec]
+    ) -> list[torch.Tensor | None]:
+        """Each chunk's logits (None for an empty one), in order (a worker does the same)."""
+        result: list[torch.Tensor | None] = []
+        for spec in specs:
+            rows = hidden[spec.row_start : spec.row_start + len(spec.target_ids)]
+            result.append(self.model.compute_logits(rows) if spec.target_ids else None)
+        return result
+
+    def _prompt_logprobs(
+        self, logits: list[torch.Tensor | None], specs: list[PromptLogprobsSpec]
     ) -> dict[int, list[TokenLogprob]]:
         result: dict[int, list[TokenLogprob]] = {}
-        for spec in specs:
-            if not spec.target_ids:
+        for spec, chunk in zip(specs, logits, strict=True):
+            if chunk is None:
                 result[spec.seq_id] = []
                 continue
-            rows = hidden[spec.row_start : spec.row_start + len(spec.target_ids)]
-            logits = self.model.compute_logits(rows)
-            targets = torch.tensor(spec.target_ids, dtype=torch.long, device=logits.device)
-            result[spec.seq_id] = prompt_logprobs(logits, targets, spec.k)
+            targets = torch.tensor(spec.target_ids, dtype=torch.long, device=chunk.device)
+            result[spec.seq_id] = prompt_logprobs(chunk, targets, spec.k)
         return result
 
     def _metadata(self, plan: StepPlan) -> AttentionMetadata:

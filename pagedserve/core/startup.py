@@ -12,9 +12,12 @@ from pathlib import Path
 
 import torch
 
+from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.chat_template import ChatTemplate, load_chat_template
 from pagedserve.core.config import EngineConfig, ModelConfig
+from pagedserve.core.distributed.launcher import TensorParallel
+from pagedserve.core.distributed.worker import WorkerSpec, share_num_pages
 from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.kv_cache import KVCacheLayout, choose_num_pages
 from pagedserve.core.model_runner import ModelRunner
@@ -22,7 +25,9 @@ from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
+from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+from pagedserve.core.models.tensor_parallel import check_divisible
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
 
@@ -95,35 +100,45 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tokenizer = load_tokenizer(resolved.path)
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
-    attention = get_attention_backend(mc.attention_backend)
-    # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
-    # long factors only when the served context exceeds the original one).
-    model, arch = load_model(
-        resolved,
-        dtype=dtype,
-        device=device,
-        attention=attention,
-        max_positions=mc.max_model_len,
-        quantization=mc.quantization,
-    )
-    weights = model.quantization or str(dtype).removeprefix("torch.")
-    max_model_len = _max_model_len(mc, arch)
-
-    spec = ModelRunner.kv_spec(arch, cc.page_size, dtype)
-    pages_per_request = -(-max_model_len // cc.page_size)
-    num_pages = cc.num_pages or choose_num_pages(
-        spec, _kv_budget_bytes(config, device), pages_per_request
-    )
+    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
+    tp = start_tensor_parallel(config, resolved, dtype, device)
+    device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
+    try:
+        # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
+        # long factors only when the served context exceeds the original one).
+        model, arch = load_model(
+            resolved,
+            dtype=dtype,
+            device=device,
+            attention=attention,
+            max_positions=mc.max_model_len,
+            group=tp.group if tp else None,
+            quantization=mc.quantization,
+        )
+        weights = model.quantization or str(dtype).removeprefix("torch.")
+        max_model_len = _max_model_len(mc, arch)
+        spec = ModelRunner.kv_spec(model.arch, cc.page_size, dtype)  # this rank's KV heads
+        pages_per_request = -(-max_model_len // cc.page_size)
+        num_pages = cc.num_pages or choose_num_pages(
+            spec, _kv_budget_bytes(config, device), pages_per_request
+        )
+        if tp is not None:
+            share_num_pages(tp.group, num_pages)  # the same pages (page tables) on every rank
+    except BaseException:
+        if tp is not None:
+            tp.close(polite=False)
+        raise
     layout = KVCacheLayout(spec, num_pages)
     runner = ModelRunner(
         model,
-        arch,
+        model.arch,
         num_pages=num_pages,
         page_size=cc.page_size,
         dtype=dtype,
         device=device,
         vocab_size=tokenizer.vocab_size,
         eos_token_ids=tokenizer.eos_token_ids,
+        tp=tp,
     )
     scheduler = Scheduler(
         num_pages=num_pages,
@@ -133,14 +148,18 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         enable_prefix_caching=cc.enable_prefix_caching,
     )
-    invariant = is_batch_invariant(model, attention.name, device)
+    # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
+    # (gloo's and NCCL's algorithms chunk by size), so by the batch.
+    invariant = tp is None and is_batch_invariant(model, attention, device)
     logger.info(
-        "model %s (%s) on %s in %s, weights: %s, attention %s, %sbatch-invariant; %s",
+        "model %s (%s) on %s in %s, weights: %s, tensor_parallel_size %d, attention %s, "
+        "%sbatch-invariant; %s",
         resolved.name,
         arch.architecture,
         device,
         dtype,
         weights,
+        config.parallel.tensor_parallel_size,
         attention.name,
         "" if invariant else "not ",
         layout.describe(),
@@ -159,17 +178,44 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
 
 
-def is_batch_invariant(model: torch.nn.Module, attention: str, device: torch.device) -> bool:
+def start_tensor_parallel(
+    config: EngineConfig, resolved: ResolvedModel, dtype: torch.dtype, device: torch.device
+) -> TensorParallel | None:
+    """At tensor_parallel_size > 1, check the model divides, then start this node's workers and
+    join every rank (rank 0 is this process); None at 1."""
+    parallel = config.parallel
+    if parallel.tensor_parallel_size == 1:
+        return None
+    if parallel.node_rank != 0:
+        raise ValueError("node_rank: only node 0 runs the engine (other nodes run workers)")
+    check_divisible(read_arch(resolved), parallel.tensor_parallel_size)
+    spec = WorkerSpec(
+        resolved=resolved,
+        dtype=dtype,
+        device=device,
+        attention_backend=config.model.attention_backend,
+        deterministic=config.model.deterministic,
+        max_positions=config.model.max_model_len,
+        page_size=config.cache.page_size,
+        parallel=parallel,
+    )
+    return TensorParallel.start(spec)
+
+
+def is_batch_invariant(
+    model: torch.nn.Module, attention: AttentionBackend, device: torch.device
+) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel (or the quantized one) and the native CPU attention. torch's matmul (float16,
-    CUDA, CPUs without AVX512-BF16), the torch reference attention and the CUDA kernels (whose
-    decode splits long contexts) are not."""
+    layer on the native bf16/fp32 kernel (or the quantized one) and the native CPU attention
+    with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
+    without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
+    kernels (whose decode splits long contexts) are not."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
     quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
     return (
         device.type == "cpu"
-        and attention == "native"
+        and attention.batch_invariant
         and (bool(linears) or quantized)
         and all(m.packed is not None for m in linears)
     )

@@ -97,3 +97,21 @@ def test_other_chunking_and_preemption(
         assert llm.engine.stats().num_preemptions > 0
     for i in CHECKED[:2]:
         assert run(llm, prompts[i]) == want[i], i  # and the seeded request alone
+
+
+def test_no_deterministic_trades_invariance_for_the_fast_decode(
+    default_model: ResolvedModel,
+) -> None:
+    """deterministic=False (--no-deterministic) reaches the native decoder stack's attention and
+    is reported; the prompt's own prefill (8+ query vectors: the invariant scoring either way)
+    gives the same first token as the deterministic engine."""
+    fast = make_llm(default_model, "bfloat16", deterministic=False)
+    assert not fast.engine.batch_invariant
+    stack = fast.engine.model_runner.model.stack
+    assert stack is not None and not stack.batch_invariant
+    prompt = prompts_of(fast)[9]
+    got = tokens(fast.generate([prompt], GREEDY))[0]
+    sure = make_llm(default_model, "bfloat16")
+    assert sure.engine.model_runner.model.stack.batch_invariant
+    want = tokens(sure.generate([prompt], GREEDY))[0]
+    assert len(got) == len(want) == GREEDY.max_tokens and got[0] == want[0]

@@ -164,22 +164,10 @@ def validate_epp_config(config: dict[str, Any]) -> None:
 
 
 TP_FLAG = "--tensor-parallel-size"
-TP_MISSING = (
-    "pagedserve serve has no --tensor-parallel-size yet (the tensor-parallel part of issue 14)"
-)
-
-
-def has_flag(flag: str) -> bool:
-    _, unknown = cli.build_parser().parse_known_args(["serve", flag, "2"])
-    return not unknown
 
 
 def parse_server(args: list[str], env: dict[str, str] | None = None) -> ServerConfig:
-    """The ServerConfig `pagedserve <args>` builds. A tensor-parallel flag that the parser does
-    not know yet is left out here; test_server_args_parse checks it when the flag exists."""
-    if TP_FLAG in args and not has_flag(TP_FLAG):
-        at = args.index(TP_FLAG)
-        args = args[:at] + args[at + 2 :]
+    """The ServerConfig `pagedserve <args>` builds."""
     parsed = cli.build_parser().parse_args(args)
     server, _ = cli.configs_from_args(parsed, env or {})
     return server

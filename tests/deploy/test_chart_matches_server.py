@@ -16,10 +16,8 @@ from pagedserve.openai_compat.app import OPEN_PATHS
 from pagedserve.openai_compat.routes import ROUTES
 from tests.deploy.chart import (
     TP_FLAG,
-    TP_MISSING,
     VALUE_SETS,
     find,
-    has_flag,
     parse_server,
     render_set,
     scraped_metric_names,
@@ -40,15 +38,13 @@ def test_server_args_parse(value_set: str) -> None:
     assert [ep.value for ep in entry_points(group="console_scripts", name="pagedserve")] == [
         "pagedserve.cli:main"
     ]
-    if TP_FLAG in args and not has_flag(TP_FLAG):
-        print(f"SKIP {value_set}: {TP_MISSING}; its rendering and schemas are checked elsewhere")
-        pytest.skip(TP_MISSING)
     parsed = cli.build_parser().parse_args(args)
     assert parsed.command == "serve"
     server, engine = cli.configs_from_args(parsed, {})
     assert server.host == "0.0.0.0"  # probes and the Service reach the pod IP
     if TP_FLAG in args:
-        assert parsed.tensor_parallel_size == int(args[args.index(TP_FLAG) + 1])
+        tp = int(args[args.index(TP_FLAG) + 1])
+        assert parsed.tensor_parallel_size == engine.parallel.tensor_parallel_size == tp
 
 
 @pytest.mark.parametrize("value_set", list(VALUE_SETS))

@@ -19,6 +19,7 @@ struct DecoderShape {
     std::int64_t intermediate_size = 0;
     float rms_norm_eps = 0.0f;
     float scale = 0.0f;  // attention's softmax scale
+    bool batch_invariant = true;  // AttentionArgs::batch_invariant for every layer
 };
 
 // One layer's bf16 weights: norms [hidden_size]; projections packed by pack_linear_weight_bf16.

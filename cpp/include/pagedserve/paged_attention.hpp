@@ -84,6 +84,12 @@ struct AttentionArgs {
     std::int64_t sliding_window = 0;
     // logit_softcap > 0: scores = softcap * tanh(scores / softcap) after the scale (Gemma 2).
     float logit_softcap = 0.0f;
+    // true: each query vector's arithmetic is fixed by its own position and keys alone, so its
+    // output is bit-identical in a decode step and in any prefill chunk, next to any batch
+    // (issue 16). false lets the CPU kernel score a decode step's few query vectors with a dot
+    // per key summed by a lane tree (faster; rounds differently from the prefill path). CUDA
+    // ignores it (its decode splits long contexts either way).
+    bool batch_invariant = true;
 };
 
 // CPU kernels (OpenMP with num_threads threads). Both validate the integer inputs (slots, page

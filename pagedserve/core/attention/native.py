@@ -14,6 +14,9 @@ class NativeAttentionBackend(AttentionBackend):
     name = "native"
     native_decoder_stack = True
 
+    def __init__(self, batch_invariant: bool = True) -> None:
+        self.batch_invariant = batch_invariant
+
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
@@ -39,5 +42,6 @@ class NativeAttentionBackend(AttentionBackend):
             scale,
             sliding_window,
             logit_softcap,
+            self.batch_invariant,
         )
         return out

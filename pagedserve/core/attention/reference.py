@@ -85,6 +85,7 @@ class TorchReferenceBackend(AttentionBackend):
     """Attention through the reference ops: slow, for tests and as a last-resort fallback."""
 
     name = "torch"
+    batch_invariant = False
 
     def forward(
         self,

@@ -13,10 +13,13 @@ _BACKENDS: dict[str, type[AttentionBackend]] = {
 _DEFAULT = "native"  # what "auto" means: the native kernels, on CPU and CUDA alike
 
 
-def get_attention_backend(name: str) -> AttentionBackend:
-    """A fresh backend for `name`: "auto", "native" or "torch"."""
+def get_attention_backend(name: str, deterministic: bool = True) -> AttentionBackend:
+    """A fresh backend for `name`: "auto", "native" or "torch". deterministic=False lets the
+    native kernels give up batch invariance for speed (the others ignore it)."""
     key = _DEFAULT if name == "auto" else name
     if key not in _BACKENDS:
         choices = ", ".join(["auto", *_BACKENDS])
         raise ValueError(f"attention_backend must be one of {choices}, got {name!r}")
+    if key == "native":
+        return NativeAttentionBackend(batch_invariant=deterministic)
     return _BACKENDS[key]()

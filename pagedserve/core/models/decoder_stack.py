@@ -77,6 +77,7 @@ class DecoderStack(NativeDecoderStack):
             intermediate_size=first.intermediate_size,
             rms_norm_eps=first.eps,
             scale=first.scale,
+            batch_invariant=first.attention.batch_invariant,
         )
         return cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
 

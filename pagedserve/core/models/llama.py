@@ -31,6 +31,7 @@ from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
 from pagedserve.core.models.linear import Linear, PackableLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
+from pagedserve.core.models.quantized import QuantizedLinear
 from pagedserve.core.ops import layer_ops
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed_sin), each [n, 1, head_size]
@@ -90,6 +91,8 @@ class LlamaDecoderLayer(nn.Module):
             and self.mlp.gate_up_proj.activation == "silu"
             and self.o_proj.bias is None
             and self.rope_index == 0
+            # tensor parallel: an all-reduce inside the layer (kept quantized: the stack runs it)
+            and type(self.o_proj) in (Linear, QuantizedLinear)
         )
 
     def _qkv(self, qkv: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, ...]:

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 
 from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.gguf_arch import arch_fields
 
 Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset(
@@ -31,6 +32,9 @@ GGUF_ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen2moe": "qwen2_moe",
     "qwen3moe": "qwen3_moe",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
 }
 # llama.cpp's converter interleaves the rotary halves of Q/K rows for these families only.
 PERMUTED_ARCHITECTURES = ("llama", "mixtral")
@@ -60,6 +64,21 @@ _LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Where an architecture's GGUF names map to other HF names than Llama's: Gemma's sandwich norms
+# (its converter already stored them as 1 + weight: nothing to add), Phi-3's fused q/k/v and
+# gate/up (gate rows first, as in the HF checkpoint).
+_GEMMA_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_LAYER_NAMES = {
+    "gemma2": _GEMMA_NAMES,
+    "gemma3": _GEMMA_NAMES,
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# Tensors folded into ArchConfig.rope_scaling (Llama 3.1's freq factors, Phi-3's longrope).
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # [num_experts, out, in] tensors, split into one HF-named weight per expert.
 _EXPERT_NAMES = {
     "ffn_gate_exps": "gate_proj",
@@ -79,8 +98,35 @@ def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return value.item() if value.size == 1 else value.tolist()
 
 
+def _tensor(reader: GGUFReader, name: str) -> Any:
+    return next((t for t in reader.tensors if t.name == name), None)
+
+
+def _longrope(reader: GGUFReader, arch: str, long: Any) -> dict[str, Any]:
+    """Phi-3's longrope: both factor tensors, the original context, the attention factor."""
+    short = _tensor(reader, "rope_factors_short.weight")
+    if short is None:
+        raise ValueError("GGUF has rope_factors_long.weight but no rope_factors_short.weight")
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError(
+            f"GGUF has longrope factors but no {arch}.rope.scaling.original_context_length"
+        )
+    return {
+        "rope_type": "longrope",
+        "long_factor": _to_numpy(long).tolist(),
+        "short_factor": _to_numpy(short).tolist(),
+        "original_max_position_embeddings": int(original),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "attention_factor": _field(reader, f"{arch}.rope.scaling.attn_factor"),
+    }
+
+
 def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
     scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    long = _tensor(reader, "rope_factors_long.weight")
+    if long is not None and scaling_type in ("none", "longrope", None):
+        return _longrope(reader, arch, long)
     if scaling_type == "linear":
         return {
             "rope_type": "linear",
@@ -88,7 +134,7 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
         }
     if scaling_type not in ("none", None):
         raise ValueError(f"GGUF rope scaling type {scaling_type!r} is not supported")
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    freqs = _tensor(reader, "rope_freqs.weight")
     if freqs is not None:
         return {"rope_type": "freq_factors", "factors": _to_numpy(freqs).tolist()}
     return None
@@ -147,7 +193,16 @@ def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
         o_proj_bias="blk.0.attn_output.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         **experts,
+        **arch_fields(_metadata(reader, arch), arch),
     )
+
+
+def _metadata(reader: GGUFReader, arch: str) -> dict[str, Any]:
+    """The file's `{arch}.*` keys, without the prefix."""
+    prefix = f"{arch}."
+    return {
+        k.removeprefix(prefix): _field(reader, k) for k in reader.fields if k.startswith(prefix)
+    }
 
 
 def _to_numpy(tensor: Any) -> np.ndarray:
@@ -159,20 +214,21 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     return np.asarray(dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
 
 
-def _hf_names(name: str, num_experts: int) -> list[str]:
+def _hf_names(name: str, num_experts: int, arch: str = "llama") -> list[str]:
     """The HF names one GGUF tensor holds: none (rope factors), one, or one per expert."""
     if name in _TOP_LEVEL_NAMES:
         return [_TOP_LEVEL_NAMES[name]]
-    if name == "rope_freqs.weight":
+    if name in _ROPE_TENSORS:
         return []  # folded into ArchConfig.rope_scaling
+    layer_names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
     match = _LAYER_RE.fullmatch(name)
-    if match is None or match.group(2) not in {**_LAYER_NAMES, **_EXPERT_NAMES}:
+    if match is None or match.group(2) not in {**layer_names, **_EXPERT_NAMES}:
         raise ValueError(f"GGUF tensor {name!r} is not part of a supported model")
     layer, part, kind = match.groups()
     if part in _EXPERT_NAMES:
         prefix = f"model.layers.{layer}.mlp.experts"
         return [f"{prefix}.{e}.{_EXPERT_NAMES[part]}.{kind}" for e in range(num_experts)]
-    return [f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"]
+    return [f"model.layers.{layer}.{layer_names[part]}.{kind}"]
 
 
 def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -186,7 +242,10 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 def count_gguf_weights(
     reader: GGUFReader, num_experts: int = 0, skip: frozenset[str] = frozenset()
 ) -> int:
-    return sum(len(_hf_names(t.name, num_experts)) for t in reader.tensors if t.name not in skip)
+    arch = _field(reader, "general.architecture")
+    return sum(
+        len(_hf_names(t.name, num_experts, arch)) for t in reader.tensors if t.name not in skip
+    )
 
 
 def iter_gguf_weights(
@@ -195,8 +254,9 @@ def iter_gguf_weights(
     """(HF name, float32 tensor) for every weight but the GGUF tensors named in skip (kept
     quantized, models/quantized.py), Q/K rows back in HF's rotary order."""
     permuted = arch.architecture in PERMUTED_ARCHITECTURES
+    gguf_arch = _field(reader, "general.architecture")
     for tensor in reader.tensors:
-        names = _hf_names(tensor.name, arch.num_experts)
+        names = _hf_names(tensor.name, arch.num_experts, gguf_arch)
         if not names or tensor.name in skip:
             continue
         # F32 tensors are read-only views of the mapped file: copy those, not the fresh ones.

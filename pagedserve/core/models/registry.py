@@ -8,18 +8,20 @@ assigns them into a model built on the meta device, so weights are never initial
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm import tqdm
 
 from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.distributed.group import TPGroup
 from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.models.tensor_parallel import parallelize, shard_arch, shard_weight
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in FAMILIES}
 
@@ -106,10 +108,14 @@ def fuse_weights(
     dtype: torch.dtype,
     device: torch.device,
     arch: ArchConfig | None = None,
+    shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Our state dict from HF-named weights; parts of a fused weight are concatenated along
     dim 0 in _LAYER_PARTS order once all of them have arrived. The family's renames apply,
-    and its norm offset (Gemma's 1 + weight) is folded into the norm weights in float32."""
+    and its norm offset (Gemma's 1 + weight) is folded into the norm weights in float32.
+    `shard` (tensor parallel) cuts each whole weight to this rank's part before it moves to
+    the device."""
+    keep = shard or (lambda _name, tensor: tensor)
     renames = family(arch.architecture).renames if arch is not None else {}
     offset = arch.norm_offset if arch is not None else 0.0
     state: dict[str, torch.Tensor] = {}
@@ -123,12 +129,12 @@ def fuse_weights(
             tensor = tensor.float() + offset
         tensor = tensor.to(dtype)
         if num_parts == 1:
-            state[name] = tensor.to(device)
+            state[name] = keep(name, tensor).to(device)
             continue
         parts = pending.setdefault(name, [None] * num_parts)
         parts[index] = tensor
         if all(p is not None for p in parts):
-            state[name] = torch.cat(parts, dim=0).to(device)  # type: ignore[arg-type]
+            state[name] = keep(name, torch.cat(parts, dim=0)).to(device)  # type: ignore[arg-type]
             del pending[name]
     if pending:
         raise ValueError(f"incomplete fused weights (some parts missing): {sorted(pending)}")
@@ -151,6 +157,11 @@ def _open_weights(
     raise ValueError(f"model format must be 'gguf' or 'hf', got {resolved.format!r}")
 
 
+def read_arch(resolved: ResolvedModel) -> ArchConfig:
+    """The model's shape, without reading its weights."""
+    return _open_weights(resolved)[0]
+
+
 def load_model(
     resolved: ResolvedModel,
     *,
@@ -159,23 +170,30 @@ def load_model(
     attention: AttentionBackend,
     max_positions: int | None = None,
     progress: bool = True,
+    group: TPGroup | None = None,
     quantization: str = "none",
 ) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model in eval mode without gradients, weights in `dtype` on `device`.
 
     max_positions bounds the rotary tables (default: the model's max_position_embeddings).
+    With a tensor-parallel `group`, this rank's shard (models/tensor_parallel.py); model.arch
+    is then the rank's shape, the returned ArchConfig the whole model's.
     quantization "auto" keeps a GGUF's quantized linears quantized where a kernel exists
-    (models/quantized.py; the plan is on model.quantized), "none" dequantizes everything.
+    (models/quantized.py; what runs is in model.quantization), "none" dequantizes everything;
+    tensor-parallel shards are dequantized (the quantized layers are not sharded).
     """
     plan = None
-    if quantization == "auto" and resolved.format == "gguf":
+    if quantization == "auto" and resolved.format == "gguf" and group is None:
         arch, reader = loader_gguf.open_gguf(resolved.path)
         plan = plan_quantized(reader, arch, dtype=dtype, device=device)
     arch, weights, num_weights = _open_weights(resolved, plan)
+    tp = group.world_size if group is not None else 1
     with torch.device("meta"):
         model = MODEL_CLASSES[arch.architecture](
-            arch, attention, dtype=dtype, device=device, max_positions=max_positions
+            shard_arch(arch, tp), attention, dtype=dtype, device=device, max_positions=max_positions
         )
+        if group is not None:
+            parallelize(model, group)
     if plan is not None:
         plan.install(model)
         model.quantization = plan.describe()
@@ -186,7 +204,11 @@ def load_model(
         unit="tensor",
         disable=not progress,
     )
-    state = fuse_weights(iter(bar), dtype, device, arch)
+    shard = None
+    if group is not None:
+        rank = group.rank
+        shard = lambda name, w: shard_weight(name, w, arch, rank, tp)  # noqa: E731
+    state = fuse_weights(iter(bar), dtype, device, arch, shard)
     tied = arch.tie_word_embeddings and not (plan is not None and plan.keeps_lm_head)
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too

@@ -6,11 +6,14 @@ dispatches by device. Fake implementations let torch.compile and opcheck trace t
 
     reshape_and_cache(key, value, kv_cache, slot_mapping)   # mutates kv_cache
     paged_attention(out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-                    max_seq_len, scale, sliding_window=0, logit_softcap=0.0)
+                    max_seq_len, scale, sliding_window=0, logit_softcap=0.0,
+                    batch_invariant=True)
 
 sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sliding_window;
 logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
-(Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off).
+(Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off). batch_invariant=False lets
+the CPU kernel score a decode step's few query vectors by a faster per-key dot that rounds
+differently from a prefill chunk's scoring (issue 16; CUDA ignores it).
 
 Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
 straight by eager code.
@@ -80,6 +83,7 @@ def _check_attention(
     scale: float,
     sliding_window: int = 0,
     logit_softcap: float = 0.0,
+    batch_invariant: bool = True,
 ) -> None:
     _check_cache(kv_cache)
     _check_rows("query", query, kv_cache, None)
@@ -172,6 +176,7 @@ def _attention_args(
     scale: float,
     sliding_window: int,
     logit_softcap: float,
+    batch_invariant: bool,
 ) -> _core.AttentionArgs:
     args = _core.AttentionArgs()
     args.out = out.data_ptr()
@@ -186,6 +191,7 @@ def _attention_args(
     args.max_query_len, args.max_seq_len = max_query_len, max_seq_len
     args.scale = scale
     args.sliding_window, args.logit_softcap = sliding_window, logit_softcap
+    args.batch_invariant = batch_invariant
     args.dtype = DTYPES[kv_cache.dtype]
     return args
 
@@ -215,10 +221,11 @@ def paged_attention_eager(
     scale: float,
     sliding_window: int = 0,  # 0: none
     logit_softcap: float = 0.0,  # 0: none
+    batch_invariant: bool = True,  # False: the faster, not batch-invariant CPU decode scoring
 ) -> None:
     """paged_attention's body."""
     params = (out, query, kv_cache, page_table, seq_lens, query_start_loc, max_query_len,
-              max_seq_len, scale, sliding_window, logit_softcap)  # fmt: skip
+              max_seq_len, scale, sliding_window, logit_softcap, batch_invariant)  # fmt: skip
     _check_attention(*params)
     args = _attention_args(*params)
     if kv_cache.is_cuda:

@@ -39,6 +39,8 @@ class StackShape:
     rms_norm_eps: float
     scale: float
     """The attention's softmax scale."""
+    batch_invariant: bool = True
+    """The attention backend's batch_invariant, for every layer's attention."""
 
 
 class NativeDecoderStack:
@@ -49,7 +51,7 @@ class NativeDecoderStack:
         packed by ops/linear.py). owner keeps every weight they point at alive with the stack."""
         self._owner, self._num_layers = owner, len(layers)
         self.hidden_size, self.head_size = shape.hidden_size, shape.head_size
-        self.num_kv_heads = shape.num_kv_heads
+        self.num_kv_heads, self.batch_invariant = shape.num_kv_heads, shape.batch_invariant
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 

@@ -38,6 +38,11 @@ _SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_
 # GGUF with GPT-2's split alone, and so do we.
 _GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "smollm"})
 
+# Architectures whose `llama` vocabulary llama.cpp and transformers read with the `▁` prefix in
+# front of every piece of text between special tokens (transformers' GGUF Phi-3 converter; for
+# a "llama" file transformers prefixes only the first piece, which our tests hold it to).
+_PREFIX_EVERY_CHUNK = frozenset({"phi3"})
+
 _KEYS = (
     "model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
     "eot_token_id", "eom_token_id", "unknown_token_id", "add_bos_token", "add_eos_token",
@@ -53,6 +58,8 @@ def read_gguf_vocab(path: Path) -> dict[str, Any]:
         field = reader.fields.get(f"tokenizer.ggml.{key}")
         if field is not None:
             out[key] = _field_value(field)
+    arch = reader.fields.get("general.architecture")
+    out["architecture"] = _field_value(arch) if arch is not None else None
     template = reader.fields.get("tokenizer.chat_template")
     out["chat_template"] = _field_value(template) if template is not None else None
     return out
@@ -74,7 +81,9 @@ def gguf_tokenizer(path: Path) -> Tokenizer:
     if kind == "gpt2":
         return _bpe_tokenizer(vocab)
     if kind == "llama":
-        return SentencePieceTokenizer(spm_model_proto(vocab), _meta(vocab, add_bos_default=True))
+        meta = _meta(vocab, add_bos_default=True)
+        every = vocab["architecture"] in _PREFIX_EVERY_CHUNK
+        return SentencePieceTokenizer(spm_model_proto(vocab), meta, prefix_every_chunk=every)
     raise ValueError(f"tokenizer.ggml.model: {kind!r} is not supported (gpt2, llama)")
 
 

@@ -2,7 +2,9 @@
 
 Encoding follows transformers' LlamaTokenizer, the oracle: control and unknown pieces written in
 the text become their ids, the `▁` prefix goes only in front of the first piece of text (and not
-when that text already starts with a space), and decoding drops one leading space.
+when that text already starts with a space), and decoding drops one leading space. With
+prefix_every_chunk (Phi-3's GGUF vocabulary, as llama.cpp and transformers read it) the prefix
+goes in front of every piece of text between special tokens, leading space or not.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ class _PieceFields(Protocol):
 
 
 class SentencePieceTokenizer(Tokenizer):
-    def __init__(self, model_proto: bytes, meta: TokenizerMeta) -> None:
+    def __init__(
+        self, model_proto: bytes, meta: TokenizerMeta, prefix_every_chunk: bool = False
+    ) -> None:
         proto = model_pb2.ModelProto()  # type: ignore[attr-defined]  # no stubs (above)
         proto.ParseFromString(model_proto)
         super().__init__(meta, len(proto.pieces))
         self._add_eos_token = meta.add_eos_token
         self._add_prefix = proto.normalizer_spec.add_dummy_prefix
+        self._prefix_every_chunk = prefix_every_chunk
         self._with_prefix = spm.SentencePieceProcessor(model_proto=model_proto)
         proto.normalizer_spec.add_dummy_prefix = False
         self._without_prefix = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
@@ -54,7 +59,9 @@ class SentencePieceTokenizer(Tokenizer):
             if piece in self._special_by_text:
                 ids.append(self._special_by_text[piece])
                 continue
-            first = start == 0 and not piece.startswith((" ", "\u2581"))
+            first = self._prefix_every_chunk or (
+                start == 0 and not piece.startswith((" ", "\u2581"))
+            )
             processor = self._with_prefix if first else self._without_prefix
             ids.extend(processor.encode(piece))
         if add_special_tokens and self._add_eos_token and self.eos_token_ids:

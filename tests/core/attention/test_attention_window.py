@@ -23,11 +23,14 @@ WINDOWS = [0, 1, 5, 16, 23, 64, 200]  # 0: none; 5 < page_size; 200 > every cont
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
-def run(b, device_out: torch.Tensor, window: int, softcap: float) -> torch.Tensor:
+def run(
+    b, device_out: torch.Tensor, window: int, softcap: float, batch_invariant: bool = True
+) -> torch.Tensor:
     m = b.meta
     ops.paged_attention(device_out, b.query, b.kv_cache, m.page_table, m.seq_lens,
                         m.query_start_loc, m.max_query_len, m.max_seq_len, b.scale,
-                        sliding_window=window, logit_softcap=softcap)  # fmt: skip
+                        sliding_window=window, logit_softcap=softcap,
+                        batch_invariant=batch_invariant)  # fmt: skip
     return device_out
 
 
@@ -65,14 +68,22 @@ def test_reference_mask_and_cap_are_transformers() -> None:
 @pytest.mark.parametrize(
     ("head_size", "group", "page_size"), [(64, 3, 16), (128, 2, 8), (48, 1, 16)]
 )
+@pytest.mark.parametrize("batch_invariant", [True, False], ids=["invariant", "fast_decode"])
 def test_window_and_softcap_match_the_reference(
-    device: str, dtype: torch.dtype, head_size: int, group: int, page_size: int
+    device: str,
+    dtype: torch.dtype,
+    head_size: int,
+    group: int,
+    page_size: int,
+    batch_invariant: bool,
 ) -> None:
+    """Either decode scoring (batch_invariant False: a dot per key for items of under 8 query
+    vectors, the decodes here) within the dtype's tolerance of the reference."""
     b = make_batch(Q_LENS, SEQ_LENS, group=group, head_size=head_size, page_size=page_size,
                    dtype=dtype, device=device, seed=head_size)  # fmt: skip
     b.query.mul_(3)  # larger scores, so the cap matters
     for window, softcap in itertools.product(WINDOWS, (0.0, 2.5)):
-        got = run(b, torch.full_like(b.query, float("nan")), window, softcap)
+        got = run(b, torch.full_like(b.query, float("nan")), window, softcap, batch_invariant)
         expect = want(b, window, softcap)
         tol = TOLERANCE[dtype]
         torch.testing.assert_close(got.float().cpu(), expect.float().cpu(), atol=tol, rtol=tol,

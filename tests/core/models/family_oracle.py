@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from pagedserve import SamplingParams
+
 NEAR_TIE = 1e-3
 
 
@@ -42,6 +44,25 @@ def assert_greedy_matches(ours: list[int], expected: list[int], gaps: list[float
     trusted = trusted_prefix(expected, gaps)
     assert ours[: len(trusted)] == trusted, (ours, expected, gaps)
     return len(trusted)
+
+
+def engine_prompts(prompt: list[int]) -> list[list[int]]:
+    """Shorter and longer than an 8-token window; the third shares the second's first 12
+    tokens (three full 4-token pages: a prefix-cache hit once the second has run)."""
+    return [prompt[:5], prompt, prompt[:12] + [33, 44, 55]]
+
+
+def assert_engine_matches(llm, hf_model, prompt: list[int], max_tokens: int = 12) -> None:
+    """The engine's greedy tokens for engine_prompts(prompt), as one mixed batch and then the
+    third alone (a prefix-cache hit), equal transformers' up to each first near-tie."""
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    prompts = engine_prompts(prompt)
+    batch = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    alone = llm.generate([prompts[2]], greedy)[0].outputs[0].token_ids
+    compared = 0
+    for one, ours in zip(prompts + [prompts[2]], batch + [alone], strict=True):
+        compared += assert_greedy_matches(ours, *hf_greedy(hf_model, one, max_tokens))
+    assert compared >= 2 * max_tokens  # most steps are not near-ties: the comparison is real
 
 
 def load_hf(folder: Path):

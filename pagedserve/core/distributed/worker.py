@@ -1,0 +1,119 @@
+"""A tensor-parallel worker: one rank other than 0, in its own process (started by `spawn`).
+
+It joins the group, loads its shard of the model, allocates its heads' paged KV cache (as many
+pages as rank 0 says, so the page tables mean the same everywhere), then runs what rank 0
+broadcasts, step after step, until rank 0 says stop. It never samples: its share of the logits
+goes to rank 0. It exits when its parent process does (a killed server leaves no worker
+behind), and a peer that vanishes mid-step makes its collective fail, which ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from pagedserve.core.attention.base import kv_cache_shape
+from pagedserve.core.attention.registry import get_attention_backend
+from pagedserve.core.config import ParallelConfig
+from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
+from pagedserve.core.distributed.step import StepChannel, StepInputs
+from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.registry import load_model
+from pagedserve.core.models.resolve import ResolvedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a rank needs to build its part of the engine (pickled once, at spawn)."""
+
+    resolved: ResolvedModel
+    dtype: torch.dtype
+    device: torch.device
+    """cpu or cuda (a CUDA rank takes the GPU of its index on its node)."""
+    attention_backend: str
+    deterministic: bool
+    """ModelConfig.deterministic: the same attention kernels as rank 0."""
+    max_positions: int | None
+    page_size: int
+    parallel: ParallelConfig
+    """With the master port rank 0's store actually listens on."""
+
+
+def threads_per_rank(parallel: ParallelConfig) -> int:
+    """CPU threads for each rank of this node: the cores this process may use, shared."""
+    return max(1, len(os.sched_getaffinity(0)) // parallel.ranks_per_node)
+
+
+def exit_with_parent() -> None:
+    """End this process as soon as the process that started it is gone (any way it went)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pagedserve-parent-watch", daemon=True).start()
+
+
+def run_step(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs) -> None:
+    """Rank 0's forward pass, collective for collective (models/tensor_parallel.py)."""
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)
+    model.compute_logits(hidden[inputs.sample_rows])
+    for start, count in inputs.prompt_rows:
+        if count:
+            model.compute_logits(hidden[start : start + count])
+
+
+def share_num_pages(group: TPGroup, num_pages: int = 0) -> int:
+    """Rank 0's KV page count, on every rank (workers pass nothing and wait for it)."""
+    return int(group.broadcast_control(torch.tensor([num_pages], dtype=torch.int64)).item())
+
+
+@torch.inference_mode()
+def serve_rank(spec: WorkerSpec, rank: int) -> None:
+    """Join, load, then run steps until told to stop (or a peer fails)."""
+    parallel = spec.parallel
+    device = rank_device(spec.device, rank - parallel.node_ranks().start)
+    if device.type == "cpu":
+        torch.set_num_threads(threads_per_rank(parallel))
+    group = open_group(parallel, rank, device, open_store(parallel, rank))
+    try:
+        model, _ = load_model(
+            spec.resolved,
+            dtype=spec.dtype,
+            device=device,
+            attention=get_attention_backend(spec.attention_backend, spec.deterministic),
+            max_positions=spec.max_positions,
+            progress=False,
+            group=group,
+        )
+        arch, num_pages = model.arch, share_num_pages(group)
+        shape = kv_cache_shape(num_pages, spec.page_size, arch.num_kv_heads, arch.head_size)
+        kv_caches = [
+            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(arch.num_layers)
+        ]
+        channel = StepChannel(group)
+        while (inputs := channel.receive()) is not None:
+            run_step(model, kv_caches, inputs)
+    finally:
+        group.close()
+
+
+def worker_main(spec: WorkerSpec, rank: int) -> None:
+    """The spawned process's entry point."""
+    exit_with_parent()
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        serve_rank(spec, rank)
+    except Exception:
+        logger.exception("tensor-parallel rank %d failed", rank)
+        raise SystemExit(1) from None
