@@ -48,7 +48,9 @@ def logits(model, arch, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("family", "qtype", "tie"),
     [("llama", "Q8_0", False), ("llama", "Q4_1", True), ("llama", "Q4_0", False),
-     ("qwen2", "Q8_0", False)],  # qwen2: q/k/v biases on the quantized product
+     ("qwen2", "Q8_0", False),  # q/k/v biases on the quantized product
+     ("qwen3", "Q8_0", False),  # q/k norms between the quantized products
+     ("mixtral", "Q8_0", False)],  # experts stay dequantized, attention quantized
 )  # fmt: skip
 def test_linears_stay_quantized_and_match_the_dequantized_model(
     tmp_path: Path, family: str, qtype: str, tie: bool
@@ -58,7 +60,10 @@ def test_linears_stay_quantized_and_match_the_dequantized_model(
     model, arch = load(path, "auto")
     layer = model.layers[0]
     assert isinstance(layer.qkv_proj, QuantizedLinear) and isinstance(layer.o_proj, QuantizedLinear)
-    assert isinstance(layer.mlp.gate_up_proj, QuantizedGateUpLinear)
+    if family == "mixtral":
+        assert not any(isinstance(m, QuantizedGateUpLinear) for m in model.modules())
+    else:
+        assert isinstance(layer.mlp.gate_up_proj, QuantizedGateUpLinear)
     assert isinstance(model.lm_head, QuantizedLinear)
     assert model.quantization.startswith(f"{qtype} x ") and "kept quantized" in model.quantization
     assert model.embed_tokens.weight.dtype == torch.float32  # the lookup stays dequantized
