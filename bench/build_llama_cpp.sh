@@ -8,6 +8,8 @@
 #   nohup bench/build_llama_cpp.sh > bench/.work/build.log 2>&1 &   # the build takes a while
 #
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2: the machine is shared).
+# How it is built (say so beside any llama.cpp figure): Release, GGML_NATIVE=ON without AMX
+# (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16), static, no curl.
 set -euo pipefail
 cd "$(dirname "$0")"
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -36,17 +38,25 @@ all_built && { echo "$bin"; exit 0; }
 if [[ ! -d "$src_root/vendor/llama.cpp" ]]; then
     sdist="$work/llama_cpp_python-$version.tar.gz"
     if [[ ! -f "$sdist" ]]; then
-        # --no-deps: only the sdist; its build dependencies are never installed here.
-        python3 -m pip download --no-deps --no-binary :all: --no-build-isolation \
+        # --no-deps: only the sdist. pip prepares an sdist's metadata even to download it, so it
+        # needs the sdist's build backend (scikit-build-core): in an isolated build environment
+        # pip fetches it from PyPI, so this runs from any venv (./scripts/install.sh test's too).
+        python3 -m pip download --no-deps --no-binary :all: \
             "llama-cpp-python==$version" -d "$work" -q
     fi
     tar -xzf "$sdist" -C "$work"
 fi
 
-# GGML_NATIVE: tuned for this CPU (AVX-512, BF16), which is what a user here would build.
+# GGML_NATIVE: tuned for this CPU (AVX-512, BF16, VNNI), which is what a user here would build,
+# minus AMX: ggml's AMX backend (compiled in when -march=native has AMX-INT8) crashed with SIGSEGV
+# in ggml_backend_amx_mul_mat on Q4_1 on an Intel AMX machine, so the -mno-amx-* flags keep it out
+# and the same script gives a working llama-server on Zen 4 and on Intel with AMX alike.
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$src_root/vendor/llama.cpp" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$no_amx" \
+    -DCMAKE_CXX_FLAGS="$no_amx" \
     -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_TESTS=OFF \

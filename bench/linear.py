@@ -1,8 +1,14 @@
 """The packed native bf16 linear kernel vs torch's bf16 matmul, at SmolLM2-135M's shapes.
 
     python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32]
+    python bench/linear.py --quantized Q4_1,Q8_0,Q4_K,Q6_K      # the kept-quantized kernels
 
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
+--quantized times the GGUF kernels (ops/linear_quant.py; int8 activations, AVX512-VNNI or the
+portable path) beside the native bf16 kernel and torch on the same layers at 1, 16, 64 and 256
+rows: GB/s of (packed) weights at one row, GFLOP/s at more. --dequant-bf16 adds, per type, the
+alternative the kernel was chosen against (weights converted to bf16 in registers, AVX512-BF16
+dot products with unrounded bf16 activations).
 
 For each layer (qkv, o with its residual add, gate_up, down with its residual, lm_head with fp32
 logits) and each row count (1: single-request decode, 64: a batch-64 decode step, 512: a
@@ -20,12 +26,19 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import quantize
 
 from pagedserve.core.models.linear import Linear
 from pagedserve.core.ops.linear import native_linear_available
+from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
+from pagedserve.core.ops.native import core
 
 # (name, in_features, out_features, residual add, fp32 output)
 LAYERS = (
@@ -60,17 +73,117 @@ def torch_call(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, fp32:
     return lambda: F.linear(x, w)
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def gguf_rows(qtype: GGMLQuantizationType, n: int, k: int) -> np.ndarray:
+    """[n, row bytes] blocks: gguf's quantizer where it has one, else random K-quant blocks
+    (every bit pattern is valid; the fp16 super-block scales set small)."""
+    rng = np.random.default_rng(0)
+    if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0):
+        return np.ascontiguousarray(quantize(rng.standard_normal((n, k), np.float32), qtype))
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(n * k // block, size), dtype=np.uint8)
+    scale = np.full((len(blocks), 1), 1e-3, np.float16).view(np.uint8)
+    offsets = (208,) if qtype == GGMLQuantizationType.Q6_K else (0, 2)
+    for offset in offsets:
+        blocks[:, offset : offset + 2] = scale
+    return blocks.reshape(n, -1)
+
+
+def dequant_bf16_call(
+    out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, qtype: int, res: torch.Tensor | None
+) -> Callable[[], None]:
+    """The alternative the kernel measured against: weights to bf16 in registers, dpbf16."""
+    m, k = x.shape
+    n = out.shape[1]
+    res_ptr = 0 if res is None else res.data_ptr()
+    return lambda: core.quant_linear(qtype, x.data_ptr(), k, False, packed.data_ptr(), 0,
+                                     res_ptr, n, out.data_ptr(), n, out.dtype == torch.float32,
+                                     m, n, k, 0, torch.get_num_threads(), False, True)  # fmt: skip
+
+
+def quantized_table(types: list[str], repeats: int, dequant: bool) -> None:
+    """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel
+    (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
+    print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
+          "each kernel reads (packed)")  # fmt: skip
+    for name, k, n, residual, fp32 in LAYERS:
+        layer = Linear(k, n).to(torch.bfloat16)
+        w = (torch.randn(n, k) * k**-0.5).bfloat16()
+        layer.weight.data.copy_(w)  # type: ignore[union-attr]
+        layer.pack()
+        packs = []  # (type, packed) of the types whose block size divides k (K-quants: 256)
+        for t in types:
+            qtype = GGMLQuantizationType[t]
+            if k % GGML_QUANT_SIZES[qtype][0]:
+                continue
+            rows = gguf_rows(qtype, n, k)
+            addresses = rows.ctypes.data + np.arange(n, dtype=np.int64) * rows.strides[0]
+            packs.append((int(qtype), pack_quant_weight(int(qtype), addresses, k)))
+        names = [GGMLQuantizationType(q).name for q, _ in packs]
+        names += [f"{t}/bf16" for t in names] if dequant else []
+        print(f"{name} [k={k}, n={n}]: median us of torch, bf16, " + ", ".join(names)
+              + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
+        for m in (1, 16, 64, 256):
+            x = torch.randn(m, k).bfloat16()
+            res = torch.randn(m, n).bfloat16() if residual else None
+            out_dtype = torch.float32 if fp32 else torch.bfloat16
+            out = torch.empty(m, n, dtype=out_dtype)
+            calls = [
+                torch_call(x, w, res, fp32),
+                functools.partial(layer, x, res, out_dtype=out_dtype),
+            ]
+            calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0) for q, p in packs]
+            if dequant:
+                calls += [dequant_bf16_call(out, x, p, q, res) for q, p in packs]
+            times = timed_all(calls, repeats)
+            sizes = [n * k * 2, layer.weight_bytes()] + [p.numel() for _, p in packs] * (
+                1 + dequant
+            )
+            rates = [f"{s / t / 1e9:.0f}GB/s" if m == 1 else f"{2 * m * n * k / t / 1e9:.0f}GF/s"
+                     for s, t in zip(sizes, times, strict=True)]  # fmt: skip
+            print(f"{name:15s} {m:5d} " + " ".join(f"{t * 1e6:8.0f}" for t in times)
+                  + "   " + " ".join(rates))  # fmt: skip
+
+
+def timed_all(calls: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each call, interleaved so that load falls on all alike."""
+    for _ in range(3):
+        for fn in calls:
+            fn()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for fn, ts in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--quantized", default="", help="GGUF types to time, e.g. Q4_1,Q8_0")
+    ap.add_argument("--dequant-bf16", action="store_true",
+                    help="with --quantized: also time the bf16-in-register alternative")  # fmt: skip
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if not native_linear_available():
         raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
     torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_model()}")
     print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
+    if args.quantized:
+        quantized_table(args.quantized.split(","), args.repeats, args.dequant_bf16)
+        print(f"load average after: {os.getloadavg()}")
+        return
     print(
         f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}  native"
     )

@@ -36,9 +36,16 @@ __all__: list[str] = [
     "pack_gated_weight_f32",
     "pack_linear_weight_bf16",
     "pack_linear_weight_f32",
+    "pack_quant_weight",
     "packed_linear_elements",
     "packed_linear_elements_f32",
+    "packed_quant_bytes",
     "paged_attention",
+    "quant_block_features",
+    "quant_linear",
+    "quant_linear_path",
+    "quant_row_bytes",
+    "quant_type_supported",
     "reshape_and_cache",
     "rms_norm",
     "rotary",
@@ -354,15 +361,23 @@ class DecoderLayerWeights:
         down: typing.SupportsInt | typing.SupportsIndex,
         sliding_window: typing.SupportsInt | typing.SupportsIndex = 0,
         logit_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0,
+        qkv_type: typing.SupportsInt | typing.SupportsIndex = 0,
+        o_type: typing.SupportsInt | typing.SupportsIndex = 0,
+        gate_up_type: typing.SupportsInt | typing.SupportsIndex = 0,
+        down_type: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     @property
     def down(self) -> int: ...
     @down.setter
     def down(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     @property
+    def down_type(self) -> int: ...
+    @property
     def gate_up(self) -> int: ...
     @gate_up.setter
     def gate_up(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def gate_up_type(self) -> int: ...
     @property
     def input_norm(self) -> int: ...
     @input_norm.setter
@@ -373,6 +388,8 @@ class DecoderLayerWeights:
     def o(self) -> int: ...
     @o.setter
     def o(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def o_type(self) -> int: ...
     @property
     def post_norm(self) -> int: ...
     @post_norm.setter
@@ -385,6 +402,8 @@ class DecoderLayerWeights:
     def qkv_bias(self) -> int: ...
     @qkv_bias.setter
     def qkv_bias(self, arg1: typing.SupportsInt | typing.SupportsIndex) -> None: ...
+    @property
+    def qkv_type(self) -> int: ...
     @property
     def sliding_window(self) -> int: ...
 
@@ -485,15 +504,55 @@ def pack_linear_weight_f32(
     packed: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
+def pack_quant_weight(
+    ggml_type: typing.SupportsInt | typing.SupportsIndex,
+    rows: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
 def packed_linear_elements(
     n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
 ) -> int: ...
 def packed_linear_elements_f32(
     n: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex
 ) -> int: ...
+def packed_quant_bytes(
+    ggml_type: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+) -> int: ...
 def paged_attention(
     args: AttentionArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
 ) -> None: ...
+def quant_block_features(ggml_type: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+def quant_linear(
+    ggml_type: typing.SupportsInt | typing.SupportsIndex,
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    float32: bool,
+    packed: typing.SupportsInt | typing.SupportsIndex,
+    bias: typing.SupportsInt | typing.SupportsIndex,
+    residual: typing.SupportsInt | typing.SupportsIndex,
+    residual_stride: typing.SupportsInt | typing.SupportsIndex,
+    out: typing.SupportsInt | typing.SupportsIndex,
+    out_stride: typing.SupportsInt | typing.SupportsIndex,
+    out_float32: bool,
+    m: typing.SupportsInt | typing.SupportsIndex,
+    n: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+    gated_width: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+    force_portable: bool = False,
+    dequant_bf16: bool = False,
+) -> None: ...
+def quant_linear_path() -> str: ...
+def quant_row_bytes(
+    ggml_type: typing.SupportsInt | typing.SupportsIndex,
+    k: typing.SupportsInt | typing.SupportsIndex,
+) -> int: ...
+def quant_type_supported(ggml_type: typing.SupportsInt | typing.SupportsIndex) -> bool: ...
 def reshape_and_cache(
     args: CacheWriteArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
 ) -> None: ...

@@ -52,6 +52,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
+    (ModelConfig, "quantization", {"choices": ["auto", "none"]}),
     (ModelConfig, "device", {}),
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),
@@ -149,7 +150,7 @@ def _announce(config: ServerConfig, engine: EngineClient) -> None:
     print(
         f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
         f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len}; "
-        f"{'' if model.batch_invariant else 'not '}batch-invariant)",
+        f"{'' if model.batch_invariant else 'not '}batch-invariant; weights: {model.weights})",
         file=sys.stderr,
         flush=True,
     )

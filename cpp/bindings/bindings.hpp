@@ -10,3 +10,4 @@ void bind_attention(pybind11::module_& m);       // attention.cpp
 void bind_layer_ops(pybind11::module_& m);       // layer_ops.cpp
 void bind_linear(pybind11::module_& m);          // linear.cpp
 void bind_decoder_stack(pybind11::module_& m);   // decoder_stack.cpp
+void bind_linear_quant(pybind11::module_& m);    // linear_quant.cpp

@@ -11,5 +11,6 @@ PYBIND11_MODULE(_core, m) {
     bind_attention(m);
     bind_layer_ops(m);
     bind_linear(m);
+    bind_linear_quant(m);
     bind_decoder_stack(m);
 }

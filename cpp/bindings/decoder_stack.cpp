@@ -23,7 +23,8 @@ using pagedserve::bindings::Ptr;
 void bind_layer_weights(py::module_& m) {
     py::class_<DecoderLayerWeights> cls(m, "DecoderLayerWeights");
     cls.def(py::init([](Ptr input_norm, Ptr qkv, Ptr qkv_bias, Ptr o, Ptr post_norm, Ptr gate_up,
-                        Ptr down, std::int64_t sliding_window, float logit_softcap) {
+                        Ptr down, std::int64_t sliding_window, float logit_softcap, int qkv_type,
+                        int o_type, int gate_up_type, int down_type) {
                 using W = const std::uint16_t;
                 DecoderLayerWeights w{pointer<W>(input_norm), pointer<W>(qkv),
                                       pointer<W>(qkv_bias),   pointer<W>(o),
@@ -31,13 +32,21 @@ void bind_layer_weights(py::module_& m) {
                                       pointer<W>(down)};
                 w.sliding_window = sliding_window;
                 w.logit_softcap = logit_softcap;
+                w.qkv_type = qkv_type, w.o_type = o_type;
+                w.gate_up_type = gate_up_type, w.down_type = down_type;
                 return w;
             }),
             py::kw_only(), py::arg("input_norm"), py::arg("qkv"), py::arg("qkv_bias"),
             py::arg("o"), py::arg("post_norm"), py::arg("gate_up"), py::arg("down"),
-            py::arg("sliding_window") = 0, py::arg("logit_softcap") = 0.0f);
+            py::arg("sliding_window") = 0, py::arg("logit_softcap") = 0.0f,
+            py::arg("qkv_type") = 0, py::arg("o_type") = 0, py::arg("gate_up_type") = 0,
+            py::arg("down_type") = 0);
     cls.def_readonly("sliding_window", &DecoderLayerWeights::sliding_window);
     cls.def_readonly("logit_softcap", &DecoderLayerWeights::logit_softcap);
+    cls.def_readonly("qkv_type", &DecoderLayerWeights::qkv_type);
+    cls.def_readonly("o_type", &DecoderLayerWeights::o_type);
+    cls.def_readonly("gate_up_type", &DecoderLayerWeights::gate_up_type);
+    cls.def_readonly("down_type", &DecoderLayerWeights::down_type);
     def_pointer(cls, "input_norm", &DecoderLayerWeights::input_norm);
     def_pointer(cls, "qkv", &DecoderLayerWeights::qkv);
     def_pointer(cls, "qkv_bias", &DecoderLayerWeights::qkv_bias);

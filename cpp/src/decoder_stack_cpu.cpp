@@ -6,6 +6,7 @@
 
 #include "pagedserve/layer_ops.hpp"
 #include "pagedserve/linear.hpp"
+#include "pagedserve/linear_quant.hpp"
 #include "pagedserve/paged_attention.hpp"
 
 namespace pagedserve {
@@ -18,23 +19,28 @@ void check(bool ok, const char* message) {
     if (!ok) throw std::invalid_argument(message);
 }
 
-// out = x W^T (+ bias) (+ residual, which may be out itself), all bf16 rows.
-void project(const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
+// out = x W^T (+ bias) (+ residual, which may be out itself), all bf16 rows; gated_width > 0:
+// out [m, gated_width] = silu(x W_gate^T) * (x W_up^T) from a gated weight. type 0: a packed bf16
+// weight (linear.hpp), else the ggml type of a weight kept quantized (linear_quant.hpp).
+void project(int type, const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
              const std::uint16_t* bias, std::uint16_t* residual, std::uint16_t* out,
-             std::int64_t n, std::int64_t m, int num_threads) {
+             std::int64_t n, std::int64_t m, std::int64_t gated_width, int num_threads) {
+    const std::int64_t out_stride = gated_width > 0 ? gated_width : n;
+    const std::int64_t rows = gated_width > 0 ? gated_rows(gated_width) : n;
+    if (type != 0) {
+        QuantLinearArgs a;
+        a.ggml_type = type, a.x = x, a.x_stride = k;
+        a.packed = reinterpret_cast<const std::uint8_t*>(packed), a.bias = bias;
+        a.residual = residual, a.residual_stride = n;
+        a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
+        a.gated_width = gated_width;
+        return quant_linear(a, num_threads);
+    }
     LinearArgs a;
     a.x = x, a.x_stride = k, a.packed = packed, a.bias = bias;
     a.residual = residual, a.residual_stride = n;
-    a.out = out, a.out_stride = n, a.m = m, a.n = n, a.k = k;
-    linear_bf16(a, num_threads);
-}
-
-// out [m, width] = silu(x W_gate^T) * (x W_up^T) from a gated packed weight.
-void project_gated(const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
-                   std::uint16_t* out, std::int64_t width, std::int64_t m, int num_threads) {
-    LinearArgs a;
-    a.x = x, a.x_stride = k, a.packed = packed, a.out = out, a.out_stride = width;
-    a.m = m, a.n = gated_rows(width), a.k = k, a.gated_width = width;
+    a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
+    a.gated_width = gated_width;
     linear_bf16(a, num_threads);
 }
 
@@ -51,6 +57,9 @@ DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWe
     for (const DecoderLayerWeights& w : layers_) {
         check(w.input_norm && w.qkv && w.o && w.post_norm && w.gate_up && w.down,
               "DecoderStack: a layer is missing a weight");
+        for (int type : {w.qkv_type, w.o_type, w.gate_up_type, w.down_type})
+            check(type == 0 || quant_type_supported(type),
+                  "DecoderStack: a projection's quantized type has no kernel");
         check(w.sliding_window >= 0 && w.logit_softcap >= 0.0f,
               "DecoderStack: a layer's sliding_window and logit_softcap must be >= 0");
     }
@@ -91,7 +100,8 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     };
 
     rms_norm_cpu(norm_args(w.input_norm), num_threads);
-    project(x_.data(), hidden, w.qkv, w.qkv_bias, nullptr, qkv_.data(), qkv_size, n, num_threads);
+    project(w.qkv_type, x_.data(), hidden, w.qkv, w.qkv_bias, nullptr, qkv_.data(), qkv_size, n,
+            0, num_threads);
 
     // q and k side by side: one rotary call over heads + kv_heads.
     RotaryArgs rotary;
@@ -125,10 +135,11 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     attend.sliding_window = w.sliding_window, attend.logit_softcap = w.logit_softcap;
     paged_attention_cpu(attend, num_threads);
 
-    project(attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, num_threads);
+    project(w.o_type, attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, 0, num_threads);
     rms_norm_cpu(norm_args(w.post_norm), num_threads);
-    project_gated(x_.data(), hidden, w.gate_up, mlp_.data(), inter, n, num_threads);
-    project(mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, num_threads);
+    project(w.gate_up_type, x_.data(), hidden, w.gate_up, nullptr, nullptr, mlp_.data(), 0, n,
+            inter, num_threads);
+    project(w.down_type, mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, 0, num_threads);
 }
 
 }  // namespace pagedserve

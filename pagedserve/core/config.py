@@ -13,6 +13,7 @@ from functools import cache
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,16 @@ class ModelConfig:
     CUDA never is). --no-deterministic trades that for a faster decode attention (the cost is
     measured in bench/RESULTS.md)."""
 
+    quantization: str = "auto"
+    """GGUF quantized weights: auto keeps the file's quantization (Q4_0, Q4_1, Q8_0, Q4_K,
+    Q5_K, Q6_K) on the native int8 kernels of a CPU, dequantizing only types without a kernel;
+    none dequantizes every weight to the compute dtype."""
+
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device not in DEVICES:

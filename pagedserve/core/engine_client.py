@@ -36,6 +36,9 @@ class ModelInfo:
     """Where the model runs, e.g. "cpu" or "cuda:0"."""
     batch_invariant: bool
     """Greedy and seeded results are a function of the request alone, not of the batch."""
+    weights: str = ""
+    """What runs the weights, e.g. "Q4_1 x 210, Q8_0 x 1 kept quantized (native avx512-vnni)"
+    or "bfloat16" (dequantized or unquantized)."""
 
 
 class RequestStream(Protocol):

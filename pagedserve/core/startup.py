@@ -24,6 +24,7 @@ from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
+from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.models.tensor_parallel import check_divisible
@@ -47,6 +48,8 @@ class EngineParts:
     kv_layout: KVCacheLayout
     batch_invariant: bool
     """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
+    weights: str = ""
+    """What runs the weights (ModelInfo.weights)."""
 
     @property
     def model_info(self) -> ModelInfo:
@@ -59,6 +62,7 @@ class EngineParts:
             dtype=str(self.model_runner.dtype).removeprefix("torch."),
             device=str(self.model_runner.device),
             batch_invariant=self.batch_invariant,
+            weights=self.weights,
         )
 
 
@@ -109,7 +113,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             attention=attention,
             max_positions=mc.max_model_len,
             group=tp.group if tp else None,
+            quantization=mc.quantization,
         )
+        weights = model.quantization or str(dtype).removeprefix("torch.")
         max_model_len = _max_model_len(mc, arch)
         spec = ModelRunner.kv_spec(model.arch, cc.page_size, dtype)  # this rank's KV heads
         pages_per_request = -(-max_model_len // cc.page_size)
@@ -146,11 +152,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     invariant = tp is None and is_batch_invariant(model, attention, device)
     logger.info(
-        "model %s (%s) on %s in %s, tensor_parallel_size %d, attention %s, %sbatch-invariant; %s",
+        "model %s (%s) on %s in %s, weights: %s, tensor_parallel_size %d, attention %s, "
+        "%sbatch-invariant; %s",
         resolved.name,
         arch.architecture,
         device,
         dtype,
+        weights,
         config.parallel.tensor_parallel_size,
         attention.name,
         "" if invariant else "not ",
@@ -166,6 +174,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_model_len,
         layout,
         invariant,
+        weights,
     )
 
 
@@ -198,15 +207,16 @@ def is_batch_invariant(
 ) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel and the native CPU attention with batch_invariant on
-    (--deterministic, the default). torch's matmul (float16, CUDA, CPUs without AVX512-BF16),
-    the torch reference attention, --no-deterministic and the CUDA kernels (whose decode splits
-    long contexts) are not."""
+    layer on the native bf16/fp32 kernel (or the quantized one) and the native CPU attention
+    with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
+    without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
+    kernels (whose decode splits long contexts) are not."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
     return (
         device.type == "cpu"
         and attention.batch_invariant
-        and bool(linears)
+        and (bool(linears) or quantized)
         and all(m.packed is not None for m in linears)
     )
 

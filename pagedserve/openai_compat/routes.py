@@ -132,4 +132,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "max_model_len": ctx.engine.model_info.max_model_len,
         # Greedy and seeded results depend on the request alone, not the batch (issue 16).
         "batch_invariant": ctx.engine.model_info.batch_invariant,
+        # What runs the weights, e.g. GGUF blocks kept quantized on the int8 kernels (issue 12).
+        "weights": ctx.engine.model_info.weights,
     }

@@ -19,7 +19,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 
 
 def make_llm(model: ResolvedModel, **kwargs: object) -> LLM:
-    options: dict[str, object] = {"dtype": "float32", "max_model_len": 1024, "num_pages": 512}
+    # The fp32 oracle runs on dequantized weights (--quantization none --dtype float32).
+    options: dict[str, object] = {
+        "dtype": "float32", "quantization": "none", "max_model_len": 1024, "num_pages": 512,
+    }  # fmt: skip
     options.update(kwargs)
     return LLM(str(model.path), **options)
 
@@ -96,13 +99,16 @@ def test_batch_invariance(default_model: ResolvedModel, batch_reference, options
         assert stats.num_preemptions > 0
 
 
+@pytest.mark.parametrize("quantization", ["none", "auto"])
 def test_bfloat16_prompts_longer_than_the_token_budget_complete(
-    default_model: ResolvedModel,
+    default_model: ResolvedModel, quantization: str
 ) -> None:
     """bf16 (what dtype="auto" picks on this CPU): steps whose prefill chunks all end mid-prompt
     sample nothing, and their empty logits product must not fail the request (it did: the
-    native linear kernel refused the null pointer of torch's empty tensor)."""
-    llm = make_llm(default_model, dtype="bfloat16", max_num_batched_tokens=32)
+    native linear kernel refused the null pointer of torch's empty tensor); likewise on the
+    quantized kernel (the default --quantization auto)."""
+    llm = make_llm(default_model, dtype="bfloat16", quantization=quantization,
+                   max_num_batched_tokens=32)  # fmt: skip
     prompts = mixed_prompts(llm, 6)
     assert max(len(p) for p in prompts) > 4 * 32  # several chunks each
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

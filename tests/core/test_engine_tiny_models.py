@@ -19,7 +19,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 
 def engine_tokens(model: str) -> tuple[LLM, list[list[int]]]:
     # A small token budget forces chunked prefill on the longer prompts as well.
-    llm = LLM(model, dtype="float32", num_pages=64, page_size=8, max_num_batched_tokens=16)
+    llm = LLM(model, dtype="float32", quantization="none", num_pages=64, page_size=8,
+              max_num_batched_tokens=16)  # fmt: skip
     return llm, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 

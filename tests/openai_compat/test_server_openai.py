@@ -25,6 +25,10 @@ def test_models(client: openai.OpenAI, server: Server) -> None:
     assert client.models.retrieve(server.model).id == server.model
     # The default server (native kernels on such a CPU) says it is batch-invariant (issue 16).
     assert models[0].batch_invariant is native_linear_available()  # type: ignore[attr-defined]
+    # --quantization auto (the default): the Q4_1 file's blocks run on the int8 kernels.
+    weights = models[0].weights  # type: ignore[attr-defined]
+    assert weights.startswith("Q4_1 x 210, Q8_0 x 1 kept quantized (native "), weights
+    assert f"weights: {weights}" in server.log()
 
 
 # Greedy text is not compared across requests: in bf16 a prefix-cache hit or another batch

@@ -31,6 +31,9 @@ struct DecoderLayerWeights {
     const std::uint16_t* post_norm = nullptr;
     const std::uint16_t* gate_up = nullptr;   // gated: pack_gated_weight_bf16 (linear.hpp)
     const std::uint16_t* down = nullptr;      // [hidden_size, intermediate_size]
+    // ggml type ids (linear_quant.hpp) of projections kept quantized, whose pointer above then
+    // holds pack_quant_weight's bytes (gate_up: the gated row table's); 0: packed bf16.
+    int qkv_type = 0, o_type = 0, gate_up_type = 0, down_type = 0;
     // The layer's attention options (AttentionArgs; 0 = off): local/global layers differ.
     std::int64_t sliding_window = 0;
     float logit_softcap = 0.0f;

@@ -4,7 +4,8 @@
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
 It applies where every piece of a layer runs natively anyway: bfloat16 on a CPU with
-AVX512-BF16 (all projections packed), an attention backend whose kernels the stack calls
+AVX512-BF16 (all projections packed, or kept quantized as one GGUF type each, which the stack
+runs on the same quantized kernel: models/quantized.py), an attention backend whose kernels the stack calls
 (`native_decoder_stack`), eager mode (traced code keeps the per-layer ops). Everything else,
 float32 and so the transformers oracle included, runs the layers one by one as before.
 """
@@ -19,6 +20,7 @@ import torch
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
+from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.ops.decoder_stack import NativeDecoderStack, StackShape
 from pagedserve.core.ops.native import core
 
@@ -90,7 +92,7 @@ def _applies(layer: StackableLayer) -> bool:
     projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
     return (
-        all(p.packed is not None for p in projections)
+        all(_stackable(p) for p in projections)
         and layer.o_proj.bias is None
         and mlp.gate_up_proj.bias is None
         and mlp.down_proj.bias is None
@@ -103,22 +105,44 @@ def _applies(layer: StackableLayer) -> bool:
     )
 
 
-def _packed(linear: PackableLinear) -> int:
-    assert linear.packed is not None  # _applies checked it
-    return linear.packed.data_ptr()
+def _stackable(linear: object) -> bool:
+    """Packed bf16, or kept quantized in one segment (one GGUF type)."""
+    if isinstance(linear, QuantizedLinear):
+        return len(linear.segments) == 1
+    if isinstance(linear, QuantizedGateUpLinear):
+        return True
+    return isinstance(linear, PackableLinear) and linear.packed is not None
+
+
+def _projection(linear: object) -> tuple[int, int]:
+    """(pointer to the packed weight, its ggml type or 0 for packed bf16)."""
+    if isinstance(linear, QuantizedLinear):
+        segment = linear.segments[0]  # _applies checked there is one
+        return segment.packed.data_ptr(), segment.ggml_type
+    if isinstance(linear, QuantizedGateUpLinear):
+        return linear.packed.data_ptr(), linear.ggml_type
+    assert isinstance(linear, PackableLinear) and linear.packed is not None  # _applies did
+    return linear.packed.data_ptr(), 0
 
 
 def _weights(layer: StackableLayer) -> core.DecoderLayerWeights:
     bias, mlp = layer.qkv_proj.bias, layer.mlp
     assert isinstance(mlp, DenseMLP)  # _applies checked it
+    (qkv, qkv_type), (o, o_type) = _projection(layer.qkv_proj), _projection(layer.o_proj)
+    gate_up, gate_up_type = _projection(mlp.gate_up_proj)
+    down, down_type = _projection(mlp.down_proj)
     return core.DecoderLayerWeights(
         input_norm=layer.input_layernorm.data_ptr(),
-        qkv=_packed(layer.qkv_proj),
+        qkv=qkv,
         qkv_bias=0 if bias is None else bias.data_ptr(),
-        o=_packed(layer.o_proj),
+        o=o,
         post_norm=layer.post_attention_layernorm.data_ptr(),
-        gate_up=_packed(mlp.gate_up_proj),
-        down=_packed(mlp.down_proj),
+        gate_up=gate_up,
+        down=down,
         sliding_window=layer.sliding_window,
         logit_softcap=layer.logit_softcap,
+        qkv_type=qkv_type,
+        o_type=o_type,
+        gate_up_type=gate_up_type,
+        down_type=down_type,
     )

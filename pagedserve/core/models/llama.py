@@ -31,6 +31,7 @@ from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
 from pagedserve.core.models.linear import Linear, PackableLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
+from pagedserve.core.models.quantized import QuantizedLinear
 from pagedserve.core.ops import layer_ops
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed_sin), each [n, 1, head_size]
@@ -90,7 +91,8 @@ class LlamaDecoderLayer(nn.Module):
             and self.mlp.gate_up_proj.activation == "silu"
             and self.o_proj.bias is None
             and self.rope_index == 0
-            and type(self.o_proj) is Linear  # tensor parallel: an all-reduce inside the layer
+            # tensor parallel: an all-reduce inside the layer (kept quantized: the stack runs it)
+            and type(self.o_proj) in (Linear, QuantizedLinear)
         )
 
     def _qkv(self, qkv: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, ...]:
@@ -182,6 +184,7 @@ class LlamaForCausalLM(nn.Module):
             local = rope_inv_freq(arch.head_size, arch.local_rope_theta, None)
             self.local_rope = rope_tables(local, positions, dtype, device)
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
+        self.quantization = ""  # what runs the linears kept quantized (models/quantized.py)
 
     def tie_weights(self) -> None:
         weight = self.embed_tokens.weight

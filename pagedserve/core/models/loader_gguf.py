@@ -239,18 +239,25 @@ def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
 
 
-def count_gguf_weights(reader: GGUFReader, num_experts: int = 0) -> int:
+def count_gguf_weights(
+    reader: GGUFReader, num_experts: int = 0, skip: frozenset[str] = frozenset()
+) -> int:
     arch = _field(reader, "general.architecture")
-    return sum(len(_hf_names(t.name, num_experts, arch)) for t in reader.tensors)
+    return sum(
+        len(_hf_names(t.name, num_experts, arch)) for t in reader.tensors if t.name not in skip
+    )
 
 
-def iter_gguf_weights(reader: GGUFReader, arch: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) for every weight, Q/K rows back in HF's rotary order."""
+def iter_gguf_weights(
+    reader: GGUFReader, arch: ArchConfig, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) for every weight but the GGUF tensors named in skip (kept
+    quantized, models/quantized.py), Q/K rows back in HF's rotary order."""
     permuted = arch.architecture in PERMUTED_ARCHITECTURES
     gguf_arch = _field(reader, "general.architecture")
     for tensor in reader.tensors:
         names = _hf_names(tensor.name, arch.num_experts, gguf_arch)
-        if not names:
+        if not names or tensor.name in skip:
             continue
         # F32 tensors are read-only views of the mapped file: copy those, not the fresh ones.
         weight = torch.from_numpy(np.require(_to_numpy(tensor), requirements=["C", "W"]))

@@ -19,6 +19,7 @@ from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
 from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import parallelize, shard_arch, shard_weight
 
@@ -141,12 +142,13 @@ def fuse_weights(
 
 
 def _open_weights(
-    resolved: ResolvedModel,
+    resolved: ResolvedModel, quantized: QuantizedPlan | None = None
 ) -> tuple[ArchConfig, Iterator[tuple[str, torch.Tensor]], int]:
     if resolved.format == "gguf":
         arch, reader = loader_gguf.open_gguf(resolved.path)
-        weights = loader_gguf.iter_gguf_weights(reader, arch)
-        return arch, weights, loader_gguf.count_gguf_weights(reader, arch.num_experts)
+        skip = quantized.kept if quantized is not None else frozenset()
+        weights = loader_gguf.iter_gguf_weights(reader, arch, skip)
+        return arch, weights, loader_gguf.count_gguf_weights(reader, arch.num_experts, skip)
     if resolved.format == "hf":
         arch = loader_safetensors.read_arch(resolved.path)
         files = loader_safetensors.safetensors_files(resolved.path)
@@ -169,14 +171,22 @@ def load_model(
     max_positions: int | None = None,
     progress: bool = True,
     group: TPGroup | None = None,
+    quantization: str = "none",
 ) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model in eval mode without gradients, weights in `dtype` on `device`.
 
     max_positions bounds the rotary tables (default: the model's max_position_embeddings).
     With a tensor-parallel `group`, this rank's shard (models/tensor_parallel.py); model.arch
     is then the rank's shape, the returned ArchConfig the whole model's.
+    quantization "auto" keeps a GGUF's quantized linears quantized where a kernel exists
+    (models/quantized.py; what runs is in model.quantization), "none" dequantizes everything;
+    tensor-parallel shards are dequantized (the quantized layers are not sharded).
     """
-    arch, weights, num_weights = _open_weights(resolved)
+    plan = None
+    if quantization == "auto" and resolved.format == "gguf" and group is None:
+        arch, reader = loader_gguf.open_gguf(resolved.path)
+        plan = plan_quantized(reader, arch, dtype=dtype, device=device)
+    arch, weights, num_weights = _open_weights(resolved, plan)
     tp = group.world_size if group is not None else 1
     with torch.device("meta"):
         model = MODEL_CLASSES[arch.architecture](
@@ -184,6 +194,9 @@ def load_model(
         )
         if group is not None:
             parallelize(model, group)
+    if plan is not None:
+        plan.install(model)
+        model.quantization = plan.describe()
     bar = tqdm(
         weights,
         total=num_weights,
@@ -196,11 +209,13 @@ def load_model(
         rank = group.rank
         shard = lambda name, w: shard_weight(name, w, arch, rank, tp)  # noqa: E731
     state = fuse_weights(iter(bar), dtype, device, arch, shard)
+    tied = arch.tie_word_embeddings and not (plan is not None and plan.keeps_lm_head)
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
+    if tied:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
-    if arch.tie_word_embeddings:
+    if tied:
         model.tie_weights()
     model.requires_grad_(False)
     model.pack_weights()

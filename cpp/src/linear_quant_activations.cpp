@@ -1,0 +1,123 @@
+// The per-row int8 activations of the quantized linear kernels (linear_quant_layout.hpp): per 32
+// features d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), with the fp32 sums
+// d * sum(q) per 16 and per 32 features. An AVX-512 path where the CPU has it and a plain loop
+// elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "linear_quant_layout.hpp"
+
+namespace pagedserve::quant_detail {
+namespace {
+
+template <typename T>
+float to_float(const T* x, std::int64_t i) {
+    if constexpr (sizeof(T) == 4) {
+        return x[i];
+    } else {
+        const std::uint32_t bits = static_cast<std::uint32_t>(x[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof(f));
+        return f;
+    }
+}
+
+// One block's outputs from its int sums.
+void store_sums(float scale, int low, int high, std::int64_t b, float* d, float* sum32,
+                float* sum16) {
+    d[b] = scale;
+    sum16[2 * b] = scale * static_cast<float>(low);
+    sum16[2 * b + 1] = scale * static_cast<float>(high);
+    sum32[b] = scale * static_cast<float>(low + high);
+}
+
+template <typename T>
+void quantize_row(const T* x, std::int64_t k, std::uint8_t* out) {
+    auto* q = reinterpret_cast<std::int8_t*>(out);
+    float* d = reinterpret_cast<float*>(out + k);
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        float v[kBlockK], amax = 0.0f;
+        for (int i = 0; i < kBlockK; ++i) {
+            v[i] = to_float(x, kBlockK * b + i);
+            amax = std::max(amax, std::fabs(v[i]));
+        }
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sums[2] = {0, 0};
+        for (int i = 0; i < kBlockK; ++i) {
+            const int qi = static_cast<int>(std::nearbyint(v[i] * inv));  // |qi| <= 127
+            q[kBlockK * b + i] = static_cast<std::int8_t>(qi);
+            sums[i / 16] += qi;
+        }
+        store_sums(scale, sums[0], sums[1], b, d, d + k / kBlockK, d + 2 * (k / kBlockK));
+    }
+}
+
+#define PAGEDSERVE_ACT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+template <typename T>
+PAGEDSERVE_ACT_TARGET __m512 load16(const T* x) {
+    if constexpr (sizeof(T) == 4) {
+        return _mm512_loadu_ps(x);
+    } else {
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    }
+}
+
+// quantize_row with AVX-512: max|x| by a max reduction (exact), the same scalar scale and inverse,
+// x * inv rounded by vcvtps2dq under the default round-to-nearest-even (as nearbyint).
+template <typename T>
+PAGEDSERVE_ACT_TARGET void quantize_row_avx512(const T* x, std::int64_t k, std::uint8_t* out) {
+    auto* q = reinterpret_cast<std::int8_t*>(out);
+    float* d = reinterpret_cast<float*>(out + k);
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        const __m512 v0 = load16(x + kBlockK * b), v1 = load16(x + kBlockK * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inv)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + kBlockK * b), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + kBlockK * b + 16), _mm512_cvtsepi32_epi8(q1));
+        store_sums(scale, _mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1), b, d,
+                   d + k / kBlockK, d + 2 * (k / kBlockK));
+    }
+}
+
+bool has_avx512() {
+    static const bool supported = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    }();
+    return supported;
+}
+
+template <typename T>
+void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64_t k,
+                   std::uint8_t* out, int threads, bool simd) {
+    const std::int64_t row_bytes = activation_row_bytes(k);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t r = 0; r < m; ++r) {
+        if (simd) {
+            quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
+        } else {
+            quantize_row(x + r * x_stride, k, out + r * row_bytes);
+        }
+    }
+}
+
+}  // namespace
+
+void quantize_activations(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
+                          std::int64_t k, std::uint8_t* out, int num_threads, bool portable) {
+    const int threads = m * k < (1 << 18) ? 1 : std::max(1, num_threads);
+    const bool simd = !portable && has_avx512();
+    if (float32) return quantize_rows(static_cast<const float*>(x), x_stride, m, k, out, threads, simd);
+    quantize_rows(static_cast<const std::uint16_t*>(x), x_stride, m, k, out, threads, simd);
+}
+
+}  // namespace pagedserve::quant_detail

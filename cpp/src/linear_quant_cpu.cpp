@@ -1,0 +1,301 @@
+// Quantized linear layers (linear_quant.hpp): the AVX512-VNNI kernel on the shared linear
+// driver (linear_cpu_driver.hpp: threads over 32-column tiles, L2 panels, prefetch, the bias /
+// residual / fp32-logits / SiLU-gated epilogue), the run-time choice of path, and the entry.
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "linear_cpu_driver.hpp"
+#include "linear_quant_layout.hpp"
+#include "linear_quant_portable.hpp"
+#include "pagedserve/linear_quant.hpp"
+
+#define PAGEDSERVE_QUANT_TARGET \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+
+namespace pagedserve {
+namespace {
+
+using namespace linear_detail;
+using quant_detail::ActivationRow;
+using quant_detail::Format;
+using quant_detail::kBlockK;
+
+// The driver's view of one product: x's dtype T (bf16 bits or fp32), weights of kBits bits in
+// groups of kGroup features.
+template <typename T>
+struct QuantArgs {
+    const T* x = nullptr;
+    std::int64_t x_stride = 0;
+    const std::uint8_t* packed = nullptr;
+    const T* bias = nullptr;
+    const T* residual = nullptr;
+    std::int64_t residual_stride = 0;
+    void* out = nullptr;
+    std::int64_t out_stride = 0;
+    bool out_float32 = false;
+    std::int64_t m = 0, n = 0, k = 0, gated_width = 0;
+    const std::uint8_t* acts = nullptr;  // quantize_activations of x (or dequant_bf16's sums)
+    std::int64_t act_row_bytes = 0;
+};
+
+// The u8 values of step s (4 features x 16 columns) of half tile h of a packed block: vpdpbusd's
+// unsigned operand.
+template <int kBits>
+PAGEDSERVE_QUANT_TARGET inline __m512i step_values(const std::uint8_t* block, std::int64_t s,
+                                                   std::int64_t h) {
+    if constexpr (kBits == 8) return _mm512_loadu_si512(block + (s * 2 + h) * 64);
+    const __m512i v = _mm512_loadu_si512(block + ((s % 4) * 2 + h) * 64);
+    return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+}
+
+// Rows row0 .. row0 + R - 1 times one tile, for either kernel G: accumulators zeroed, then per
+// block (prefetching a block's worth of the next panel) and group, G::group over up to 4 rows at
+// a time (so that each activation broadcast feeds both half tiles within the 32 registers).
+template <typename G, int R, typename Args>
+PAGEDSERVE_QUANT_TARGET void sweep(const Args& a, std::int64_t row0, const std::uint8_t* w,
+                                   Prefetch prefetch, __m512 (&acc)[R][2]) {
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const std::int64_t blocks = a.k / kBlockK, block_bytes = G::kFormat.block_bytes();
+    std::int64_t line = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+        for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
+            _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+        const std::uint8_t* block = w + b * block_bytes;
+        for (std::int64_t g = 0; g < G::kFormat.groups(); ++g) {
+            if constexpr (R > 4) {
+                G::template group<4, R>(a, row0, 0, b, g, block, acc);
+                G::template group<R - 4, R>(a, row0, 4, b, g, block, acc);
+            } else {
+                G::template group<R, R>(a, row0, 0, b, g, block, acc);
+            }
+        }
+    }
+}
+
+// The measured alternative to int8 activations (bench/linear.py --quantized ... dequant-bf16):
+// weights converted to bf16 in registers (exact: u < 256), AVX512-BF16 dot products with the bf16
+// activations, then scale * dot + min * sum(x) per group. bf16 x only.
+template <int kBits, int kGroup>
+struct QuantBf16 {
+    static constexpr Format kFormat{kBits, kGroup};
+
+    // bf16 pairs of features (4s, 4s + 1) -> lo and (4s + 2, 4s + 3) -> hi of 16 columns, from
+    // the u8 operand of one vpdpbusd step: u as float by the 2^23 trick, then its top half.
+    PAGEDSERVE_QUANT_TARGET static void split(__m512i v, __m512bh& lo, __m512bh& hi) {
+        const __m512i magic = _mm512_set1_epi32(0x4B000000), byte = _mm512_set1_epi32(0xFF);
+        const __m512 bias = _mm512_set1_ps(8388608.0f);
+        const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+        __m512i f[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i u = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte);
+            f[j] = _mm512_castps_si512(
+                _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(u, magic)), bias));
+        }
+        lo = reinterpret_cast<__m512bh>(
+            _mm512_or_si512(_mm512_srli_epi32(f[0], 16), _mm512_and_si512(f[1], top)));
+        hi = reinterpret_cast<__m512bh>(
+            _mm512_or_si512(_mm512_srli_epi32(f[2], 16), _mm512_and_si512(f[3], top)));
+    }
+
+    template <int Q, int R, typename Args>
+    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+                                              std::int64_t b, std::int64_t g,
+                                              const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        __m512 dot[Q][2];
+        for (int r = 0; r < Q; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_ps();
+        for (std::int64_t s = g * kGroup / 4; s < (g + 1) * kGroup / 4; ++s) {
+            __m512bh lo[2], hi[2];
+            for (int h = 0; h < 2; ++h) split(step_values<kBits>(block, s, h), lo[h], hi[h]);
+            for (int r = 0; r < Q; ++r) {
+                const auto* x = reinterpret_cast<const std::uint16_t*>(a.x) +
+                                (row0 + r0 + r) * a.x_stride + kBlockK * b + 4 * s;
+                std::int32_t p0, p1;
+                std::memcpy(&p0, x, 4), std::memcpy(&p1, x + 2, 4);
+                const __m512bh x0 = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p0));
+                const __m512bh x1 = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p1));
+                for (int h = 0; h < 2; ++h) {
+                    dot[r][h] = _mm512_dpbf16_ps(dot[r][h], lo[h], x0);
+                    dot[r][h] = _mm512_dpbf16_ps(dot[r][h], hi[h], x1);
+                }
+            }
+        }
+        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
+        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
+            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            for (int r = 0; r < Q; ++r) {
+                const auto* sums = reinterpret_cast<const float*>(
+                    a.acts + (row0 + r0 + r) * a.act_row_bytes);  // per 16 features
+                const float sum = kGroup == 16 ? sums[2 * b + g] : sums[2 * b] + sums[2 * b + 1];
+                __m512& out = acc[r0 + r][h];
+                out = _mm512_fmadd_ps(dot[r][h], scale, out);
+                out = _mm512_fmadd_ps(min, _mm512_set1_ps(sum), out);
+            }
+        }
+    }
+};
+
+template <typename T, int kBits, int kGroup, bool kDequantBf16 = false>
+struct QuantKernel {
+    using Args = QuantArgs<T>;
+    using Weight = std::uint8_t;
+    static constexpr Format kFormat{kBits, kGroup};
+    static constexpr std::int64_t kSteps = kGroup / 4;  // vpdpbusd steps per group
+
+    static std::int64_t tile_elements(std::int64_t k) {
+        return quant_detail::tile_bytes(kFormat, k);
+    }
+
+    // Rows row0 .. row0 + R - 1 times one tile: per block and group, up to 4 rows at a time
+    // (each activation broadcast feeds both half tiles: 8 int32 sums, 16 fp32 accumulators and
+    // the weights fit the 32 registers), the int32 sums then folded into the accumulators.
+    template <int R>
+    PAGEDSERVE_QUANT_TARGET static void product(const Args& a, std::int64_t row0,
+                                                const std::uint8_t* w, Prefetch prefetch,
+                                                __m512 (&acc)[R][2]) {
+        if constexpr (kDequantBf16) {
+            sweep<QuantBf16<kBits, kGroup>, R>(a, row0, w, prefetch, acc);
+        } else {
+            sweep<QuantKernel, R>(a, row0, w, prefetch, acc);
+        }
+    }
+
+    // acc[r] += scale * d * sum(u q) + min * d * sum(q) over group g of block b, for rows
+    // r0 .. r0 + Q - 1 of the micro-tile, both half tiles.
+    template <int Q, int R>
+    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+                                              std::int64_t b, std::int64_t g,
+                                              const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        const std::uint8_t* act[Q];
+        for (int r = 0; r < Q; ++r) act[r] = a.acts + (row0 + r0 + r) * a.act_row_bytes;
+        __m512i isum[Q][2];
+        for (int r = 0; r < Q; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
+        for (std::int64_t s = g * kSteps; s < (g + 1) * kSteps; ++s) {
+            const __m512i w0 = step_values<kBits>(block, s, 0);
+            const __m512i w1 = step_values<kBits>(block, s, 1);
+            for (int r = 0; r < Q; ++r) {
+                std::int32_t x4;
+                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
+                const __m512i xv = _mm512_set1_epi32(x4);
+                isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], w0, xv);
+                isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], w1, xv);
+            }
+        }
+        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
+        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
+            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            for (int r = 0; r < Q; ++r) {
+                const ActivationRow row(act[r], a.k);
+                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
+                __m512& out = acc[r0 + r][h];
+                out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][h]), sd, out);
+                out = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)), out);
+            }
+        }
+    }
+
+    PAGEDSERVE_LINEAR_TARGET static __m512 load(const T* p, __mmask16 mask) {
+        if constexpr (sizeof(T) == 4) {
+            return _mm512_maskz_loadu_ps(mask, p);
+        } else {
+            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+        }
+    }
+
+    PAGEDSERVE_LINEAR_TARGET static void store_row(const Args& a, std::int64_t row,
+                                                   std::int64_t col, __m512 v, __mmask16 mask) {
+        if (sizeof(T) == 4 || a.out_float32) {
+            _mm512_mask_storeu_ps(static_cast<float*>(a.out) + row * a.out_stride + col, mask, v);
+        } else {
+            const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+            auto* out = static_cast<std::uint16_t*>(a.out) + row * a.out_stride + col;
+            _mm256_mask_storeu_epi16(out, mask, bits);
+        }
+    }
+};
+
+bool vnni_supported() {
+    static const bool supported = [] {
+        __builtin_cpu_init();
+        return linear_bf16_supported() && __builtin_cpu_supports("avx512vnni");
+    }();
+    return supported;
+}
+
+template <typename T>
+QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes) {
+    QuantArgs<T> t;
+    t.x = static_cast<const T*>(a.x), t.x_stride = a.x_stride, t.packed = a.packed;
+    t.bias = static_cast<const T*>(a.bias), t.residual = static_cast<const T*>(a.residual);
+    t.residual_stride = a.residual_stride, t.out = a.out, t.out_stride = a.out_stride;
+    t.out_float32 = a.out_float32, t.m = a.m, t.n = a.n, t.k = a.k;
+    t.gated_width = a.gated_width, t.acts = acts, t.act_row_bytes = row_bytes;
+    return t;
+}
+
+template <typename T, bool kBf16 = false>
+void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
+              int num_threads) {
+    const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
+    const Format f = quant_detail::format_of(a.ggml_type);
+    if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32, kBf16>>(t, num_threads);
+    if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32, kBf16>>(t, num_threads);
+    run_linear<QuantKernel<T, 8, 16, kBf16>>(t, num_threads);
+}
+
+// Per row, the fp32 sum of each 16 bf16 features, in order (dequant_bf16's min terms).
+void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_bytes) {
+    const auto* x = static_cast<const std::uint16_t*>(a.x);
+    for (std::int64_t r = 0; r < a.m; ++r) {
+        auto* sums = reinterpret_cast<float*>(out + r * row_bytes);
+        for (std::int64_t g = 0; g < a.k / 16; ++g) {
+            float sum = 0.0f;
+            for (std::int64_t i = 0; i < 16; ++i) {
+                const std::uint32_t bits = static_cast<std::uint32_t>(x[r * a.x_stride + 16 * g + i])
+                                           << 16;
+                float v;
+                std::memcpy(&v, &bits, sizeof(v));
+                sum += v;
+            }
+            sums[g] = sum;
+        }
+    }
+}
+
+}  // namespace
+
+const char* quant_linear_path() { return vnni_supported() ? "avx512-vnni" : "portable"; }
+
+void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
+    check_linear(quant_type_supported(args.ggml_type),
+                 "quant_linear: no kernel for ggml type " + std::to_string(args.ggml_type));
+    check_linear(args.k > 0 && args.k % quant_block_features(args.ggml_type) == 0,
+                 "quant_linear: k must be a multiple of the type's block size");
+    if (!check_linear_args(args, "quant_linear")) return;
+    const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
+    // Per calling thread, grown to the largest call seen: a step calls this several times per
+    // layer, so the int8 rows are not allocated each time.
+    thread_local std::vector<std::uint8_t> acts;
+    if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
+    if (args.dequant_bf16) {
+        check_linear(vnni_supported() && !args.float32 && !force_portable,
+                     "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
+        sum_rows(args, acts.data(), row_bytes);
+        return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
+    }
+    quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
+                                       acts.data(), num_threads, force_portable);
+    const int threads = std::max(1, num_threads);
+    if (force_portable || !vnni_supported()) {
+        return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
+    }
+    if (args.float32) return run_vnni<float>(args, acts.data(), row_bytes, threads);
+    run_vnni<std::uint16_t>(args, acts.data(), row_bytes, threads);
+}
+
+}  // namespace pagedserve

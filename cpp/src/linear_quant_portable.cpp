@@ -1,0 +1,104 @@
+// The portable path of linear_quant.hpp (see linear_quant_portable.hpp). Threads split the
+// 32-column tiles; each (row, column) is one fp32 accumulator over the groups in order.
+#include "linear_quant_portable.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "linear_quant_layout.hpp"
+#include "pagedserve/linear.hpp"
+
+namespace pagedserve::quant_detail {
+namespace {
+
+// u of column c (< 32), feature e (< 32) of a packed block.
+std::int32_t unsigned_value(const Format& f, const std::uint8_t* block, std::int64_t c,
+                            std::int64_t e) {
+    const std::int64_t s = e / 4, j = e % 4, h = c / 16, lane = c % 16;
+    if (f.bits == 8) return block[((s * 2 + h) * 16 + lane) * 4 + j];
+    const std::uint8_t byte = block[(((s % 4) * 2 + h) * 16 + lane) * 4 + j];
+    return s < 4 ? (byte & 0xF) : (byte >> 4);
+}
+
+float dot(const Format& f, const std::uint8_t* tile, std::int64_t c, const std::uint8_t* act,
+          std::int64_t k) {
+    const ActivationRow row(act, k);
+    float acc = 0.0f;
+    const std::int64_t per_group = f.group_size;
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        const std::uint8_t* block = tile + b * f.block_bytes();
+        const auto* scales = reinterpret_cast<const float*>(block + f.quant_bytes());
+        const float* mins = scales + f.groups() * kTileN;
+        for (std::int64_t g = 0; g < f.groups(); ++g) {
+            std::int32_t isum = 0;
+            for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e)
+                isum += unsigned_value(f, block, c, e) * row.q[kBlockK * b + e];
+            const float sd = scales[g * kTileN + c] * row.d[b];
+            acc = std::fma(static_cast<float>(isum), sd, acc);
+            acc = std::fma(mins[g * kTileN + c], row.group_sum(f, b, g), acc);
+        }
+    }
+    return acc;
+}
+
+float load(const void* p, bool float32, std::int64_t i) {
+    if (float32) return static_cast<const float*>(p)[i];
+    const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(p)[i])
+                               << 16;
+    float v;
+    std::memcpy(&v, &bits, sizeof(v));
+    return v;
+}
+
+void store(const QuantLinearArgs& a, std::int64_t row, std::int64_t col, float v) {
+    if (a.float32 || a.out_float32) {
+        static_cast<float*>(a.out)[row * a.out_stride + col] = v;
+        return;
+    }
+    std::uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    static_cast<std::uint16_t*>(a.out)[row * a.out_stride + col] =
+        static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// One tile's 32 columns for one row, with the driver's epilogue (bias, then residual; or a
+// gated tile's silu(gate) * up).
+void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::int64_t row,
+              const std::uint8_t* act) {
+    const std::uint8_t* tile = a.packed + t * tile_bytes(f, a.k);
+    float acc[kTileN];
+    for (std::int64_t c = 0; c < kTileN; ++c) acc[c] = dot(f, tile, c, act, a.k);
+    if (a.gated_width > 0) {
+        for (std::int64_t c = 0; c < kLinearGateCols; ++c) {
+            const std::int64_t col = t * kLinearGateCols + c;
+            const float gate = acc[c], up = acc[c + kLinearGateCols];
+            if (col < a.gated_width) store(a, row, col, gate * up / (1.0f + std::exp(-gate)));
+        }
+        return;
+    }
+    for (std::int64_t c = 0; c < kTileN && t * kTileN + c < a.n; ++c) {
+        const std::int64_t col = t * kTileN + c;
+        float v = acc[c] + (a.bias ? load(a.bias, a.float32, col) : 0.0f);
+        if (a.residual) v += load(a.residual, a.float32, row * a.residual_stride + col);
+        store(a, row, col, v);
+    }
+}
+
+}  // namespace
+
+void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts,
+                           std::int64_t act_row_bytes, int num_threads) {
+    const Format f = format_of(args.ggml_type);
+    const std::int64_t tiles = num_tiles(args.n);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+        for (std::int64_t r = 0; r < args.m; ++r) tile_row(args, f, t, r, acts + r * act_row_bytes);
+    }
+}
+
+}  // namespace pagedserve::quant_detail

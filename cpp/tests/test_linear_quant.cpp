@@ -1,0 +1,215 @@
+// The quantized linear kernel (linear_quant.hpp): Q8_0 and Q4_1 rows built here against a
+// double-precision oracle (weights decoded from the block layout, activations rounded to int8 per
+// 32 features as the kernel does); every type (K-quants from random blocks) on the VNNI path
+// equal to the portable path bit for bit, around tile edges, threaded, past a 256-row chunk,
+// with bias, an in-place residual, fp32 / bf16 output and the gated epilogue; argument checks.
+// Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "check.hpp"
+#include "pagedserve/linear_quant.hpp"
+
+using namespace pagedserve;
+
+namespace {
+
+// A random normal fp16 scale in [2^-9, 2^-5): its bits and its exact value.
+std::uint16_t random_half(std::mt19937& rng, float& value) {
+    const int exp = 6 + static_cast<int>(rng() % 4), mant = static_cast<int>(rng() % 1024);
+    value = std::ldexp(1.0f + mant / 1024.0f, exp - 15);
+    return static_cast<std::uint16_t>((exp << 10) | mant);
+}
+
+void put_half(std::uint8_t* p, std::uint16_t h) { p[0] = h & 0xff, p[1] = h >> 8; }
+
+// n rows of k features in `type`, and (Q8_0 / Q4_1) their decoded values.
+std::vector<std::uint8_t> make_rows(int type, std::int64_t n, std::int64_t k, std::mt19937& rng,
+                                    std::vector<double>& w) {
+    const std::int64_t row_bytes = quant_row_bytes(type, k);
+    std::vector<std::uint8_t> rows(n * row_bytes);
+    for (auto& b : rows) b = static_cast<std::uint8_t>(rng());
+    w.assign(n * k, 0.0);
+    const std::int64_t block = quant_block_features(type);
+    const std::int64_t block_bytes = row_bytes / (k / block);
+    for (std::int64_t r = 0; r < n; ++r) {
+        for (std::int64_t b = 0; b < k / block; ++b) {
+            std::uint8_t* p = rows.data() + r * row_bytes + b * block_bytes;
+            float d = 0, m = 0;
+            if (type == kGgmlQ6_K) {
+                put_half(p + 208, random_half(rng, d));
+                continue;
+            }
+            put_half(p, random_half(rng, d));
+            if (type == kGgmlQ4_1 || type == kGgmlQ4_K || type == kGgmlQ5_K)
+                put_half(p + 2, random_half(rng, m));
+            double* out = w.data() + r * k + b * block;
+            for (int i = 0; i < 32 && type == kGgmlQ8_0; ++i)
+                out[i] = double(d) * static_cast<std::int8_t>(p[2 + i]);
+            for (int i = 0; i < 16 && type == kGgmlQ4_1; ++i) {
+                out[i] = double(d) * (p[4 + i] & 0xF) + m;
+                out[i + 16] = double(d) * (p[4 + i] >> 4) + m;
+            }
+        }
+    }
+    return rows;
+}
+
+std::vector<std::uint8_t> pack(int type, const std::vector<std::uint8_t>& rows, std::int64_t n,
+                               std::int64_t k) {
+    std::vector<std::int64_t> table(n);
+    for (std::int64_t r = 0; r < n; ++r)
+        table[r] = reinterpret_cast<std::int64_t>(rows.data() + r * quant_row_bytes(type, k));
+    std::vector<std::uint8_t> packed(packed_quant_bytes(type, n, k));
+    pack_quant_weight(type, table.data(), n, k, packed.data(), 2);
+    return packed;
+}
+
+// x rounded as the kernel rounds it: per 32 features d = max|x| / 127, q = round(x * 127 / max).
+std::vector<double> int8_rows(const std::vector<float>& x, std::int64_t m, std::int64_t k) {
+    std::vector<double> out(m * k);
+    for (std::int64_t b = 0; b < m * k / 32; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[32 * b + i]));
+        const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < 32; ++i) out[32 * b + i] = double(d) * std::nearbyint(x[32 * b + i] * inv);
+    }
+    return out;
+}
+
+QuantLinearArgs args_for(int type, const std::vector<float>& x, const std::vector<std::uint8_t>& packed,
+                         std::vector<float>& out, std::int64_t m, std::int64_t n, std::int64_t k) {
+    QuantLinearArgs a;
+    a.ggml_type = type, a.x = x.data(), a.x_stride = k, a.float32 = true;
+    a.packed = packed.data(), a.out = out.data(), a.out_stride = n;
+    a.m = m, a.n = n, a.k = k;
+    return a;
+}
+
+bool matches_oracle(int type, std::int64_t m, std::int64_t n, std::int64_t k, std::mt19937& rng,
+                    bool portable) {
+    std::vector<double> w;
+    const auto rows = make_rows(type, n, k, rng, w);
+    const auto packed = pack(type, rows, n, k);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(m * k), out(m * n);
+    for (auto& v : x) v = dist(rng);
+    quant_linear(args_for(type, x, packed, out, m, n, k), 2, portable);
+    const auto xq = int8_rows(x, m, k);
+    for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+            double want = 0, scale = 0;
+            for (std::int64_t t = 0; t < k; ++t) {
+                want += xq[i * k + t] * w[j * k + t];
+                scale += std::fabs(xq[i * k + t] * w[j * k + t]);
+            }
+            if (std::fabs(out[i * n + j] - want) > 1e-5 * scale + 1e-6) return false;
+        }
+    }
+    return true;
+}
+
+// One product on both paths; plain products must agree bit for bit, gated ones closely (the
+// VNNI epilogue's exp is a polynomial, the portable one std::exp).
+bool paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool extras,
+                 std::int64_t gated_width, std::mt19937& rng) {
+    std::vector<double> w;
+    const auto rows = make_rows(type, n, k, rng, w);
+    const auto packed = pack(type, rows, n, k);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(m * k), bias(n), start(m * n);
+    for (auto* v : {&x, &bias, &start})
+        for (auto& e : *v) e = dist(rng);
+    std::vector<float> outs[2] = {start, start};
+    for (int p = 0; p < 2; ++p) {
+        QuantLinearArgs a = args_for(type, x, packed, outs[p], m, n, k);
+        a.gated_width = gated_width;
+        if (gated_width) a.out_stride = gated_width;
+        if (extras && !gated_width) a.bias = bias.data(), a.residual = outs[p].data(), a.residual_stride = n;
+        quant_linear(a, 1 + p, p == 1);
+    }
+    const std::int64_t cols = gated_width ? gated_width : n;
+    for (std::int64_t i = 0; i < m * cols; ++i) {
+        const float a = outs[0][i], b = outs[1][i];
+        if (gated_width ? std::fabs(a - b) > 1e-5f * (1 + std::fabs(b)) : a != b) return false;
+    }
+    return true;
+}
+
+constexpr int kTypes[] = {kGgmlQ4_0, kGgmlQ4_1, kGgmlQ8_0, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K};
+
+}  // namespace
+
+TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
+    std::mt19937 rng(3);
+    for (int type : {kGgmlQ8_0, kGgmlQ4_1}) {
+        for (bool portable : {false, true}) {
+            CHECK(matches_oracle(type, 1, 33, 96, rng, portable));
+            CHECK(matches_oracle(type, 9, 70, 64, rng, portable));
+            CHECK(matches_oracle(type, 3, 32, 32, rng, portable));
+        }
+    }
+}
+
+TEST(quant_vnni_equals_portable_for_every_type) {
+    if (std::strcmp(quant_linear_path(), "portable") == 0) return;  // only one path here
+    std::mt19937 rng(5);
+    for (int type : kTypes) {
+        const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
+        for (std::int64_t m : {1, 4, 5, 8, 11}) {
+            for (std::int64_t n : {1, 31, 33}) CHECK(paths_agree(type, m, n, k, (m + n) % 2, 0, rng));
+        }
+        CHECK(paths_agree(type, 7, 64, k, false, 20, rng));  // gated: 2 x 20 columns padded
+        CHECK(paths_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk, threaded
+    }
+}
+
+TEST(quant_bf16_activations_and_output) {
+    std::mt19937 rng(9);
+    std::vector<double> w;
+    const std::int64_t m = 3, n = 40, k = 64;
+    const auto rows = make_rows(kGgmlQ8_0, n, k, rng, w);
+    const auto packed = pack(kGgmlQ8_0, rows, n, k);
+    std::vector<std::uint16_t> x(m * k, 0x3f80), out(m * n);  // x = 1.0 everywhere
+    QuantLinearArgs a;
+    a.ggml_type = kGgmlQ8_0, a.x = x.data(), a.x_stride = k, a.packed = packed.data();
+    a.out = out.data(), a.out_stride = n, a.m = m, a.n = n, a.k = k;
+    quant_linear(a, 1);
+    for (std::int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (std::int64_t t = 0; t < k; ++t) want += w[j * k + t];
+        const std::uint32_t bits = static_cast<std::uint32_t>(out[2 * n + j]) << 16;
+        float got;
+        std::memcpy(&got, &bits, sizeof(got));
+        CHECK(std::fabs(got - want) <= 1e-2 * (1 + std::fabs(want)));
+    }
+}
+
+TEST(quant_refuses_bad_arguments) {
+    std::mt19937 rng(1);
+    std::vector<double> w;
+    const auto rows = make_rows(kGgmlQ4_1, 4, 64, rng, w);
+    const auto packed = pack(kGgmlQ4_1, rows, 4, 64);
+    std::vector<float> x(2 * 64), out(2 * 4);
+    QuantLinearArgs a = args_for(kGgmlQ4_1, x, packed, out, 2, 4, 64);
+    quant_linear(a, 1);  // valid
+    QuantLinearArgs bad = a;
+    bad.k = 48;
+    CHECK_THROWS(std::invalid_argument, quant_linear(bad, 1));
+    bad = a, bad.ggml_type = 6;  // Q5_0: no kernel
+    CHECK_THROWS(std::invalid_argument, quant_linear(bad, 1));
+    bad = a, bad.out_stride = 3;
+    CHECK_THROWS(std::invalid_argument, quant_linear(bad, 1));
+    std::int64_t table[4] = {0, 0, 0, 0};
+    std::vector<std::uint8_t> dst(packed_quant_bytes(kGgmlQ4_K, 4, 256));
+    CHECK_THROWS(std::invalid_argument, pack_quant_weight(kGgmlQ4_K, table, 4, 96, dst.data(), 1));
+    QuantLinearArgs empty = a;
+    empty.m = 0, empty.x = nullptr, empty.out = nullptr;
+    quant_linear(empty, 1);
+}
+
+int main() { return check::run_all_tests(); }

@@ -1,0 +1,275 @@
+"""GGUF quantized weights kept quantized (issue 12, `--quantization auto`).
+
+    plan = plan_quantized(reader, arch, dtype=..., device=...)   which linears stay quantized
+    iter_gguf_weights(reader, arch, skip=plan.kept)               the rest, dequantized
+    plan.install(model)                                           swap in the quantized layers
+
+Each linear whose GGUF tensors are Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K becomes a
+QuantizedLinear (or QuantizedGateUpLinear for SwiGLU's fused gate/up) over the native kernel of
+ops/linear_quant.py: the blocks are repacked once, straight from the memory-mapped file (a row
+table concatenates q/k/v, undoes llama.cpp's rotary row order and interleaves gate/up rows by
+16), and never dequantized. Fused parts of different types (a Q4_K_M file's Q6_K attn_v) run
+as consecutive column segments. Other quantized types are dequantized as before, and the
+start-up log names them. The tied embedding keeps a dequantized copy for the lookup while the
+output projection reads the quantized rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from torch import nn
+
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.loader_gguf import PERMUTED_ARCHITECTURES, unpermute_rotary
+from pagedserve.core.ops.linear_quant import (
+    QUANT_TYPES,
+    pack_quant_weight,
+    quant_linear,
+    quant_linear_path,
+)
+from pagedserve.core.ops.native import core, require
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATION_MODES = ("auto", "none")
+_PLAIN = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive output columns of one quantized layer that share a GGUF type."""
+
+    ggml_type: int
+    width: int
+    packed: torch.Tensor
+
+
+class QuantizedLinear(nn.Module):
+    """Linear's forward (x [m, in] -> [m, out], fused residual, fp32 logits) over packed GGUF
+    blocks, one native call per segment of columns."""
+
+    def __init__(self, in_features: int, segments: list[Segment], bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = sum(s.width for s in segments)
+        self.segments = segments
+        self.bias: nn.Parameter | None = (
+            nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        )
+
+    def weight_bytes(self) -> int:
+        return sum(s.packed.numel() for s in self.segments)
+
+    def extra_repr(self) -> str:
+        types = "+".join(GGMLQuantizationType(s.ggml_type).name for s in self.segments)
+        return f"{self.in_features} -> {self.out_features}, {types} kept quantized"
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [m, in_features], bf16 or fp32
+        residual: torch.Tensor | None = None,  # [m, out_features], x's dtype
+        *,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:  # [m, out_features]
+        x = _rows(x, self.in_features)
+        out = torch.empty((x.shape[0], self.out_features), dtype=out_dtype or x.dtype)
+        if residual is not None and residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        col = 0
+        for s in self.segments:
+            cols = slice(col, col + s.width)
+            whole = len(self.segments) == 1
+            quant_linear(out if whole else out[:, cols], x, s.packed, s.ggml_type,
+                         None if self.bias is None else self.bias[cols],
+                         residual if whole or residual is None else residual[:, cols],
+                         0)  # fmt: skip
+            col += s.width
+        return out
+
+
+class QuantizedGateUpLinear(nn.Module):
+    """GateUpLinear's forward, silu(x W_gate^T) * (x W_up^T), with SiLU-and-mul in the kernel's
+    epilogue over gate/up rows interleaved by 16 (as the bf16 kernel's)."""
+
+    activation = "silu"
+    bias = None
+
+    def __init__(self, in_features: int, width: int, ggml_type: int, packed: torch.Tensor) -> None:
+        super().__init__()
+        self.in_features, self.width = in_features, width
+        self.ggml_type, self.packed = ggml_type, packed
+
+    def weight_bytes(self) -> int:
+        return self.packed.numel()
+
+    def extra_repr(self) -> str:
+        name = GGMLQuantizationType(self.ggml_type).name
+        return f"{self.in_features} -> 2 x {self.width}, {name} kept quantized"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
+        x = _rows(x, self.in_features)
+        out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
+        quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width)
+        return out
+
+
+def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    require(x.dim() == 2 and x.shape[-1] == in_features, "x must be [m, {}], got {}",
+             in_features, tuple(x.shape))  # fmt: skip
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+@dataclass(frozen=True)
+class KeptTensor:
+    """One GGUF tensor's rows as they stay: type, the mapped [n, row bytes] array, the order
+    of its rows in ours (llama.cpp's rotary permutation undone), its input features."""
+
+    name: str
+    ggml_type: int
+    data: np.ndarray
+    order: np.ndarray
+    k: int
+
+    def row_addresses(self) -> np.ndarray:
+        return self.data.ctypes.data + self.order.astype(np.int64) * self.data.strides[0]
+
+
+@dataclass
+class QuantizedPlan:
+    """Which layers stay quantized: module path -> its GGUF parts in fused order."""
+
+    linears: dict[str, list[KeptTensor]] = field(default_factory=dict)
+    gated: dict[str, list[KeptTensor]] = field(default_factory=dict)
+    fallback: Counter[str] = field(default_factory=Counter)  # type name -> tensors dequantized
+
+    @property
+    def kept(self) -> frozenset[str]:
+        """GGUF tensors the loader must not dequantize (the tied embedding still is)."""
+        parts = [p for ps in (*self.linears.values(), *self.gated.values()) for p in ps]
+        return frozenset(p.name for p in parts if p.name != "token_embd.weight")
+
+    @property
+    def keeps_lm_head(self) -> bool:
+        return "lm_head" in self.linears
+
+    def describe(self) -> str:
+        """E.g. "Q4_1 x 150, Q8_0 x 1 kept quantized (native avx512-vnni)"; "" when nothing is
+        kept (the weights are then the compute dtype's)."""
+        parts = [p for ps in (*self.linears.values(), *self.gated.values()) for p in ps]
+        if not parts:
+            return ""
+        counts = Counter(GGMLQuantizationType(p.ggml_type).name for p in parts)
+        kinds = ", ".join(f"{name} x {n}" for name, n in sorted(counts.items()))
+        text = f"{kinds} kept quantized (native {quant_linear_path()})"
+        if self.fallback:
+            text += "; dequantized: " + ", ".join(f"{t} x {n}" for t, n in self.fallback.items())
+        return text
+
+    def install(self, model: nn.Module) -> None:
+        """Replace each planned layer of `model` (built on "meta") by its quantized twin, packed
+        here; a layer's bias stays a parameter for the loader to fill."""
+        for path, parts in self.linears.items():
+            bias = getattr(model.get_submodule(path), "bias", None) is not None
+            _replace(model, path, QuantizedLinear(parts[0].k, _segments(parts), bias))
+        for path, (gate, up) in self.gated.items():
+            width = gate.data.shape[0]
+            rows = gated_row_table(gate.row_addresses(), up.row_addresses(), width)
+            packed = pack_quant_weight(gate.ggml_type, rows, gate.k)
+            _replace(model, path, QuantizedGateUpLinear(gate.k, width, gate.ggml_type, packed))
+
+
+def _segments(parts: list[KeptTensor]) -> list[Segment]:
+    """Runs of parts of one type, each packed as one weight of their concatenated rows."""
+    segments: list[Segment] = []
+    run: list[KeptTensor] = []
+    for part in [*parts, None]:
+        if run and (part is None or part.ggml_type != run[0].ggml_type):
+            rows = np.concatenate([p.row_addresses() for p in run])
+            packed = pack_quant_weight(run[0].ggml_type, rows, run[0].k)
+            segments.append(Segment(run[0].ggml_type, len(rows), packed))
+            run = []
+        if part is not None:
+            run.append(part)
+    return segments
+
+
+def gated_row_table(gate: np.ndarray, up: np.ndarray, width: int) -> np.ndarray:
+    """Packed column c of a gated weight (core/linear.hpp's kLinearGateCols): gate row
+    16 (c // 32) + c % 16, or that up row where c % 32 >= 16, 0 past width."""
+    cols = np.arange(int(core.gated_rows(width)))
+    out_col = (cols // 32) * 16 + cols % 16
+    source = np.where(cols % 32 >= 16, up[np.minimum(out_col, width - 1)],
+                      gate[np.minimum(out_col, width - 1)])  # fmt: skip
+    return np.where(out_col < width, source, 0).astype(np.int64)
+
+
+def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def _kept(tensor: Any, arch: ArchConfig, heads: int) -> KeptTensor:
+    n = int(tensor.data.shape[0])
+    order = np.arange(n)
+    if heads and arch.architecture in PERMUTED_ARCHITECTURES:
+        order = unpermute_rotary(torch.arange(n), heads).numpy()
+    return KeptTensor(tensor.name, int(tensor.tensor_type), tensor.data, order,
+                      int(tensor.shape[0]))  # fmt: skip
+
+
+def _layer_parts(arch: ArchConfig, i: int) -> dict[str, list[tuple[str, int]]]:
+    """Module path -> (GGUF tensor, heads of its rotary permutation or 0) in fused order."""
+    blk, path = f"blk.{i}.", f"layers.{i}."
+    parts = {
+        path + "qkv_proj": [(blk + "attn_q.weight", arch.num_heads),
+                            (blk + "attn_k.weight", arch.num_kv_heads), (blk + "attn_v.weight", 0)],
+        path + "o_proj": [(blk + "attn_output.weight", 0)],
+    }  # fmt: skip
+    if not arch.is_moe_layer(i) and arch.hidden_act == "silu":
+        parts[path + "mlp.gate_up_proj"] = [
+            (blk + "ffn_gate.weight", 0),
+            (blk + "ffn_up.weight", 0),
+        ]
+        parts[path + "mlp.down_proj"] = [(blk + "ffn_down.weight", 0)]
+    return parts
+
+
+def plan_quantized(
+    reader: GGUFReader, arch: ArchConfig, *, dtype: torch.dtype, device: torch.device
+) -> QuantizedPlan:
+    """The layers whose GGUF tensors all have a kernel (CPU, bf16 or fp32 activations)."""
+    plan = QuantizedPlan()
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        logger.info("quantization auto: kernels are CPU bf16/fp32 only; dequantizing to %s", dtype)
+        return plan
+    tensors = {t.name: t for t in reader.tensors}
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    wanted = {"lm_head": [(head, 0)]}
+    for i in range(arch.num_layers):
+        wanted.update(_layer_parts(arch, i))
+    for path, names in wanted.items():
+        found = [tensors.get(name) for name, _ in names]
+        if any(t is None for t in found):
+            continue
+        types = [GGMLQuantizationType(t.tensor_type) for t in found if t is not None]
+        if not all(int(t) in QUANT_TYPES for t in types):
+            plan.fallback.update(
+                t.name for t in types if t not in _PLAIN and int(t) not in QUANT_TYPES
+            )
+            continue
+        parts = [_kept(t, arch, h) for t, (_, h) in zip(found, names, strict=True)]
+        if not path.endswith("gate_up_proj"):
+            plan.linears[path] = parts
+        elif parts[0].ggml_type == parts[1].ggml_type:  # else dequantized: the epilogue needs both
+            plan.gated[path] = parts
+    if plan.fallback:
+        logger.warning("quantization auto: no kernel for %s; those weights are dequantized",
+                       ", ".join(sorted(plan.fallback)))  # fmt: skip
+    return plan

@@ -1,0 +1,117 @@
+"""The quantized linear kernel of pagedserve._core as an op: GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+and Q6_K weights kept in their blocks (repacked once), int8 activations, AVX512-VNNI dot
+products where the CPU has them (a portable path elsewhere, chosen at run time).
+
+    packed = pack_quant_weight(ggml_type, rows, k)     GGUF rows (addresses) -> kernel tiles
+    quant_linear(out, x, packed, ggml_type, bias, residual, gated_width)
+        out = x W^T (+ bias) (+ residual), or silu(x W_gate^T) * (x W_up^T) when gated_width
+
+Batch-invariant like the bf16 kernel: each output is the same operations in the same order
+whatever the number of rows. models/quantized.py holds the layers that use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedserve.core.ops import native
+from pagedserve.core.ops.base import NativeOp
+from pagedserve.core.ops.native import require
+
+_core = native.core
+
+QUANT_TYPES = frozenset({2, 3, 8, 12, 13, 14})
+"""ggml type ids with a kernel: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K."""
+_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def quant_linear_path() -> str:
+    """The path this CPU runs: "avx512-vnni" or "portable"."""
+    return str(_core.quant_linear_path())
+
+
+def quant_row_bytes(ggml_type: int, k: int) -> int:
+    return int(_core.quant_row_bytes(ggml_type, k))
+
+
+def quant_block_features(ggml_type: int) -> int:
+    return int(_core.quant_block_features(ggml_type))
+
+
+def pack_quant_weight(ggml_type: int, rows: np.ndarray, k: int) -> torch.Tensor:
+    """rows: int64 [n] addresses of the GGUF rows (quant_row_bytes(ggml_type, k) bytes each,
+    alive for the call) in packed column order, 0 for a zero column -> the packed weight."""
+    require(ggml_type in QUANT_TYPES, "no quantized kernel for ggml type {}", ggml_type)
+    require(k % quant_block_features(ggml_type) == 0, "k={} is not a multiple of {}", k,
+             quant_block_features(ggml_type))  # fmt: skip
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    n = rows.shape[0]
+    packed = torch.empty(int(_core.packed_quant_bytes(ggml_type, n, k)), dtype=torch.uint8)
+    _core.pack_quant_weight(ggml_type, rows.ctypes.data, n, k, packed.data_ptr(),
+                            torch.get_num_threads())  # fmt: skip
+    return packed
+
+
+def _check(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    ggml_type: int,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    gated_width: int,
+) -> None:
+    """x [m, k] bf16 or fp32 on the CPU; out [m, n] in x's dtype or fp32 ([m, gated_width] for a
+    gated product); bias [n] and residual [m, n] in x's dtype; rows contiguous in the last dim."""
+    require(x.dtype in _DTYPES and x.device.type == "cpu" and x.dim() == 2,
+             "x must be a 2-D bfloat16 or float32 CPU tensor, got {} {} on {}", x.dtype,
+             tuple(x.shape), x.device)  # fmt: skip
+    require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu"
+             and out.dtype in (x.dtype, torch.float32),
+             "out must be [{}, n] {} or float32 on cpu, got {} {}", x.shape[0], x.dtype,
+             out.dtype, tuple(out.shape))  # fmt: skip
+    require(ggml_type in QUANT_TYPES, "no quantized kernel for ggml type {}", ggml_type)
+    m, k = x.shape
+    n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
+    require(gated_width <= 0 or out.shape[1] == gated_width,
+             "a gated product writes [m, {}], out is {}", gated_width, tuple(out.shape))  # fmt: skip
+    require(k % quant_block_features(ggml_type) == 0, "k={} is not a multiple of {}", k,
+             quant_block_features(ggml_type))  # fmt: skip
+    size = int(_core.packed_quant_bytes(ggml_type, n, k))
+    require(packed.dtype == torch.uint8 and packed.numel() == size and packed.is_contiguous(),
+             "packed must be {} contiguous uint8 bytes for [{}, {}], got {} {}", size, n, k,
+             packed.dtype, packed.numel())  # fmt: skip
+    require(x.stride(1) == 1 and out.stride(1) == 1,
+             "x and out must be contiguous in their last dim")  # fmt: skip
+    if bias is not None:
+        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
+                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
+    if residual is not None:
+        require(residual.shape == (m, n) and residual.dtype == x.dtype
+                 and residual.stride(1) == 1,
+                 "residual must be [{}, {}] {}", m, n, x.dtype)  # fmt: skip
+
+
+def quant_linear_eager(
+    out: torch.Tensor,  # [m, n] (x's dtype or fp32), or [m, gated_width]
+    x: torch.Tensor,  # [m, k] bf16 or fp32
+    packed: torch.Tensor,  # pack_quant_weight's bytes
+    ggml_type: int,
+    bias: torch.Tensor | None,  # [n], x's dtype
+    residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
+    gated_width: int,
+) -> None:
+    """quant_linear's body."""
+    _check(out, x, packed, ggml_type, bias, residual, gated_width)
+    m, k = x.shape
+    n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
+    res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
+    _core.quant_linear(ggml_type, x.data_ptr(), x.stride(0), x.dtype == torch.float32,
+                       packed.data_ptr(), 0 if bias is None else bias.data_ptr(), res_ptr,
+                       res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
+                       m, n, k, max(gated_width, 0), torch.get_num_threads(),
+                       False)  # fmt: skip
+
+
+quant_linear = NativeOp.declare("quant_linear", quant_linear_eager, _check, mutates=("out",))

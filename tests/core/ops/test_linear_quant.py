@@ -1,0 +1,169 @@
+"""The quantized linear kernel (ops/linear_quant.py) against numpy oracles built from
+gguf.quants' dequantization, over every type with a kernel and shapes around the tile edges
+(odd row counts, columns not a multiple of 32, k not a multiple of 256 where the format allows).
+
+Stated tolerances:
+- against the exact int8 oracle (x rounded per 32 features as the kernel does, then an fp64
+  product with the dequantized weight): 1e-5 of sum |xq| |w| (fp32 accumulation only);
+- against dequantize-then-fp32 matmul of the unrounded x: half an int8 step per block,
+  |y - x W^T| <= sum over blocks b of max|x_b| / 254 * sum_{i in b} |w_i| (+ 1e-5 relative).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from pagedserve.core.models.quantized import gated_row_table
+from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
+from pagedserve.core.ops.native import core
+from tests.quant_blocks import TYPES, dequantized, gguf_rows, int8_activations, row_addresses
+
+SMALL_SHAPES = [(1, 40, 96), (5, 96, 576), (17, 33, 64)]  # (m, n, k), 32-feature blocks
+K_SHAPES = [(1, 40, 256), (5, 96, 512), (17, 33, 256)]  # 256-feature super-blocks
+
+
+def shapes(qtype: Q) -> list[tuple[int, int, int]]:
+    return K_SHAPES if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else SMALL_SHAPES
+
+
+CASES = [(t, s) for t in TYPES for s in shapes(t)]
+
+
+def weight(qtype: Q, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    rows = gguf_rows(qtype, n, k, seed)
+    return pack_quant_weight(int(qtype), row_addresses(rows), k), dequantized(rows, qtype)
+
+
+def product(qtype: Q, packed: torch.Tensor, x: torch.Tensor, n: int, **kw) -> torch.Tensor:
+    out = torch.empty(x.shape[0], n, dtype=kw.pop("out_dtype", x.dtype))
+    quant_linear(out, x, packed, int(qtype), kw.get("bias"), kw.get("residual"), 0)
+    return out
+
+
+@pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
+    qtype: Q, shape: tuple[int, int, int]
+) -> None:
+    m, n, k = shape
+    packed, w = weight(qtype, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    got = product(qtype, packed, x, n).double().numpy()
+    xq = int8_activations(x.numpy())
+    exact = xq @ w.T.astype(np.float64)
+    assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w.T)) + 1e-7)
+    dense = x.double().numpy() @ w.T.astype(np.float64)
+    amax = np.abs(x.numpy().reshape(m, -1, 32)).max(axis=-1)
+    bound = np.repeat(amax / 254, 32, axis=1) @ np.abs(w.T) * 1.0001
+    assert np.all(np.abs(got - dense) <= bound + 1e-5 * (np.abs(x.numpy()) @ np.abs(w.T)))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
+def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q) -> None:
+    m, n, k = shapes(qtype)[1]
+    packed, w = weight(qtype, n, k)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    out = torch.randn(m, n, generator=gen).bfloat16()
+    start = out.double().numpy().copy()
+    quant_linear(out, x, packed, int(qtype), bias, out, 0)  # residual is out itself
+    exact = int8_activations(x.float().numpy()) @ w.T.astype(np.float64)
+    want = exact + bias.double().numpy() + start
+    np.testing.assert_allclose(out.double().numpy(), want, rtol=2**-7, atol=1e-4)
+    logits = product(qtype, packed, x, n, out_dtype=torch.float32).double().numpy()
+    np.testing.assert_allclose(logits, exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+def test_gated_product_is_silu_gate_times_up(qtype: Q) -> None:
+    m, width, k = 9, 40, shapes(qtype)[0][2]
+    gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
+    table = gated_row_table(row_addresses(gate), row_addresses(up), width)
+    packed = pack_quant_weight(int(qtype), table, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
+    out = torch.empty(m, width)
+    quant_linear(out, x, packed, int(qtype), None, None, width)
+    xq = int8_activations(x.numpy())
+    wg, wu = dequantized(gate, qtype).T, dequantized(up, qtype).T
+    g, u = xq @ wg, xq @ wu
+    silu = g / (1 + np.exp(-g))
+    # fp32 sums carry ~1e-7 of sum |xq| |w| each; silu' <= 1.1 carries the gate's to the output.
+    tol = 2e-7 * (np.abs(xq) @ np.abs(wg) * np.abs(u) + np.abs(silu) * (np.abs(xq) @ np.abs(wu)))
+    assert np.all(np.abs(out.numpy() - silu * u) <= tol + 1e-4 * np.abs(silu * u) + 1e-6)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_portable_path_equals_the_vnni_path_bit_for_bit(qtype: Q) -> None:
+    if quant_linear_path() == "portable":
+        pytest.skip("this CPU has no AVX512-VNNI: only the portable path runs")
+    m, n, k = shapes(qtype)[2]
+    packed, _ = weight(qtype, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).bfloat16()
+    outs = []
+    for portable in (False, True):
+        out = torch.empty(m, n)
+        core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
+                          out.data_ptr(), n, True, m, n, k, 0, 2, portable)  # fmt: skip
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_bf16_dequantized_alternative_is_exact_up_to_fp32_sums(qtype: Q) -> None:
+    """The measured alternative (bench/linear.py): bf16 x times weights converted in registers."""
+    if quant_linear_path() == "portable":
+        pytest.skip("the alternative needs AVX512-BF16 and VNNI")
+    m, n, k = shapes(qtype)[1]
+    packed, w = weight(qtype, n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(7)).bfloat16()
+    out = torch.empty(m, n)
+    core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
+                      out.data_ptr(), n, True, m, n, k, 0, 2, False, True)  # fmt: skip
+    xd = x.double().numpy()
+    err = np.abs(out.numpy() - xd @ w.T.astype(np.float64))
+    assert np.all(err <= 1e-6 * (np.abs(xd) @ np.abs(w.T)) + 1e-7)
+
+
+ROWS = (1, 7, 64, 300)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("kind", ["bf16", "fp32-logits", "gated"])
+def test_a_row_is_bit_identical_in_calls_of_1_7_64_and_300_rows(qtype: Q, kind: str) -> None:
+    k = 576 if qtype in (Q.Q4_1, Q.Q8_0) else 512
+    n, width = 200, 0
+    if kind == "gated":
+        width = 100
+        gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
+        table = gated_row_table(row_addresses(gate), row_addresses(up), width)
+        packed, n = pack_quant_weight(int(qtype), table, k), width
+    else:
+        packed, _ = weight(qtype, n, k)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    out_dtype = torch.float32 if kind == "fp32-logits" else torch.bfloat16
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(rows.shape[0], n, dtype=out_dtype)
+        quant_linear(out, rows, packed, int(qtype), None, None, width)
+        return out
+
+    full = run(x)
+    for m in ROWS:
+        for start in (0, 300 - m):
+            assert torch.equal(run(x[start : start + m]), full[start : start + m]), (m, start)
+
+
+def test_bad_arguments_are_refused() -> None:
+    packed, _ = weight(Q.Q4_1, 64, 96)
+    x = torch.randn(2, 96)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant_linear(torch.empty(2, 64), torch.randn(2, 80), packed, int(Q.Q4_1), None, None, 0)
+    with pytest.raises(ValueError, match="packed must be"):
+        quant_linear(torch.empty(2, 96), x, packed, int(Q.Q4_1), None, None, 0)
+    with pytest.raises(ValueError, match="no quantized kernel"):
+        quant_linear(torch.empty(2, 64), x, packed, int(Q.Q5_0), None, None, 0)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        pack_quant_weight(int(Q.Q4_K), np.zeros(4, np.int64), 96)
