@@ -40,7 +40,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def worker(dtype: str, output_tokens: int, deterministic: bool) -> dict:
+def worker(dtype: str, output_tokens: int, deterministic: bool, quantization: str) -> dict:
     """One process's figures for the build it imported."""
     import torch
 
@@ -48,7 +48,9 @@ def worker(dtype: str, output_tokens: int, deterministic: bool) -> dict:
     from pagedserve import LLM, SamplingParams
 
     torch.set_num_threads(2)
-    options = {} if deterministic else {"deterministic": False}  # baselines lack the flag
+    options: dict = {} if deterministic else {"deterministic": False}  # baselines lack the flag
+    if quantization:
+        options["quantization"] = quantization
     llm = LLM(dtype=dtype, max_num_seqs=32, max_model_len=2048, enable_prefix_caching=False,
               **options)  # fmt: skip
     text = llm.tokenizer.encode(
@@ -75,11 +77,15 @@ def worker(dtype: str, output_tokens: int, deterministic: bool) -> dict:
     }
 
 
-def run(base: str, dtype: str, output_tokens: int, deterministic: bool = True) -> dict:
+def run(
+    base: str, dtype: str, output_tokens: int, deterministic: bool = True, quantization: str = ""
+) -> dict:
     cmd = [sys.executable, "-c", LAUNCH, base, str(HERE), "--worker", "--dtype", dtype,
            "--output-tokens", str(output_tokens)]  # fmt: skip
     if not deterministic:
         cmd.append("--no-deterministic")
+    if quantization:
+        cmd += ["--quantization", quantization]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -105,9 +111,12 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     ap.add_argument("--no-deterministic", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quantization", default="",
+                    help="this checkout's --quantization (none: dequantized bf16, as baselines"
+                    " before quantized GGUF kernels ran)")  # fmt: skip
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.dtype, a.output_tokens, not a.no_deterministic)))
+        print(json.dumps(worker(a.dtype, a.output_tokens, not a.no_deterministic, a.quantization)))
         return 0
     # (name, source tree, deterministic): a baseline build, or this one with the flag off.
     baseline = ("baseline", a.baseline, True) if a.baseline else ("baseline", a.candidate, False)
@@ -119,11 +128,14 @@ def main() -> int:
         for i in range(a.repeats):
             order = [baseline, ("this", a.candidate, True)]
             for name, base, deterministic in order if i % 2 == 0 else order[::-1]:
-                runs[name].append(run(base, dtype, a.output_tokens, deterministic))
+                quant = a.quantization if name == "this" or not a.baseline else ""
+                runs[name].append(run(base, dtype, a.output_tokens, deterministic, quant))
         for key in ("c32_tok_s", "prefill_1k_tok_s"):
             old = statistics.median(r[key] for r in runs["baseline"])
             new = statistics.median(r[key] for r in runs["this"])
             print(f"| {dtype} | {key} | {old:.1f} | {new:.1f} | {new / old:.3f} |")
+            each = {name: [round(r[key], 1) for r in rs] for name, rs in runs.items()}
+            print(f"<!-- {dtype} {key} runs: {each} -->")
         flags = {name: {r["batch_invariant"] for r in rs} for name, rs in runs.items()}
         print(f"<!-- {dtype}: builds {runs['baseline'][0]['build']} vs {runs['this'][0]['build']};"
               f" batch_invariant reported {flags} -->")  # fmt: skip
