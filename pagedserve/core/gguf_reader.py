@@ -36,10 +36,14 @@ class _PlainViewReader(GGUFReader):
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(path: Path) -> GGUFReader:
+def _cached(path: Path, mtime_ns: int, size: int) -> GGUFReader:
+    del mtime_ns, size  # part of the key only: a file rewritten in place is read afresh
     return _PlainViewReader(path, "r")
 
 
 def gguf_reader(path: Path | str) -> GGUFReader:
-    """A read-only, memory-mapped reader of the GGUF file at path, shared between callers."""
-    return _cached(Path(path).resolve())
+    """A read-only, memory-mapped reader of the GGUF file at path, shared between callers
+    while the file stays the same (path, modification time and size)."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return _cached(resolved, stat.st_mtime_ns, stat.st_size)
