@@ -67,6 +67,21 @@ def pack_gated_weight(weight: torch.Tensor, width: int) -> torch.Tensor:
     return packed
 
 
+def check_epilogue(
+    x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, m: int, n: int
+) -> None:
+    """bias [n] contiguous and residual [m, n] (rows contiguous), both in x's dtype: what every
+    linear kernel's epilogue adds (also checked by ops/linear_quant.py)."""
+    if bias is not None:
+        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
+                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
+    if residual is not None:
+        require(residual.shape == (m, n) and residual.dtype == x.dtype
+                 and residual.stride(1) == 1,
+                 "residual must be [{}, {}] {}, got {} {}", m, n, x.dtype, residual.dtype,
+                 tuple(residual.shape))  # fmt: skip
+
+
 def _check_x(x: torch.Tensor, packed: torch.Tensor) -> None:
     require(x.dtype == packed.dtype and x.device.type == "cpu" and x.dim() == 2,
              "x must be a 2-D {} CPU tensor, got {} {} on {}", packed.dtype, x.dtype,
@@ -99,14 +114,7 @@ def _check(
              packed.numel(), n, k, size)  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1 and packed.is_contiguous(),
              "x, out and packed must be contiguous in their last dim")  # fmt: skip
-    if bias is not None:
-        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
-                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
-    if residual is not None:
-        require(residual.shape == (m, n) and residual.dtype == x.dtype
-                 and residual.stride(1) == 1,
-                 "residual must be [{}, {}] {}, got {} {}", m, n, x.dtype, residual.dtype,
-                 tuple(residual.shape))  # fmt: skip
+    check_epilogue(x, bias, residual, m, n)
 
 
 def _run(

@@ -17,6 +17,7 @@ import torch
 
 from pagedserve.core.ops import native
 from pagedserve.core.ops.base import NativeOp
+from pagedserve.core.ops.linear import check_epilogue
 from pagedserve.core.ops.native import require
 
 _core = native.core
@@ -84,13 +85,7 @@ def _check(
              packed.dtype, packed.numel())  # fmt: skip
     require(x.stride(1) == 1 and out.stride(1) == 1,
              "x and out must be contiguous in their last dim")  # fmt: skip
-    if bias is not None:
-        require(bias.shape == (n,) and bias.dtype == x.dtype and bias.is_contiguous(),
-                 "bias must be [{}] contiguous {}", n, x.dtype)  # fmt: skip
-    if residual is not None:
-        require(residual.shape == (m, n) and residual.dtype == x.dtype
-                 and residual.stride(1) == 1,
-                 "residual must be [{}, {}] {}", m, n, x.dtype)  # fmt: skip
+    check_epilogue(x, bias, residual, m, n)
 
 
 def quant_linear_eager(
