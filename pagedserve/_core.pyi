@@ -28,6 +28,7 @@ __all__: list[str] = [
     "SchedulerStats",
     "StepPlan",
     "TokenTensor",
+    "cpu_features",
     "gated_rows",
     "linear_bf16",
     "linear_bf16_supported",
@@ -442,6 +443,11 @@ class DecoderStack:
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
+
+def cpu_features() -> dict:
+    """
+    The CPU's AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.
+    """
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...
 def linear_bf16(

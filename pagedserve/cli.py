@@ -53,6 +53,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
     (ModelConfig, "quantization", {"choices": ["auto", "none"]}),
+    (ModelConfig, "cpu_linear", {"choices": ["auto", "native", "torch"]}),
     (ModelConfig, "device", {}),
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),

@@ -11,3 +11,4 @@ void bind_layer_ops(pybind11::module_& m);       // layer_ops.cpp
 void bind_linear(pybind11::module_& m);          // linear.cpp
 void bind_decoder_stack(pybind11::module_& m);   // decoder_stack.cpp
 void bind_linear_quant(pybind11::module_& m);    // linear_quant.cpp
+void bind_cpu_features(pybind11::module_& m);      // cpu_features.cpp

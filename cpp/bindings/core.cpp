@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
     bind_linear(m);
     bind_linear_quant(m);
     bind_decoder_stack(m);
+    bind_cpu_features(m);
 }

@@ -14,6 +14,7 @@ from functools import cache
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
+CPU_LINEARS = ("auto", "native", "torch")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,22 @@ class ModelConfig:
     Q5_K, Q6_K) on the native int8 kernels of a CPU, dequantizing only types without a kernel;
     none dequantizes every weight to the compute dtype."""
 
+    cpu_linear: str = "auto"
+    """Dense bf16/fp32 linear layers on the CPU: native (the packed AVX512-BF16 kernel at
+    every row count), torch (torch's matmul, oneDNN, AMX where the CPU has it, at every row
+    count; not batch-invariant, so it needs --no-deterministic) or auto: a start-up
+    calibration over the model's own layer shapes picks, by a step's row count, the faster
+    one; with --deterministic batched steps stay native and the log says what torch would
+    gain. GGUF weights kept quantized always run their native kernels."""
+
     def __post_init__(self) -> None:
+        if self.cpu_linear not in CPU_LINEARS:
+            raise ValueError(f"cpu_linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
+        if self.cpu_linear == "torch" and self.deterministic:
+            raise ValueError(
+                "cpu_linear 'torch' is not batch-invariant: it needs deterministic off "
+                "(--no-deterministic)"
+            )
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

@@ -7,6 +7,7 @@ that engine.py stays about steps.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
+from pagedserve.core.models.linear_dispatch import DispatchInputs, plan_dispatch
+from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
@@ -114,8 +117,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             max_positions=mc.max_model_len,
             group=tp.group if tp else None,
             quantization=mc.quantization,
+            pack=False,
         )
+        linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
         weights = model.quantization or str(dtype).removeprefix("torch.")
+        weights += f"; {linears}" if linears else ""
         max_model_len = _max_model_len(mc, arch)
         spec = ModelRunner.kv_spec(model.arch, cc.page_size, dtype)  # this rank's KV heads
         pages_per_request = -(-max_model_len // cc.page_size)
@@ -178,6 +184,40 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )
 
 
+def pack_for_dispatch(
+    model: LlamaForCausalLM,
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    tensor_parallel: bool,
+) -> str:
+    """Pack the weights for the CPU linear path ModelConfig.cpu_linear picks (a calibration
+    for auto: models/linear_dispatch.py) and route the steps; what runs, "" off the CPU."""
+    if device.type != "cpu":
+        model.pack_weights()
+        return ""
+    mc, start = config.model, time.perf_counter()
+    inputs = DispatchInputs(
+        arch=model.arch,
+        dtype=dtype,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        quantized=bool(model.quantization),
+        tensor_parallel=tensor_parallel,
+        dense=bool(model.dense_projections()),
+    )
+    dispatch = plan_dispatch(mc.cpu_linear, mc.deterministic, inputs)
+    model.pack_weights(keep_unpacked=dispatch.keeps_weights)
+    kept = model.route_linears(dispatch.torch_from)
+    logger.info(
+        "%s (decided in %.2f s)%s",
+        dispatch.summary,
+        time.perf_counter() - start,
+        f"; the unpacked weights kept for torch take {kept / 2**20:.1f} MiB more" if kept else "",
+    )
+    return dispatch.summary
+
+
 def start_tensor_parallel(
     config: EngineConfig, resolved: ResolvedModel, dtype: torch.dtype, device: torch.device
 ) -> TensorParallel | None:
@@ -217,7 +257,7 @@ def is_batch_invariant(
         device.type == "cpu"
         and attention.batch_invariant
         and (bool(linears) or quantized)
-        and all(m.packed is not None for m in linears)
+        and all(m.packed is not None and m.torch_from is None for m in linears)
     )
 
 

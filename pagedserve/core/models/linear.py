@@ -15,6 +15,10 @@ bench/RESULTS.md). Float32 weights on such a CPU take the kernel's fp32 twin: to
 matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
 while the native kernels sum every output over k in order whatever the rows. Anywhere else
 (float16, CUDA, a CPU without AVX512-BF16) the torch expressions run, and are not batch-invariant.
+
+A packed layer may also keep its [out, in] weight and take torch's matmul from `torch_from`
+rows on (route(); models/linear_dispatch.py measures where that pays, e.g. oneDNN's AMX tiles on
+Intel CPUs for batched products): fewer rows stay on the native kernel.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class PackableLinear(nn.Module):
         self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None
         self.register_buffer("packed", None, persistent=False)  # set by pack()
+        self.torch_from: int | None = None
+        """Rows from which a packed layer runs torch's matmul on its kept weight (route())."""
 
     def weight_bytes(self) -> int:
         """Bytes one product reads from the weights (the packed copy once packed)."""
@@ -54,11 +60,24 @@ class PackableLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kind = f"packed {self.packed.dtype}" if self.packed is not None else "torch"
+        if self.packed is not None and self.torch_from is not None:
+            kind += f", torch from {self.torch_from} rows"
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, {kind}"
 
-    def pack(self) -> bool:
+    def route(self, torch_from: int | None) -> None:
+        """Run torch's matmul from `torch_from` rows on (None: the native kernel at every row
+        count); needs the weight kept by pack(keep_weight=True)."""
+        require(torch_from is None or (self.weight is not None and torch_from >= 1),
+                 "route: torch_from {} needs the weight kept at pack()", torch_from)  # fmt: skip
+        self.torch_from = torch_from
+
+    def _runs_native(self, x: torch.Tensor) -> bool:
+        return self.packed is not None and (self.torch_from is None or x.shape[0] < self.torch_from)
+
+    def pack(self, keep_weight: bool = False) -> bool:
         """Repack the weight for the native kernel (CPU, bfloat16 or float32, AVX512-BF16) and
-        drop the [out, in] copy; False (and nothing changes) where the kernel does not apply."""
+        drop the [out, in] copy unless keep_weight (for route()); False (and nothing changes)
+        where the kernel does not apply."""
         weight = self.weight
         if weight is None or self.packed is not None:
             return self.packed is not None
@@ -67,7 +86,8 @@ class PackableLinear(nn.Module):
         if not native_linear_available():
             return False
         self.packed = self._pack(weight.detach().contiguous())  # a registered buffer: .to() sees it
-        self.weight = None  # a tied embedding keeps its own reference to the tensor
+        if not keep_weight:
+            self.weight = None  # a tied embedding keeps its own reference to the tensor
         return True
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -89,7 +109,7 @@ class Linear(PackableLinear):
         *,
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:  # [m, out_features]
-        if self.packed is not None:
+        if self._runs_native(x):
             return self._native(x, residual, out_dtype or x.dtype)
         assert self.weight is not None
         if residual is not None and self.bias is None:
@@ -135,7 +155,7 @@ class GateUpLinear(PackableLinear):
         if self.activation == "gelu_tanh":
             gate_up = self._plain_product(x)  # GeGLU: gelu_tanh(gate) * up
             return F.gelu(gate_up[:, : self.width], approximate="tanh") * gate_up[:, self.width :]
-        if self.packed is None:
+        if not self._runs_native(x):
             assert self.weight is not None
             return layer_ops.silu_and_mul(F.linear(x, self.weight))
         x = self._check_features(x)
@@ -144,7 +164,7 @@ class GateUpLinear(PackableLinear):
         return out
 
     def _plain_product(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
-        if self.packed is None:
+        if not self._runs_native(x):
             assert self.weight is not None
             return F.linear(x, self.weight)
         x = self._check_features(x)

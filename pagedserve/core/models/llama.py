@@ -29,7 +29,7 @@ from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
-from pagedserve.core.models.linear import Linear, PackableLinear
+from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
 from pagedserve.core.models.quantized import QuantizedLinear
 from pagedserve.core.ops import layer_ops
@@ -185,19 +185,49 @@ class LlamaForCausalLM(nn.Module):
             self.local_rope = rope_tables(local, positions, dtype, device)
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
         self.quantization = ""  # what runs the linears kept quantized (models/quantized.py)
+        self.torch_from: int | None = None  # route_linears(): rows from which torch runs them
+        self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
 
     def tie_weights(self) -> None:
         weight = self.embed_tokens.weight
         assert isinstance(weight, nn.Parameter)
         self.lm_head.weight = weight
 
-    def pack_weights(self) -> int:
+    def pack_weights(self, keep_unpacked: bool = False) -> int:
         """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
         AVX512-BF16) and build the native decoder stack where every layer then runs natively;
-        returns how many layers were packed. Call once, after the weights are loaded."""
-        packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
+        returns how many layers were packed. Call once, after the weights are loaded.
+        keep_unpacked: the decoder layers' projections keep their weights too (route_linears)."""
+        kept = {id(p) for p in self.dense_projections()} if keep_unpacked else set()
+        packed = sum(m.pack(keep_weight=id(m) in kept) for m in self.modules()
+                      if isinstance(m, PackableLinear))  # fmt: skip
         self.stack = DecoderStack.build(self.decoder_layers())
         return packed
+
+    def dense_projections(self) -> list[PackableLinear]:
+        """Every decoder layer's dense projections (qkv, o, gate_up, down); [] unless every
+        layer has all four packable (no experts, no quantized or tensor-parallel layers)."""
+        found: list[PackableLinear] = []
+        for layer in self.decoder_layers():
+            mlp = layer.mlp
+            if not isinstance(mlp, DenseMLP):
+                return []
+            found += [layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        return found if all(type(p) in (Linear, GateUpLinear) for p in found) else []
+
+    def route_linears(self, torch_from: int | None) -> int:
+        """Steps of at least `torch_from` rows run the layers one by one with torch's matmul
+        in every dense projection (models/linear_dispatch.py); fewer keep the native kernel and
+        the decoder stack. Needs pack_weights(keep_unpacked=True); returns the bytes the kept
+        weights take. None: native at every row count."""
+        projections = self.dense_projections()
+        if torch_from is not None and not projections:
+            raise ValueError("cpu_linear: only dense bf16/fp32 decoder layers can run torch")
+        for p in projections:
+            p.route(torch_from)
+        self.torch_from = torch_from
+        kept = [p.weight for p in projections if p.packed is not None and p.weight is not None]
+        return sum(w.numel() * w.element_size() for w in kept) if torch_from else 0
 
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
@@ -232,7 +262,9 @@ class LlamaForCausalLM(nn.Module):
         if self.arch.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype first
             hidden = hidden * torch.tensor(self.arch.embed_scale, dtype=hidden.dtype)
         ropes = self._ropes(positions)
-        if self.stack is not None and not torch.compiler.is_compiling():
+        routed = self.torch_from is not None and input_ids.shape[0] >= self.torch_from
+        self.linear_steps["torch" if routed else "native"] += 1
+        if self.stack is not None and not routed and not torch.compiler.is_compiling():
             hidden = self.stack(hidden, *ropes[0], kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):

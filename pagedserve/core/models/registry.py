@@ -172,6 +172,7 @@ def load_model(
     progress: bool = True,
     group: TPGroup | None = None,
     quantization: str = "none",
+    pack: bool = True,
 ) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model in eval mode without gradients, weights in `dtype` on `device`.
 
@@ -181,6 +182,8 @@ def load_model(
     quantization "auto" keeps a GGUF's quantized linears quantized where a kernel exists
     (models/quantized.py; what runs is in model.quantization), "none" dequantizes everything;
     tensor-parallel shards are dequantized (the quantized layers are not sharded).
+    pack=False leaves model.pack_weights() to the caller (startup.py, which first decides
+    whether the weights stay unpacked too: models/linear_dispatch.py).
     """
     plan = None
     if quantization == "auto" and resolved.format == "gguf" and group is None:
@@ -218,5 +221,6 @@ def load_model(
     if tied:
         model.tie_weights()
     model.requires_grad_(False)
-    model.pack_weights()
+    if pack:
+        model.pack_weights()
     return model.eval(), arch

@@ -1,0 +1,80 @@
+// CPUID and XGETBV by hand (cpuid.h's __get_cpuid_count, no inline asm beyond xgetbv), plus the
+// Linux AMX permission request. Everything here is false on CPUs other than x86-64.
+#include "pagedserve/cpu_features.hpp"
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define PAGEDSERVE_X86 1
+#endif
+
+#if defined(__linux__) && defined(PAGEDSERVE_X86)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace pagedserve {
+namespace {
+
+#ifdef PAGEDSERVE_X86
+struct Regs {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+};
+
+Regs cpuid(unsigned leaf, unsigned subleaf) {
+    Regs r;
+    if (!__get_cpuid_count(leaf, subleaf, &r.eax, &r.ebx, &r.ecx, &r.edx)) return Regs{};
+    return r;
+}
+
+bool bit(unsigned value, int index) { return (value >> index) & 1u; }
+
+// XCR0: which register states the OS saves on a context switch (0 without OSXSAVE).
+std::uint64_t xcr0() {
+    if (!bit(cpuid(1, 0).ecx, 27)) return 0;  // OSXSAVE
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+
+// Linux >= 5.16 hands out AMX tile data per process on request (arch_prctl, not in glibc's
+// headers everywhere, hence the raw numbers: ARCH_REQ_XCOMP_PERM 0x1023, XFEATURE_XTILEDATA 18).
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+}
+
+CpuFeatures detect() {
+    CpuFeatures f;
+    if (cpuid(0, 0).eax < 7) return f;
+    const Regs l7 = cpuid(7, 0), l7s1 = cpuid(7, 1);
+    const std::uint64_t xcr = xcr0();
+    const bool zmm_saved = (xcr & 0xE6) == 0xE6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+    f.avx512f = bit(l7.ebx, 16) && zmm_saved;
+    f.avx512_vnni = f.avx512f && bit(l7.ecx, 11);
+    f.avx512_bf16 = f.avx512f && bit(l7s1.eax, 5);
+    f.amx_bf16 = bit(l7.edx, 22);
+    f.amx_tile = bit(l7.edx, 24);
+    f.amx_int8 = bit(l7.edx, 25);
+    f.amx_os_enabled = f.amx_tile && (xcr & (3ull << 17)) == (3ull << 17);
+    f.amx_permitted = f.amx_os_enabled && request_amx_permission();
+    return f;
+}
+#else
+CpuFeatures detect() { return CpuFeatures{}; }
+#endif
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+    static const CpuFeatures features = detect();  // C++11: initialised once, thread-safe
+    return features;
+}
+
+}  // namespace pagedserve
