@@ -1,6 +1,6 @@
 """The packed native bf16 linear kernel vs torch's bf16 matmul, at SmolLM2-135M's shapes.
 
-    python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32]
+    python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32] [--rows 1,16,64]
     python bench/linear.py --quantized Q4_1,Q8_0,Q4_K,Q6_K      # the kept-quantized kernels
 
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
@@ -11,11 +11,13 @@ alternative the kernel was chosen against (weights converted to bf16 in register
 dot products with unrounded bf16 activations).
 
 For each layer (qkv, o with its residual add, gate_up, down with its residual, lm_head with fp32
-logits) and each row count (1: single-request decode, 64: a batch-64 decode step, 512: a
-prefill chunk), the median wall time of torch (F.linear / addmm, as llama.py ran them) and of
+logits) and each row count (default 1, 16, 64, 256, 1024: single-request decode, batched decode
+steps, prefill chunks), the median wall time of torch (F.linear / addmm, as llama.py ran them) and of
 models.linear.Linear after pack(), interleaved in one run, their ratio, and the achieved
-GFLOP/s (or GB/s of weights for one row). Prints the load average: on a shared machine compare
-the ratios, not the absolute figures.
+GFLOP/s (or GB/s of weights for one row). Then the start-up calibration of --cpu-linear auto
+(models/linear_dispatch.py) on the same model's layer at these row counts, and from which row
+count it would run torch. Prints the CPU model, its features (CPUID: AVX512-BF16, VNNI, AMX)
+and the load average: on a shared machine compare the ratios, not the absolute figures.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
 from pagedserve.core.models.linear import Linear
+from pagedserve.core.models.linear_dispatch import LayerShape, calibrate, torch_from_rows
+from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
 from pagedserve.core.ops.linear import native_linear_available
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
 from pagedserve.core.ops.native import core
@@ -71,13 +74,6 @@ def torch_call(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, fp32:
     if fp32:
         return lambda: F.linear(x, w).float()
     return lambda: F.linear(x, w)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def gguf_rows(qtype: GGMLQuantizationType, n: int, k: int) -> np.ndarray:
@@ -170,6 +166,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--rows", default="1,16,64,256,1024", help="row counts, comma-separated")
     ap.add_argument("--quantized", default="", help="GGUF types to time, e.g. Q4_1,Q8_0")
     ap.add_argument("--dequant-bf16", action="store_true",
                     help="with --quantized: also time the bf16-in-register alternative")  # fmt: skip
@@ -178,7 +175,8 @@ def main() -> None:
     if not native_linear_available():
         raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
     torch.set_num_threads(args.threads)
-    print(f"CPU: {cpu_model()}")
+    row_counts = [int(r) for r in args.rows.split(",")]
+    print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()})")
     print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
     if args.quantized:
         quantized_table(args.quantized.split(","), args.repeats, args.dequant_bf16)
@@ -192,12 +190,13 @@ def main() -> None:
         w = (torch.randn(n, k) * k**-0.5).to(dtype)
         layer.weight.data.copy_(w)  # type: ignore[union-attr]
         layer.pack()
-        for rows in (1, 64, 512):
+        for rows in row_counts:
             x = torch.randn(rows, k).to(dtype)
             res = torch.randn(rows, n).to(dtype) if residual else None
             out_dtype = torch.float32 if fp32 else None
             ours = functools.partial(layer, x, res, out_dtype=out_dtype)
-            theirs, mine = timed_pair(torch_call(x, w, res, fp32), ours, args.repeats)
+            repeats = args.repeats if rows * n * k < 2**28 else max(5, args.repeats // 10)
+            theirs, mine = timed_pair(torch_call(x, w, res, fp32), ours, repeats)
             rate = (
                 f"{n * k * w.element_size() / mine / 1e9:.1f} GB/s of weights"
                 if rows == 1
@@ -205,7 +204,22 @@ def main() -> None:
             )
             print(f"{name:15s} {rows:5d} {theirs * 1e6:9.0f} {mine * 1e6:10.0f} "
                   f"{theirs / mine:7.2f}x  {rate}")  # fmt: skip
+    dispatch_table(row_counts, dtype)
     print(f"load average after: {os.getloadavg()}")
+
+
+def dispatch_table(row_counts: list[int], dtype: torch.dtype) -> None:
+    """--cpu-linear auto's calibration on this model's decoder layer (no time budget)."""
+    shapes = [LayerShape("qkv", 576, 960), LayerShape("o", 576, 576, residual=True),
+              LayerShape("gate_up", 576, 1536, gated=True),
+              LayerShape("down", 1536, 576, residual=True)]  # fmt: skip
+    timings = calibrate(shapes, row_counts, dtype, budget_s=float("inf"))
+    print("calibration (--cpu-linear auto), one layer's qkv+o+gate_up+down:")
+    for t in timings:
+        print(f"  {t.rows:5d} rows  native {t.native_s * 1e6:9.0f} us  torch "
+              f"{t.torch_s * 1e6:9.0f} us  native vs torch {t.torch_s / t.native_s:6.2f}x")  # fmt: skip
+    start = torch_from_rows(timings)
+    print(f"  -> torch from {start} rows" if start else "  -> native at every row count")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ takes AMX tiles where the CPU has them), chosen by the step's row count from a m
     dispatch = plan_dispatch(mode, deterministic, ...)      # what runs, and why (describe())
     model.route_linears(dispatch.torch_from)                # llama.py: per-layer path there
 
-The calibration times one decoder layer's four dense projections run back to back (qkv, o
-with its residual, gate_up with SiLU-and-mul, down with its residual), each as models/linear.py
-runs it, on random weights of the model's shapes, at a few row counts (16, 64, 256 and the
+The calibration times one decoder layer's four dense projections (qkv, o with its residual,
+gate_up with SiLU-and-mul, down with its residual), each as models/linear.py runs it and each
+after a native RMSNorm (so torch pays the hand-over between the two OpenMP pools it pays in a
+layer), on random weights of the model's shapes, at a few row counts (16, 64, 256 and the
 step's token budget), the two paths alternating, medians of 3-7 calls; about 1 s at start-up
 for the default model on a quiet 2-core Zen 4 (BUDGET_S caps it). Torch is chosen from the
 least measured row count from which it beats native by MARGIN (25 %) at every larger measured
@@ -31,6 +32,7 @@ import torch
 
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.cpu_features import cpu_features
 from pagedserve.core.ops.linear import PACKABLE_DTYPES, native_linear_available
 
@@ -108,10 +110,14 @@ def _pair(shape: LayerShape, dtype: torch.dtype) -> tuple[PackableLinear, Packab
 
 
 def _runner(layer: PackableLinear, shape: LayerShape, x: torch.Tensor) -> Callable[[], object]:
+    """The projection after a native RMSNorm of its input, as in a layer (norms, rotary and
+    attention run natively between the projections): torch's matmul pays the hand-over
+    between the native kernels' OpenMP threads and torch's own each time, as it does there."""
+    norm = torch.ones(shape.in_features, dtype=x.dtype)
     if shape.residual:
         residual = torch.zeros(x.shape[0], shape.out_features, dtype=x.dtype)
-        return lambda: layer(x, residual=residual)
-    return lambda: layer(x)
+        return lambda: layer(layer_ops.rms_norm(x, norm, 1e-6), residual=residual)
+    return lambda: layer(layer_ops.rms_norm(x, norm, 1e-6))
 
 
 def _layer(runs: Sequence[Callable[[], object]]) -> Callable[[], None]:
@@ -125,18 +131,17 @@ def _layer(runs: Sequence[Callable[[], object]]) -> Callable[[], None]:
 def _median_pair(
     a: Callable[[], object], b: Callable[[], object], reps: tuple[int, int]
 ) -> tuple[float, ...]:
-    """Medians in seconds of a and b, alternating, each timed call after an untimed one (the
-    native kernel's and torch's OpenMP pools each wake up on a switch)."""
+    """Medians in seconds of a and b, alternating after one warm-up call each."""
+    a(), b()
     times: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
     while len(times[0]) < reps[0] or (
         len(times[0]) < reps[1] and time.perf_counter() - start < ROW_TIME_S
     ):
         for fn, out in ((a, times[0]), (b, times[1])):
+            begin = time.perf_counter()
             fn()
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
+            out.append(time.perf_counter() - begin)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
