@@ -444,7 +444,7 @@ class DecoderStack:
     @property
     def num_layers(self) -> int: ...
 
-def cpu_features() -> dict:
+def cpu_features() -> dict[str, bool]:
     """
     The CPU's AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.
     """

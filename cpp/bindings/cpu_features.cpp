@@ -1,6 +1,10 @@
 // pybind11 glue for cpu_features.hpp: one dict of flags, read by
 // pagedserve/core/ops/cpu_features.py.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
 
 #include "pagedserve/cpu_features.hpp"
 #include "bindings.hpp"
@@ -9,9 +13,9 @@ namespace py = pybind11;
 
 namespace {
 
-py::dict features() {
+std::map<std::string, bool> features() {
     const pagedserve::CpuFeatures& f = pagedserve::cpu_features();
-    py::dict d;
+    std::map<std::string, bool> d;
     d["avx512f"] = f.avx512f;
     d["avx512_bf16"] = f.avx512_bf16;
     d["avx512_vnni"] = f.avx512_vnni;

@@ -159,7 +159,7 @@ def calibrate(
     pairs = [_pair(shape, dtype) for shape in shapes]
     if any(p is None for p in pairs):
         return []
-    start, timings = time.perf_counter(), []
+    start, timings = time.perf_counter(), list[Timing]()
     for m in sorted(set(rows)):
         if timings and time.perf_counter() - start > budget_s:
             break
