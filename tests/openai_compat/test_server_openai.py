@@ -28,6 +28,8 @@ def test_models(client: openai.OpenAI, server: Server) -> None:
     # --quantization auto (the default): the Q4_1 file's blocks run on the int8 kernels.
     weights = models[0].weights  # type: ignore[attr-defined]
     assert weights.startswith("Q4_1 x 210, Q8_0 x 1 kept quantized (native "), weights
+    # ... and says which linear path runs and the CPU's features (issue 12, --cpu-linear).
+    assert "; linears: GGUF blocks on their native quantized kernels; cpu: " in weights, weights
     assert f"weights: {weights}" in server.log()
 
 

@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -174,6 +175,15 @@ def calibrate(
     return timings
 
 
+@cache
+def measure_layer(
+    shapes: tuple[LayerShape, ...], rows: tuple[int, ...], dtype: torch.dtype, threads: int
+) -> tuple[Timing, ...]:
+    """calibrate(), once per process for each shape, row counts, dtype and thread count: an
+    engine built again (tests, LLM objects) reuses the figures."""
+    return tuple(calibrate(shapes, rows, dtype))
+
+
 def calibration_rows(max_num_batched_tokens: int) -> list[int]:
     return sorted({r for r in ROWS if r < max_num_batched_tokens} | {max_num_batched_tokens})
 
@@ -210,15 +220,9 @@ def _fixed(reason: str) -> LinearDispatch:
     return LinearDispatch(None, f"{reason}; cpu: {cpu_features().describe()}")
 
 
-def plan_dispatch(
-    mode: str,
-    deterministic: bool,
-    inputs: DispatchInputs,
-    measure: Callable[[Sequence[LayerShape], Sequence[int], torch.dtype], list[Timing]]
-    | None = None,
-) -> LinearDispatch:
-    """The CPU linear path for ModelConfig.cpu_linear `mode` (auto, native, torch); `measure`
-    is the calibration (tests inject timings)."""
+def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> LinearDispatch:
+    """The CPU linear path for ModelConfig.cpu_linear `mode` (auto, native, torch); auto
+    measures (measure_layer: tests put timings there)."""
     if inputs.quantized:
         return _fixed("linears: GGUF blocks on their native quantized kernels")
     if inputs.dtype not in PACKABLE_DTYPES or not native_linear_available():
@@ -232,7 +236,8 @@ def plan_dispatch(
         return LinearDispatch(1, f"linears: torch at every row count (cpu_linear torch); "
                                  f"cpu: {cpu_features().describe()}")  # fmt: skip
     rows = calibration_rows(inputs.max_num_batched_tokens)
-    timings = tuple((measure or calibrate)(layer_shapes(inputs.arch), rows, inputs.dtype))
+    shapes = tuple(layer_shapes(inputs.arch))
+    timings = tuple(measure_layer(shapes, tuple(rows), inputs.dtype, torch.get_num_threads()))
     logger.info("linear calibration, one layer's qkv+o+gate_up+down, native vs torch: %s",
                 "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.torch_s * 1e3:.3f} ms"
                           for t in timings))  # fmt: skip

@@ -139,8 +139,10 @@ def test_forced_path_gives_the_oracle_tokens(
     oracle_tokens: list[list[int]],
     path: str,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls = count_products(monkeypatch)
+    caplog.set_level(logging.INFO, logger="pagedserve")
     llm, ours = run(tiny_model, cpu_linear=path, deterministic=path == "native")
     model = llm.engine.model_runner.model
     llm.close()
@@ -157,6 +159,7 @@ def test_forced_path_gives_the_oracle_tokens(
     assert qkv.packed is not None  # the native kernel stays for lm_head and fewer rows
     assert ("torch from 1 rows" in repr(qkv)) == (path == "torch")
     assert (qkv.weight is not None) == (path == "torch")  # kept only where torch runs
+    assert ("the unpacked weights kept for torch take" in caplog.text) == (path == "torch")
     assert model.lm_head.torch_from is None
 
 
@@ -165,11 +168,11 @@ def prefer_torch(monkeypatch: pytest.MonkeyPatch, from_rows: int) -> list[list[i
     counts each calibration was asked for."""
     asked: list[list[int]] = []
 
-    def measure(shapes, rows, dtype):
+    def measure(shapes, rows, dtype, threads):
         asked.append(list(rows))
         return [Timing(r, 4.0, 1.0 if r >= from_rows else 8.0) for r in rows]
 
-    monkeypatch.setattr(linear_dispatch, "calibrate", measure)
+    monkeypatch.setattr(linear_dispatch, "measure_layer", measure)
     return asked
 
 
@@ -229,16 +232,20 @@ def test_deterministic_keeps_native_when_torch_is_faster(
     assert model.layers[0].qkv_proj.weight is None  # no unpacked copy kept
 
 
-def test_quantized_or_expert_models_stay_native(tiny_model: Path) -> None:
+def test_quantized_or_expert_models_stay_native(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pagedserve.core.models.registry import read_arch
     from pagedserve.core.models.resolve import resolve_model
 
     arch = read_arch(resolve_model(str(tiny_model)))
+    monkeypatch.setattr(linear_dispatch, "measure_layer", lambda *a: pytest.fail("measured"))
     for inputs, why in (
         (DispatchInputs(arch, torch.bfloat16, 512, quantized=True), "quantized kernels"),
         (DispatchInputs(arch, torch.bfloat16, 512, dense=False), "experts"),
         (DispatchInputs(arch, torch.bfloat16, 512, tensor_parallel=True), "tensor parallel"),
     ):
-        dispatch = plan_dispatch("torch", False, inputs, measure=lambda *a: pytest.fail())
+        dispatch = plan_dispatch("auto", False, inputs)
         assert dispatch.torch_from is None and why in dispatch.summary
+        assert plan_dispatch("torch", False, inputs).torch_from is None
     assert [s.name for s in layer_shapes(arch)] == ["qkv", "o", "gate_up", "down"]
