@@ -1,6 +1,6 @@
 """--cpu-linear native vs torch vs auto, side by side, through LLM.generate (issue 12).
 
-    python bench/cpu_linear.py --repeats 3
+    python bench/cpu_linear.py --repeats 3 [--threads 2]
 
 Each measurement is a fresh process on the default model with --quantization none (bf16 dense
 linears: the dispatch applies) and --no-deterministic (torch's matmul is not batch-invariant, so
@@ -25,12 +25,12 @@ MODES = ("native", "torch", "auto")
 FIGURES = ("offline_64x128_tok_s", "prefill_1k_tok_s", "decode_c1_tok_s")
 
 
-def worker(mode: str) -> dict:
+def worker(mode: str, threads: int) -> dict:
     import torch
 
     from pagedserve import LLM, SamplingParams
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     llm = LLM(quantization="none", dtype="bfloat16", deterministic=False, cpu_linear=mode,
               max_num_seqs=64, max_model_len=2048, enable_prefix_caching=False)  # fmt: skip
@@ -61,8 +61,8 @@ def worker(mode: str) -> dict:
     }
 
 
-def run(mode: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", mode]
+def run(mode: str, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, "--threads", str(threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -70,20 +70,21 @@ def run(mode: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker)))
+        print(json.dumps(worker(a.worker, a.threads)))
         return 0
     from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
 
-    print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()}); "
-          f"load average at start {os.getloadavg()}")  # fmt: skip
+    print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()}); threads "
+          f"{a.threads}; load average at start {os.getloadavg()}")  # fmt: skip
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for i in range(a.repeats):
         for j in range(len(MODES)):
             mode = MODES[(i + j) % len(MODES)]
-            runs[mode].append(run(mode))
+            runs[mode].append(run(mode, a.threads))
     print("| figure | " + " | ".join(MODES) + " | torch vs native | auto vs native |")
     print("|---|" + "---:|" * (len(MODES) + 2))
     for key in FIGURES:

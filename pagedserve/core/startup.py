@@ -247,7 +247,8 @@ def is_batch_invariant(
 ) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
-    layer on the native bf16/fp32 kernel (or the quantized one) and the native CPU attention
+    layer on the native bf16/fp32 kernel at every row count (no step routed to torch by
+    --cpu-linear) or on the quantized one and the native CPU attention
     with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
     without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
     kernels (whose decode splits long contexts) are not."""
