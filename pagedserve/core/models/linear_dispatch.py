@@ -10,8 +10,9 @@ The calibration times one decoder layer's four dense projections (qkv, o with it
 gate_up with SiLU-and-mul, down with its residual), each as models/linear.py runs it and each
 after a native RMSNorm (so torch pays the hand-over between the two OpenMP pools it pays in a
 layer), on random weights of the model's shapes, at a few row counts (16, 64, 256 and the
-step's token budget), the two paths alternating, medians of 3-7 calls; about 1 s at start-up
-for the default model on a quiet 2-core Zen 4 (BUDGET_S caps it). Torch is chosen from the
+step's token budget, at most 1,024), the two paths alternating, medians of 3-7 calls: 0.26 s
+at start-up for the default model in a quiet moment on a 2-core Zen 4, 1.7-2.7 s at load 4-5
+(BUDGET_S stops starting larger row counts past 1.5 s). Torch is chosen from the
 least measured row count from which it beats native by MARGIN (25 %) at every larger measured
 count; a step with fewer rows keeps native (the one-call decoder stack), one with at least that
 many runs the layers one by one with torch linears (lm_head stays native: its fp32 logits).
@@ -44,7 +45,9 @@ MARGIN = 0.25
 one-call decoder stack saves beyond the linears, stay with native (oneDNN's AMX gains are
 4-10x)."""
 ROWS = (16, 64, 256)
-"""Row counts calibrated below the step's token budget (which is measured too)."""
+"""Row counts calibrated below the step's token budget (which is measured too, up to
+MAX_ROWS: larger steps take the largest measured count's answer)."""
+MAX_ROWS = 1024
 REPS = (3, 7)
 """Timed calls per path and row count: at least 3, up to 7 while ROW_TIME_S allows."""
 ROW_TIME_S = 0.25
@@ -185,7 +188,8 @@ def measure_layer(
 
 
 def calibration_rows(max_num_batched_tokens: int) -> list[int]:
-    return sorted({r for r in ROWS if r < max_num_batched_tokens} | {max_num_batched_tokens})
+    top = min(max_num_batched_tokens, MAX_ROWS)
+    return sorted({r for r in ROWS if r < top} | {top})
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,12 @@ def test_cpu_features_agree_with_proc_cpuinfo() -> None:
     assert ("no amx" in features.describe()) == (not features.amx_tile)
 
 
+def test_calibration_rows_follow_the_token_budget() -> None:
+    assert linear_dispatch.calibration_rows(512) == [16, 64, 256, 512]
+    assert linear_dispatch.calibration_rows(16) == [16]
+    assert linear_dispatch.calibration_rows(8192) == [16, 64, 256, 1024]
+
+
 def test_config_checks_cpu_linear() -> None:
     with pytest.raises(ValueError, match="cpu_linear must be one of"):
         ModelConfig(cpu_linear="amx")
