@@ -196,7 +196,8 @@ def main() -> int:
     (run_dir / "results.json").write_text(json.dumps(results, indent=1))
     meta = (
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, CPU {cpu_model()}, "
-        f"{os.cpu_count()} cores, load average {before} before, {load()} after; medians of "
+        f"{os.cpu_count()} cores, OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"load average {before} before, {load()} after; medians of "
         f"{opts.repeats} alternating repeats; mixed for {opts.mixed_seconds:g} s; variants: "
         + "; ".join(f"{n} = `{t}` {f}".strip() for n, t, f in variants)
     )
