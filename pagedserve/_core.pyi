@@ -162,6 +162,7 @@ class Scheduler:
         max_num_batched_tokens: typing.SupportsInt | typing.SupportsIndex,
         max_model_len: typing.SupportsInt | typing.SupportsIndex,
         enable_prefix_caching: bool,
+        max_prefill_tokens_while_decoding: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     def abort(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     def add_request(

@@ -66,6 +66,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (CacheConfig, "num_pages", {"type": int, "help": argparse.SUPPRESS}),
     (SchedulerConfig, "max_num_seqs", {"type": int}),
     (SchedulerConfig, "max_num_batched_tokens", {"type": int}),
+    (SchedulerConfig, "max_prefill_tokens_while_decoding", {"type": int}),
     (SchedulerConfig, "max_waiting", {"type": int}),
     # default None: the environment (_PARALLEL_ENV) fills what no flag gives, then the field.
     (ParallelConfig, "tensor_parallel_size", {"type": int, "default": None}),

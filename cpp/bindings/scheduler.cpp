@@ -93,14 +93,15 @@ void bind_scheduler(py::module_& m) {
     bind_stats(m);
     py::class_<Scheduler>(m, "Scheduler")
         .def(py::init([](int32_t num_pages, int32_t page_size, int32_t max_num_seqs,
-                         int32_t max_num_batched_tokens, int32_t max_model_len, bool prefix) {
-                 return new Scheduler(SchedulerConfig{num_pages, page_size, max_num_seqs,
-                                                      max_num_batched_tokens, max_model_len,
-                                                      prefix});
+                         int32_t max_num_batched_tokens, int32_t max_model_len, bool prefix,
+                         int32_t max_prefill_tokens_while_decoding) {
+                 return new Scheduler(SchedulerConfig{
+                     num_pages, page_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                     prefix, max_prefill_tokens_while_decoding});
              }),
              py::kw_only(), py::arg("num_pages"), py::arg("page_size"), py::arg("max_num_seqs"),
              py::arg("max_num_batched_tokens"), py::arg("max_model_len"),
-             py::arg("enable_prefix_caching"))
+             py::arg("enable_prefix_caching"), py::arg("max_prefill_tokens_while_decoding") = 0)
         .def(
             "add_request",
             [](Scheduler& s, int64_t seq_id, const IntArray& prompt, int64_t max_tokens,

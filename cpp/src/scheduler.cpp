@@ -40,6 +40,11 @@ struct Sequence {
     int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
     // All max_tokens are out: it waits for the engine's finish() and is never scheduled again.
     bool length_done() const { return num_tokens() - num_prompt_tokens >= max_tokens; }
+    // Its next step computes exactly the token it sampled last (not a prompt or recompute chunk).
+    bool decoding() const {
+        return !length_done() && num_tokens() > num_prompt_tokens &&
+               num_tokens() - num_computed == 1;
+    }
 };
 
 Scheduler::Scheduler(const SchedulerConfig& config)
@@ -50,6 +55,9 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     require_positive(config.max_num_seqs, "max_num_seqs");
     require_positive(config.max_num_batched_tokens, "max_num_batched_tokens");
     require_positive(config.max_model_len, "max_model_len");
+    if (config.max_prefill_tokens_while_decoding < 0)
+        throw std::invalid_argument("max_prefill_tokens_while_decoding must be >= 0, got " +
+                                    std::to_string(config.max_prefill_tokens_while_decoding));
     max_pages_per_seq_ = std::min(ceil_div(config.max_model_len, config.page_size),
                                   config.num_pages);
     const size_t seqs = static_cast<size_t>(config.max_num_seqs);
@@ -167,7 +175,7 @@ const StepPlan& Scheduler::schedule() {
     // tokens are scheduled again (the pages they were given stay with them).
     retired_.clear();
     reset_plan();
-    int32_t budget = config_.max_num_batched_tokens;
+    StepBudget budget = start_budget();
     schedule_running(budget);
     // A step that had to preempt is short of pages: admitting now would only thrash.
     if (plan_.preempted_seq_ids.empty()) admit_waiting(budget);
@@ -185,15 +193,30 @@ void Scheduler::reset_plan() {
     plan_sequences_.clear();
 }
 
-void Scheduler::schedule_running(int32_t& budget) {
-    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+StepBudget Scheduler::start_budget() const {
+    StepBudget budget;
+    budget.tokens = budget.prefill = config_.max_num_batched_tokens;
+    for (const Sequence* r : running_) budget.decodes += r->decoding() ? 1 : 0;
+    const int32_t cap = config_.max_prefill_tokens_while_decoding;
+    if (budget.decodes > 0 && cap > 0) budget.prefill = std::min(budget.prefill, cap);
+    return budget;
+}
+
+void Scheduler::schedule_running(StepBudget& budget) {
+    // Admission order, decodes never starved: a prefill takes only what is left once every
+    // decode after it has its token.
+    for (size_t i = 0; i < running_.size() && budget.tokens > 0; ++i) {
         Sequence& r = *running_[i];
-        const int32_t num_new = std::min(r.num_tokens() - r.num_computed, budget);
+        const bool decode = r.decoding();
+        if (decode) --budget.decodes;  // its reserved token is its own now
+        const int32_t room = decode ? budget.tokens : budget.prefill_room();
+        const int32_t num_new = std::min(r.num_tokens() - r.num_computed, room);
         if (r.length_done() || num_new <= 0) continue;
         // Only requests after i (not yet in the plan) or r itself can be preempted here.
         if (!ensure_pages(r, r.num_computed + num_new)) break;
         emit(r, num_new);
-        budget -= num_new;
+        budget.tokens -= num_new;
+        if (!decode) budget.prefill -= num_new;
     }
 }
 
@@ -226,15 +249,17 @@ void Scheduler::preempt(Sequence& r) {
     ++num_preemptions_;
 }
 
-void Scheduler::admit_waiting(int32_t& budget) {
-    while (!waiting_.empty() && budget > 0 &&
+void Scheduler::admit_waiting(StepBudget& budget) {
+    while (!waiting_.empty() && budget.prefill_room() > 0 &&
            static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
         Sequence& r = *waiting_.front();
-        if (!try_admit(r, budget)) break;
+        if (!try_admit(r, budget.prefill_room())) break;
         waiting_.pop_front();
         r.status = Status::kRunning;
         running_.push_back(&r);
-        budget -= plan_.num_scheduled_tokens[plan_.num_reqs - 1];
+        const int32_t num_new = plan_.num_scheduled_tokens[plan_.num_reqs - 1];
+        budget.tokens -= num_new;
+        budget.prefill -= num_new;
     }
 }
 

@@ -1,5 +1,6 @@
 // Unit tests of the scheduler: chunked prefill, decode, sampling rows, prefix hits, preemption
-// by recompute, abort/finish freeing pages, admission errors.
+// by recompute, abort/finish freeing pages, admission errors, the prefill cap while decoding.
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <stdexcept>
@@ -151,6 +152,53 @@ TEST(length_done_request_is_not_scheduled) {
     step(s);
     CHECK(s.schedule().num_reqs == 0);
     CHECK(s.has_unfinished());  // until the engine calls finish()
+}
+
+// Sum of the prefill rows' tokens of a plan (rows that do not sample, or sample after more than
+// one token: prompt chunks); the decode rows are the one-token rows of `decoders`.
+int32_t prefill_tokens(const StepPlan& p, const std::vector<int64_t>& decoders) {
+    int32_t total = 0;
+    for (int32_t row = 0; row < p.num_reqs; ++row) {
+        const bool decoder = std::find(decoders.begin(), decoders.end(), p.seq_ids[row]) !=
+                             decoders.end();
+        if (!decoder) total += p.num_scheduled_tokens[row];
+    }
+    return total;
+}
+
+TEST(prefill_capped_while_decoding_full_chunk_otherwise) {
+    // Budget 64, at most 8 prefill tokens in a step where a request decodes.
+    Scheduler s(SchedulerConfig{64, 4, 4, 64, 128, false, 8});
+    add(s, 1, iota_tokens(3), 40);
+    add(s, 2, iota_tokens(5, 20), 40);
+    step(s);  // nothing decodes yet: both prompts whole
+    add(s, 3, iota_tokens(50, 100), 4);  // a long prompt arrives while 1 and 2 decode
+    add(s, 4, iota_tokens(30, 200), 4);  // and a second one right behind it
+    int32_t steps = 0;
+    while (s.num_computed_tokens(3) < 50) {
+        const StepPlan& p = step(s);
+        ++steps;
+        CHECK(p.num_reqs >= 3 && p.seq_ids[0] == 1 && p.seq_ids[1] == 2);
+        CHECK(p.num_scheduled_tokens[0] == 1 && p.num_scheduled_tokens[1] == 1);
+        CHECK(prefill_tokens(p, {1, 2}) == 8);  // both prompts share the 8
+    }
+    CHECK(steps == 7);  // 50 tokens in chunks of 8, the last one shared with request 4
+    const StepPlan& p = step(s);  // 3 decodes now too; 4 still gets 8
+    CHECK(p.num_reqs == 4 && prefill_tokens(p, {1, 2, 3}) == 8);
+    s.finish(1);
+    s.finish(2);
+    s.finish(3);
+    const StepPlan& q = s.schedule();  // nothing decodes: 4 takes its whole rest at once
+    CHECK(q.num_reqs == 1 && q.seq_ids[0] == 4 && q.num_scheduled_tokens[0] == 30 - 14);
+    Scheduler fresh(SchedulerConfig{64, 4, 4, 64, 128, false, 8});
+    add(fresh, 3, iota_tokens(50, 100), 4);
+    add(fresh, 4, iota_tokens(30, 200), 4);
+    const StepPlan& r = fresh.schedule();  // no decode: the whole budget, FCFS
+    CHECK(r.num_reqs == 2 && r.num_scheduled_tokens[0] == 50 && r.num_scheduled_tokens[1] == 14);
+}
+
+TEST(prefill_cap_is_checked) {
+    CHECK_THROWS(std::invalid_argument, Scheduler(SchedulerConfig{8, 4, 4, 64, 32, false, -1}));
 }
 
 int main() { return check::run_all_tests(); }

@@ -112,6 +112,11 @@ class SchedulerConfig:
     """Most requests running at once (each output of n>1 counts)."""
     max_num_batched_tokens: int = 512
     """Token budget of one engine step (decodes first, then prefill chunks)."""
+    max_prefill_tokens_while_decoding: int = 256
+    """Prompt tokens (over all prompt chunks and recomputes) one engine step may carry while
+    other requests decode: bounds that step's time, and so the decoders' inter-token latency,
+    when long prompts arrive. A step with no decode still prefills max_num_batched_tokens. Set
+    it to max_num_batched_tokens for no separate bound (measured in bench/RESULTS.md)."""
     max_waiting: int = 1024
     """Most requests waiting for a seat; beyond it the server answers 429."""
 
@@ -121,6 +126,11 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_prefill_tokens_while_decoding < 1:
+            raise ValueError(
+                "max_prefill_tokens_while_decoding must be >= 1, got "
+                f"{self.max_prefill_tokens_while_decoding}"
             )
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")

@@ -64,9 +64,14 @@ _STATS_FIELDS = tuple(f.name for f in fields(SchedulerStats))
 class Scheduler:
     """Continuous batching over a paged KV cache with chunked prefill and prefix caching.
 
-    Policy: running requests first (decode 1 token, or the next prefill chunk), then waiting
-    requests FCFS into the rest of the `max_num_batched_tokens` budget, at most `max_num_seqs`
-    running. Out of pages, the newest running request is preempted (recomputed later).
+    Policy (stall-free batching, as Sarathi-Serve): running requests first in admission order
+    (decode 1 token, or the next prefill chunk), then waiting requests FCFS into the rest of the
+    `max_num_batched_tokens` budget, at most `max_num_seqs` running. Every decode's token is
+    reserved before any prefill chunk takes the rest, and while a request decodes the step's
+    prefill tokens (all prompts and recomputes together) stay within
+    `max_prefill_tokens_while_decoding` (None: no cap), bounding the decoders' inter-token
+    latency; a step with no decode gives prefill the whole budget. Out of pages, the newest
+    running request is preempted (recomputed later).
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_prefix_caching: bool,
+        max_prefill_tokens_while_decoding: int | None = None,
     ) -> None:
         self._native = _native.Scheduler(
             num_pages=num_pages,
@@ -86,6 +92,7 @@ class Scheduler:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
+            max_prefill_tokens_while_decoding=max_prefill_tokens_while_decoding or 0,
         )
 
     def add_request(

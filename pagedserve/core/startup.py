@@ -151,6 +151,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         page_size=cc.page_size,
         max_num_seqs=sc.max_num_seqs,
         max_num_batched_tokens=sc.max_num_batched_tokens,
+        max_prefill_tokens_while_decoding=sc.max_prefill_tokens_while_decoding,
         max_model_len=max_model_len,
         enable_prefix_caching=cc.enable_prefix_caching,
     )

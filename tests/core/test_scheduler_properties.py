@@ -37,9 +37,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 4),
         budget=st.integers(1, 12),
         prefix=st.booleans(),
+        cap=st.integers(0, 12),
     )
     def setup(
-        self, num_pages: int, page_size: int, max_num_seqs: int, budget: int, prefix: bool
+        self,
+        num_pages: int,
+        page_size: int,
+        max_num_seqs: int,
+        budget: int,
+        prefix: bool,
+        cap: int,
     ) -> None:
         self.s = Scheduler(
             num_pages=num_pages,
@@ -48,7 +55,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_num_batched_tokens=budget,
             max_model_len=MAX_MODEL_LEN,
             enable_prefix_caching=prefix,
+            max_prefill_tokens_while_decoding=cap or None,  # 0: no cap
         )
+        self.cap = cap or budget
         self.page_size, self.num_pages = page_size, num_pages
         self.max_num_seqs, self.budget = max_num_seqs, budget
         self.requests: dict[int, ShadowRequest] = {}
@@ -102,9 +111,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.requests[sid].num_computed = 0
         sampled = set(plan.sample_seq_ids.tolist())
         assert plan.query_start_loc[-1] == plan.num_tokens
+        decodes = prefill = 0
         for row, sid in enumerate(plan.seq_ids.tolist()):
             r = self.requests[sid]
             computed, n = int(plan.num_computed_tokens[row]), int(plan.num_scheduled_tokens[row])
+            # A decode: a running request's one token after its last sampled one.
+            last = len(r.token_ids) - 1
+            if n == 1 and computed == last == r.num_computed and last >= r.num_prompt_tokens:
+                decodes += 1
+            else:
+                prefill += n
             if not r.admitted:  # first admission: prefix hits are whole pages
                 assert computed == self.s.num_cached_tokens(sid)
                 r.admitted = True
@@ -114,6 +130,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert 0 < n and computed + n <= len(r.token_ids)
             assert (computed + n == len(r.token_ids)) == (sid in sampled)
             self.check_row(plan, row, r)
+        assert decodes == 0 or prefill <= self.cap, "prefill over the cap next to decodes"
 
     def check_row(self, plan: StepPlan, row: int, r: ShadowRequest) -> None:
         pages = plan.page_table[row]

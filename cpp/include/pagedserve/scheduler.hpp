@@ -1,9 +1,14 @@
 // Continuous-batching scheduler over the page allocator: a per-step token budget, a cap on
 // running requests, chunked prefill, prefix-cache lookup at admission and preemption by
-// recompute. schedule() fills preallocated plan buffers (no allocation per step once warm);
+// recompute. Stall-free batching (as Sarathi-Serve): the tokens of every decoding request are
+// reserved first, and while any request decodes the step's prefill tokens (prompt chunks and
+// recomputes, over all requests) are capped at max_prefill_tokens_while_decoding, which bounds
+// the step time and so the decoders' inter-token latency; a step with no decode gives prefill
+// the whole max_num_batched_tokens. schedule() fills preallocated plan buffers (no allocation per step once warm);
 // update() advances the requests of the last plan. Single-threaded by contract.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -28,9 +33,21 @@ struct SchedulerConfig {
     int32_t max_num_batched_tokens = 512;
     int32_t max_model_len = 2048;
     bool enable_prefix_caching = true;
+    // Prefill tokens of a step in which some request decodes; 0: no cap beyond the budget.
+    int32_t max_prefill_tokens_while_decoding = 0;
 };
 
 struct Sequence;  // scheduler.cpp
+
+// What one schedule() may still hand out: every token, prefill tokens, and the decodes not yet
+// placed (one token each, reserved out of `tokens` so prefill never takes them).
+struct StepBudget {
+    int32_t tokens = 0;
+    int32_t prefill = 0;
+    int32_t decodes = 0;
+    // Tokens a prefill may take now.
+    int32_t prefill_room() const { return std::min(prefill, tokens - decodes); }
+};
 
 // The arrays of one step, in scheduler-owned buffers that stay valid until the next schedule().
 // Sizes: num_reqs rows for per-request arrays, num_tokens for per-token ones.
@@ -93,8 +110,9 @@ class Scheduler {
     const Sequence& find(int64_t seq_id) const;
     void remove(int64_t seq_id);
     void reset_plan();
-    void schedule_running(int32_t& budget);
-    void admit_waiting(int32_t& budget);
+    StepBudget start_budget() const;
+    void schedule_running(StepBudget& budget);
+    void admit_waiting(StepBudget& budget);
     bool try_admit(Sequence& r, int32_t budget);
     bool ensure_pages(Sequence& r, int32_t num_tokens);
     Sequence* pick_victim();
