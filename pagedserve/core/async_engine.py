@@ -28,22 +28,32 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
 class Mailbox:
-    """A request's mailbox; touched only on its event loop's thread."""
+    """A request's mailbox; touched only on its event loop's thread.
+
+    At most one reader waits, on a bare future (no Event, no queue): a step's delivery costs
+    one `set_result` per request that has a reader waiting, and nothing for one that lags."""
 
     def __init__(self) -> None:
         self._pending: RequestOutput | None = None
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, output: RequestOutput) -> None:
         if self._pending is None:
             self._pending = output
         else:
             self._pending.merge(output)
-        self._ready.set()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
-        await self._ready.wait()
-        self._ready.clear()
+        if self._pending is None:
+            assert self._waiter is None, "a mailbox has one reader"
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         output, self._pending = self._pending, None
         assert output is not None
         return output

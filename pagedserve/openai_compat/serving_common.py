@@ -244,11 +244,24 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _single(stream: RequestStream) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """One stream as merge_streams would give it, without its task and queue per stream (the
+    common case: one prompt, and this runs once per streamed token); closing this closes it."""
+    finished = False
+    try:
+        async for output in stream:
+            finished = output.finished
+            yield 0, output
+    finally:
+        if not finished:
+            stream.close()  # aborts the request and frees its pages
+
+
 async def stream_outputs(
-    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics
+    streams: Sequence[RequestStream], metrics: ServerMetrics
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """merge_streams, failing on engine errors and recording each finished request."""
-    merged = merge_streams(streams)
+    merged = _single(streams[0]) if len(streams) == 1 else merge_streams(streams)
     try:
         async for index, output in merged:
             check_output(output, metrics)
@@ -258,7 +271,7 @@ async def stream_outputs(
 
 
 async def collect(
-    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics, param: str
+    streams: Sequence[RequestStream], metrics: ServerMetrics, param: str
 ) -> list[RequestOutput]:
     """Each stream's outputs merged into one whole RequestOutput, in stream order."""
     finals: list[RequestOutput | None] = [None] * len(streams)

@@ -48,6 +48,25 @@ def test_mailbox_merges_deltas_when_the_consumer_lags() -> None:
     assert merged.finished and merged.outputs[0].finish_reason == "stop"
 
 
+def test_mailbox_wakes_its_reader_and_survives_a_cancelled_read() -> None:
+    async def scenario() -> list[str]:
+        box = Mailbox()
+        reader = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)  # the reader waits
+        box.put(RequestOutput("r", [1], [CompletionOutput(0, "a", [5])]))
+        first = await reader
+        cancelled = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a client that went away mid-wait
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        box.put(RequestOutput("r", [1], [CompletionOutput(0, "b", [6])]))
+        second = await box.get()  # ready at once: no wait, nothing lost
+        return [first.outputs[0].text, second.outputs[0].text]
+
+    assert run(scenario()) == ["a", "b"]
+
+
 def test_generate_streams_deltas_then_finishes(engine: LLMEngine) -> None:
     async def scenario() -> list:
         async_engine = AsyncEngine(engine, max_waiting=4)
