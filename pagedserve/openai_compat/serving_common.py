@@ -244,30 +244,30 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _single(stream: RequestStream) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """One stream as merge_streams would give it, without its task and queue per stream (the
-    common case: one prompt, and this runs once per streamed token); closing this closes it."""
-    finished = False
+async def stream_outputs(
+    streams: Sequence[RequestStream], metrics: ServerMetrics
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """merge_streams, failing on engine errors and recording each finished request. One stream
+    (the common case: one prompt) is read directly, without merge_streams' task and queue: this
+    runs once per streamed token. Closing this early closes the streams (aborting them)."""
+    if len(streams) > 1:
+        merged = merge_streams(streams)
+        try:
+            async for index, output in merged:
+                check_output(output, metrics)
+                yield index, output
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+        return
+    stream, finished = streams[0], False
     try:
         async for output in stream:
             finished = output.finished
+            check_output(output, metrics)
             yield 0, output
     finally:
         if not finished:
             stream.close()  # aborts the request and frees its pages
-
-
-async def stream_outputs(
-    streams: Sequence[RequestStream], metrics: ServerMetrics
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """merge_streams, failing on engine errors and recording each finished request."""
-    merged = _single(streams[0]) if len(streams) == 1 else merge_streams(streams)
-    try:
-        async for index, output in merged:
-            check_output(output, metrics)
-            yield index, output
-    finally:
-        await merged.aclose()  # type: ignore[attr-defined]
 
 
 async def collect(
