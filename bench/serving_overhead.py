@@ -46,6 +46,12 @@ from pagedserve.core.engine import LLMEngine
 from pagedserve.core.model_runner import ModelRunner
 steps, model = [], []
 execute, step = ModelRunner.execute, LLMEngine.step
+if os.environ.get("SYNTHETIC_FORWARD_S"):  # the HTTP path alone: a sleep for the model
+    import numpy as np
+    from pagedserve.core.model_runner import StepResult
+    def execute(self, plan, sample_seqs, prompt_specs):
+        time.sleep(float(os.environ["SYNTHETIC_FORWARD_S"]))
+        return StepResult(np.full(len(sample_seqs), 1000, np.int32), None, {})
 def timed_execute(self, *args, **kwargs):
     start = time.perf_counter()
     try:
@@ -227,6 +233,8 @@ def table(rows: list[dict[str, Any]], names: list[str]) -> str:
     figures = [("serving c32 output tok/s", lambda r: r["serving"]["tok_s"], 1),
                ("offline output tok/s", lambda r: r["offline"]["tok_s"], 1),
                ("serving / offline", lambda r: r["ratio"], 3),
+               ("other processes' busy cores (serving run)",
+                lambda r: r["serving"]["others_cores"], 2),
                ("event loop CPU us / token", lambda r: r["serving"]["loop_us_per_token"], 1),
                ("load generator CPU us / token", lambda r: r["serving"]["client_us_per_token"], 1),
                ("decode step (32 seqs), serving: model ms", lambda r: r["serving"]["model_ms"], 2),
@@ -269,11 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         "waited for before (up to --patience s), retried, left out of medians",
     )
     p.add_argument("--patience", type=float, default=300.0)
+    p.add_argument(
+        "--synthetic-forward-ms",
+        type=float,
+        default=0.0,
+        help="replace the model by a sleep this long (GIL released) that samples a "
+        "constant token: the serving path's own cost, free of the model's noise",
+    )
     p.add_argument("--retries", type=int, default=2)
     a = p.parse_args(argv)
     from pagedserve.core.models.resolve import resolve_model
 
     model = a.model or str(resolve_model("").path)
+    if a.synthetic_forward_ms:
+        os.environ["SYNTHETIC_FORWARD_S"] = str(a.synthetic_forward_ms / 1000)
     here, base = BENCH / "serving.py", Path(a.baseline) / "bench" / "serving.py"
     builds = {"baseline": (a.baseline, base if base.exists() else here)}
     if a.split:
@@ -289,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     kept = sum(not row["disturbed"] for row in rows)
     print(f"CPU: {cpu_model()}; load average before {load_before}, after {os.getloadavg()}; "
           f"{a.repeats} repeats, builds alternating; {kept} of {len(rows)} runs undisturbed "
-          f"(other processes under {a.others_limit} cores); baseline {a.baseline}")  # fmt: skip
+          f"(other processes under {a.others_limit} cores); baseline {a.baseline}"
+          + (f"; model replaced by a {a.synthetic_forward_ms} ms sleep" if a.synthetic_forward_ms
+             else ""))  # fmt: skip
     print(table(rows, list(builds)))
     return 0
 

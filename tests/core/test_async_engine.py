@@ -176,3 +176,24 @@ def test_a_dead_engine_fails_requests_and_refuses_new_ones(engine: LLMEngine, mo
 
     outputs = run(scenario())
     assert outputs[-1].finished and "scheduler bug" in (outputs[-1].error or "")
+
+
+def test_step_calls_before_execute_once_just_before_the_model(
+    engine: LLMEngine, monkeypatch
+) -> None:
+    """The hook AsyncEngine hands the previous step's outputs over in: once per step that runs
+    the model, before it; never for a step with nothing to run."""
+    events: list[str] = []
+    execute = engine.model_runner.execute
+
+    def recorded(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        events.append("model")
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model_runner, "execute", recorded)
+    assert engine.step(before_execute=lambda: events.append("hook")) == [] and events == []
+    prompt = engine.tokenizer.encode("Hello")
+    engine.add_request("hook", prompt, SamplingParams(temperature=0, max_tokens=3))
+    while engine.has_unfinished():
+        engine.step(before_execute=lambda: events.append("hook"))
+    assert events and events == ["hook", "model"] * (len(events) // 2)
