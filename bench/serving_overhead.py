@@ -7,8 +7,8 @@ vs a baseline tree, side by side, builds alternating repeat by repeat.
 
 Per build and repeat: `pagedserve serve` on a loopback port, that build's own bench/serving.py
 (the load generator shares the 2 cores with the server, so its CPU is part of the comparison) at
---concurrency 32, 128-token prompts, 128 tokens out, then bench/serving_offline.py on the prompts
-it sent. Reported: output tok/s both ways and their ratio; CPU microseconds per streamed token
+--concurrency 32 (32 requests unless --num-requests), 128-token prompts, 128 tokens out, then
+bench/serving_offline.py on the prompts it sent. Reported: output tok/s both ways and their ratio; CPU microseconds per streamed token
 of the server's event loop (its main thread) and of the load generator; and, from a trace of
 LLMEngine.step in both processes, per decode step of 32 sequences (medians, ms): the model
 (ModelRunner.execute), the rest of the step (schedule, outputs) and the gap between two steps.
@@ -154,7 +154,9 @@ def median_ms(seconds: list[float]) -> float:
     return round(1000 * statistics.median(seconds), 2)
 
 
-def serve(tree: str, client: Path, work: Path, model: str) -> tuple[dict[str, Any], Path]:
+def serve(
+    tree: str, client: Path, work: Path, model: str, num_requests: int
+) -> tuple[dict[str, Any], Path]:
     port = free_port()
     log = (work / "server.log").open("wb")
     trace = work / "serve_steps.json"
@@ -177,7 +179,7 @@ def serve(tree: str, client: Path, work: Path, model: str) -> tuple[dict[str, An
         prompts = work / "prompts.jsonl"
         before, used_before = thread_cpu(server.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
         others = Others()
-        done = subprocess.run([*load, "--concurrency", "32", "--num-requests", "32",
+        done = subprocess.run([*load, "--concurrency", "32", "--num-requests", str(num_requests),
                                "--prompt-tokens", "128", "--output-tokens", "128",
                                "--dump-prompts", str(prompts)],
                               check=True, capture_output=True, text=True)  # fmt: skip
@@ -216,7 +218,7 @@ def one_run(name: str, tree: str, client: Path, model: str, a: argparse.Namespac
     work.mkdir(parents=True, exist_ok=True)
     for _ in range(a.retries + 1):
         waited = wait_for_quiet(a.others_limit, a.patience)
-        served, prompts = serve(tree, client, work, model)
+        served, prompts = serve(tree, client, work, model, a.num_requests)
         off = offline(tree, work, prompts)
         disturbed = max(served["others_cores"], off["others_cores"]) >= a.others_limit
         if not disturbed:
@@ -262,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, help="a source tree with its _core module")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        default=32,
+        help="requests at --concurrency 32 (32: as compare.sh's quick grid)",
+    )
     p.add_argument("--model", default="", help="default: the default model (resolve_model)")
     p.add_argument("--work", default=str(BENCH / ".work" / "serving_overhead"))
     p.add_argument(
@@ -301,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(a.repeats):
         order = list(builds.items()) if repeat % 2 == 0 else list(builds.items())[::-1]
         for name, (tree, client) in order:
-            work = Path(a.work) / f"{repeat}-{name.replace(' ', '_')}"
+            work = Path(a.work).resolve() / f"{repeat}-{name.replace(' ', '_')}"
             rows.append(one_run(name, tree, client, model, a, work))
     kept = sum(not row["disturbed"] for row in rows)
     print(f"CPU: {cpu_model()}; load average before {load_before}, after {os.getloadavg()}; "
