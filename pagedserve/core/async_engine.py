@@ -1,9 +1,13 @@
 """AsyncEngine: the engine loop on its own thread, one mailbox per request.
 
 The event loop never runs model code. It hands commands (add, abort) to the engine thread
-through a queue; the engine thread hands outputs back with `call_soon_threadsafe`, into each
-request's mailbox. A mailbox never blocks its producer: when the consumer lags, deltas merge.
-Every exit path of `generate()` (finished, error, client gone) aborts the request in `finally`.
+through a queue; the engine thread hands a step's outputs back in one `call_soon_threadsafe`,
+into each request's mailbox. It does so when the next step's model starts (or at once when no
+step follows): the model runs without the GIL, so the event loop's burst of work for those
+outputs (one SSE frame per request) overlaps it instead of taking the GIL from the engine
+thread's own Python between two steps. A mailbox never blocks its producer: when the consumer
+lags, deltas merge. Every exit path of `generate()` (finished, error, client gone) aborts the
+request in `finally`.
 """
 
 from __future__ import annotations
@@ -28,22 +32,32 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
 class Mailbox:
-    """A request's mailbox; touched only on its event loop's thread."""
+    """A request's mailbox; touched only on its event loop's thread.
+
+    At most one reader waits, on a bare future (no Event, no queue): a step's delivery costs
+    one `set_result` per request that has a reader waiting, and nothing for one that lags."""
 
     def __init__(self) -> None:
         self._pending: RequestOutput | None = None
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, output: RequestOutput) -> None:
         if self._pending is None:
             self._pending = output
         else:
             self._pending.merge(output)
-        self._ready.set()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
-        await self._ready.wait()
-        self._ready.clear()
+        if self._pending is None:
+            assert self._waiter is None, "a mailbox has one reader"
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         output, self._pending = self._pending, None
         assert output is not None
         return output
@@ -120,6 +134,7 @@ class AsyncEngine:
         self._errored: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first generate()
         self._stats = engine.stats()
+        self._held: list[RequestOutput] = []  # the engine thread's: outputs not yet handed over
         self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
         self._thread.start()
         engine.on_fault(self._on_fault)
@@ -216,15 +231,24 @@ class AsyncEngine:
     def _loop_forever(self) -> None:
         failed_steps = 0
         while True:
-            if not self._apply_commands(block=not self.engine.has_unfinished()):
+            idle = not self.engine.has_unfinished()
+            if idle:
+                self._hand_over()  # no step follows to overlap with
+            if not self._apply_commands(block=idle):
                 return
-            outputs = self.engine.step()
+            outputs = self.engine.step(before_execute=self._hand_over)
+            self._hand_over()  # nothing ran (nothing was schedulable): do not wait for more
             self._stats = self.engine.stats()
             failed_steps = failed_steps + 1 if _any_error(outputs) else 0
-            self._deliver(outputs)
+            self._held = outputs
             if failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
                 self._die(f"engine failed {failed_steps} steps in a row; see the server log")
                 return
+
+    def _hand_over(self) -> None:
+        """Give the held outputs of the last step to the event loop (see the module doc)."""
+        held, self._held = self._held, []
+        self._deliver(held)
 
     def _apply_commands(self, block: bool) -> bool:
         """Applies queued adds/aborts; waits for one when idle. False means stop."""
@@ -258,6 +282,7 @@ class AsyncEngine:
     def _die(self, reason: str) -> None:
         if self._errored is None:
             self._errored = reason
+        self._hand_over()  # what finished before the failure arrives as it finished
         ids = self.engine.all_request_ids()
         outputs = self.engine.fail_requests(ids, reason)
         self._deliver(outputs)

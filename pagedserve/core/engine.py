@@ -184,16 +184,19 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, before_execute: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """One step; `before_execute` runs once the step is planned, just before the model
+        does (AsyncEngine hands the previous step's outputs to the event loop there)."""
         self._add_queued_children()
         plan = self.scheduler.schedule()
         if plan.num_reqs == 0:
             return []
         self._note_scheduled(plan)
         try:
-            result = self.model_runner.execute(
-                plan, self._sample_seqs(plan), self._prompt_specs(plan)
-            )
+            sample_seqs, prompt_specs = self._sample_seqs(plan), self._prompt_specs(plan)
+            if before_execute is not None:
+                before_execute()
+            result = self.model_runner.execute(plan, sample_seqs, prompt_specs)
         except Exception as exc:  # a fault in one step fails that step's requests, not the server
             if self.model_runner.fault is not None:  # unless the tensor-parallel ranks are lost
                 raise EngineDeadError(self.model_runner.fault) from exc

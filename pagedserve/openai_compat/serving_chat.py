@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from pagedserve.core.chat_template import ChatTemplate
+from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.openai_compat import errors
@@ -164,7 +165,7 @@ class ChatService:
     async def _chunks(
         self,
         head: dict[str, Any],
-        stream: AsyncIterator[RequestOutput],
+        stream: RequestStream,
         n: int,
         top_k: int | None,
         usage_flags: tuple[bool, bool],

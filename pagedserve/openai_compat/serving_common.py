@@ -245,20 +245,33 @@ async def merge_streams(
 
 
 async def stream_outputs(
-    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics
+    streams: Sequence[RequestStream], metrics: ServerMetrics
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """merge_streams, failing on engine errors and recording each finished request."""
-    merged = merge_streams(streams)
+    """merge_streams, failing on engine errors and recording each finished request. One stream
+    (the common case: one prompt) is read directly, without merge_streams' task and queue: this
+    runs once per streamed token. Closing this early closes the streams (aborting them)."""
+    if len(streams) > 1:
+        merged = merge_streams(streams)
+        try:
+            async for index, output in merged:
+                check_output(output, metrics)
+                yield index, output
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+        return
+    stream, finished = streams[0], False
     try:
-        async for index, output in merged:
+        async for output in stream:
+            finished = output.finished
             check_output(output, metrics)
-            yield index, output
+            yield 0, output
     finally:
-        await merged.aclose()  # type: ignore[attr-defined]
+        if not finished:
+            stream.close()  # aborts the request and frees its pages
 
 
 async def collect(
-    streams: Sequence[AsyncIterator[RequestOutput]], metrics: ServerMetrics, param: str
+    streams: Sequence[RequestStream], metrics: ServerMetrics, param: str
 ) -> list[RequestOutput]:
     """Each stream's outputs merged into one whole RequestOutput, in stream order."""
     finals: list[RequestOutput | None] = [None] * len(streams)

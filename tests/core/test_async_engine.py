@@ -48,6 +48,25 @@ def test_mailbox_merges_deltas_when_the_consumer_lags() -> None:
     assert merged.finished and merged.outputs[0].finish_reason == "stop"
 
 
+def test_mailbox_wakes_its_reader_and_survives_a_cancelled_read() -> None:
+    async def scenario() -> list[str]:
+        box = Mailbox()
+        reader = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)  # the reader waits
+        box.put(RequestOutput("r", [1], [CompletionOutput(0, "a", [5])]))
+        first = await reader
+        cancelled = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a client that went away mid-wait
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        box.put(RequestOutput("r", [1], [CompletionOutput(0, "b", [6])]))
+        second = await box.get()  # ready at once: no wait, nothing lost
+        return [first.outputs[0].text, second.outputs[0].text]
+
+    assert run(scenario()) == ["a", "b"]
+
+
 def test_generate_streams_deltas_then_finishes(engine: LLMEngine) -> None:
     async def scenario() -> list:
         async_engine = AsyncEngine(engine, max_waiting=4)
@@ -157,3 +176,24 @@ def test_a_dead_engine_fails_requests_and_refuses_new_ones(engine: LLMEngine, mo
 
     outputs = run(scenario())
     assert outputs[-1].finished and "scheduler bug" in (outputs[-1].error or "")
+
+
+def test_step_calls_before_execute_once_just_before_the_model(
+    engine: LLMEngine, monkeypatch
+) -> None:
+    """The hook AsyncEngine hands the previous step's outputs over in: once per step that runs
+    the model, before it; never for a step with nothing to run."""
+    events: list[str] = []
+    execute = engine.model_runner.execute
+
+    def recorded(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        events.append("model")
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model_runner, "execute", recorded)
+    assert engine.step(before_execute=lambda: events.append("hook")) == [] and events == []
+    prompt = engine.tokenizer.encode("Hello")
+    engine.add_request("hook", prompt, SamplingParams(temperature=0, max_tokens=3))
+    while engine.has_unfinished():
+        engine.step(before_execute=lambda: events.append("hook"))
+    assert events and events == ["hook", "model"] * (len(events) // 2)
