@@ -90,13 +90,6 @@ def run(
     return json.loads(out.strip().splitlines()[-1])
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
@@ -120,6 +113,8 @@ def main() -> int:
         return 0
     # (name, source tree, deterministic): a baseline build, or this one with the flag off.
     baseline = ("baseline", a.baseline, True) if a.baseline else ("baseline", a.candidate, False)
+    from pagedserve.core.ops.cpu_features import cpu_model  # not in baselines' trees
+
     print(f"CPU: {cpu_model()}; load average at start {os.getloadavg()}")
     old_name = "baseline build" if a.baseline else "--no-deterministic"
     print(f"| dtype | figure | {old_name} | this checkout | ratio |\n|---|---|---:|---:|---:|")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.throughput import Theirs as _Theirs  # noqa: E402 - left padding, batched generate
+from pagedserve.core.ops.cpu_features import cpu_model  # noqa: E402
 
 SHAPE = dict(
     hidden_size=1024,
@@ -50,16 +50,6 @@ TINY_SHAPE = dict(SHAPE, hidden_size=128, intermediate_size=256, num_hidden_laye
                   num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
 TINY_EXTRA = {"mixtral-moe": {"intermediate_size": 64}, "mistral-window64": {"sliding_window": 16}}
 PROMPT_LEN = 32
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def write_model(folder: Path, family: str, extra: dict, shape: dict = SHAPE) -> None:

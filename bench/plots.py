@@ -51,13 +51,6 @@ class Source:
     """Prompt and output lengths of the concurrency grid, when known."""
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "unknown CPU"
-
-
 def from_run_dir(run_dir: Path) -> Source:
     meta_path = run_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}

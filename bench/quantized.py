@@ -32,6 +32,7 @@ from pagedserve.core.llm import LLM
 from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.resolve import DEFAULT_CACHE_DIR, fetch_default_model
+from pagedserve.core.ops.cpu_features import cpu_model
 from pagedserve.core.sampling_params import SamplingParams
 
 PROMPTS = [
@@ -45,13 +46,6 @@ PROMPTS = [
     "Translate 'good morning' into Spanish:",
 ]
 GREEDY_TOKENS = 64
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def weight_bytes(llm: LLM) -> int:

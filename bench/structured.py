@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.core.ops.cpu_features import cpu_model
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.structured import GrammarCache, GrammarState
 from pagedserve.core.structured.bitmask import GrammarMasker
@@ -33,13 +33,6 @@ OPEN_STRING = {
     "properties": {"story": {"type": "string", "minLength": 4000}},
     "required": ["story"],
 }
-
-
-def cpu_model() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def fifty_properties(tag: int) -> dict:

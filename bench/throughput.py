@@ -439,6 +439,7 @@ def main() -> None:
     plan, write = parse_args()
     torch.set_num_threads(plan.threads)
     from pagedserve.core.models.resolve import resolve_model
+    from pagedserve.core.ops.cpu_features import cpu_model
 
     gguf = resolve_model("").path
     report: dict[str, Any] = {
@@ -446,7 +447,7 @@ def main() -> None:
         "load_avg_before": os.getloadavg(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model() or platform.machine(),
         "model": gguf.name,
         "plan": asdict(plan),
         "gguf_bytes_per_token": gguf_bytes_per_token(gguf),

@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from typing import Any
 
 import torch
 
+from pagedserve.core.ops.cpu_features import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.tiny_tokenizers
 SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
@@ -41,16 +42,6 @@ SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
 PROMPT_LEN = 32
 # (label, tensor_parallel_size, torch threads per rank; 0 = the engine's own choice)
 CONFIGS = [("1", 1, 0), ("1 (1 thread)", 1, 1), ("2", 2, 0)]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def write_model(folder: Path) -> None:
