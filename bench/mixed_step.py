@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.core.ops.cpu_features import cpu_model
 
 Sample = tuple[str, float]  # (phase, seconds of one engine.step())
 
@@ -84,13 +85,6 @@ def throughput(llm: LLM, round_: int) -> float:
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "?"
 
 
 def main() -> int:

@@ -144,13 +144,6 @@ def run_variant(tree: str, flags: list[str], cases: list[str], opts: argparse.Na
     return figures
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "?"
-
-
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -166,6 +159,8 @@ def table(results: dict[str, list[dict[str, float]]], meta: str) -> str:
 
 
 def main() -> int:
+    from pagedserve.core.ops.cpu_features import cpu_model  # this checkout's, not a baseline's
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", action="append", required=True, help="NAME:TREE[:FLAGS]")
     p.add_argument("--repeats", type=int, default=3)

@@ -76,13 +76,6 @@ else:
 SERVE = ["--num-pages", "640", "--max-num-seqs", "64", "--max-model-len", "2048"]
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "?"
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -261,6 +254,8 @@ def table(rows: list[dict[str, Any]], names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pagedserve.core.ops.cpu_features import cpu_model  # this checkout's, not a baseline's
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, help="a source tree with its _core module")
     p.add_argument("--repeats", type=int, default=3)
