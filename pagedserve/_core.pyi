@@ -33,6 +33,7 @@ __all__: list[str] = [
     "linear_bf16",
     "linear_bf16_supported",
     "linear_f32",
+    "linear_items_taken_over",
     "pack_gated_weight_bf16",
     "pack_gated_weight_f32",
     "pack_linear_weight_bf16",
@@ -483,6 +484,7 @@ def linear_f32(
     gated_width: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
+def linear_items_taken_over() -> int: ...
 def pack_gated_weight_bf16(
     weight: typing.SupportsInt | typing.SupportsIndex,
     width: typing.SupportsInt | typing.SupportsIndex,

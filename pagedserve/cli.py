@@ -237,8 +237,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 
 
 def _run(coro: Coroutine[object, object, int]) -> int:
+    """On uvloop (a dependency except on Windows, where asyncio's own loop runs)."""
     try:
-        import uvloop  # optional: faster event loop when installed
+        import uvloop
     except ImportError:
         return asyncio.run(coro)
     code: int = uvloop.run(coro)

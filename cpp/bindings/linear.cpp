@@ -66,6 +66,7 @@ void pack_gated_f32(Ptr weight, std::int64_t width, std::int64_t k, Ptr packed, 
 
 void bind_linear(py::module_& m) {
     m.def("linear_bf16_supported", &pagedserve::linear_bf16_supported);
+    m.def("linear_items_taken_over", &pagedserve::linear_items_taken_over);
     m.def("packed_linear_elements", &pagedserve::packed_linear_elements, py::arg("n"),
           py::arg("k"));
     m.def("pack_linear_weight_bf16", &pack, py::arg("weight"), py::arg("n"), py::arg("k"),

@@ -99,6 +99,10 @@ bool linear_bf16_supported() {
     return supported;
 }
 
+std::int64_t linear_items_taken_over() {
+    return linear_detail::items_taken_over.load(std::memory_order_relaxed);
+}
+
 void linear_bf16(const LinearArgs& args, int num_threads) {
     if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
     // No rows is a valid product with nothing to read or write: torch gives an empty tensor a

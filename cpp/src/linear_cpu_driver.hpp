@@ -19,9 +19,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "pagedserve/linear.hpp"
 
@@ -35,6 +37,8 @@ inline constexpr std::int64_t kRows = 8;          // rows per micro-tile (2 x 8 
 inline constexpr std::int64_t kChunkRows = 256;   // rows per work item
 inline constexpr std::int64_t kPanelBytes = 256 << 10;  // packed weights per work item: L2-resident
 inline constexpr std::int64_t kMinParallelMacs = 1 << 18;  // below ~20 us of work, one thread
+
+inline std::atomic<std::int64_t> items_taken_over{0};  // see linear_items_taken_over()
 
 inline std::int64_t num_tiles(std::int64_t n) { return (n + kLinearTileN - 1) / kLinearTileN; }
 
@@ -158,33 +162,74 @@ PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t r
     }
 }
 
+// Where panel p of a share starts, in tiles from the share's first: panels of 1, 1, 2, 4, ...
+// tiles up to per_panel, then per_panel each. Only the first is waited for (its first sweep
+// reads memory); each next one is prefetched while the one before computes.
+inline std::int64_t panel_offset(std::int64_t p, std::int64_t per_panel) {
+    std::int64_t offset = 0;
+    for (; p > 0 && offset < per_panel; --p) offset += std::max<std::int64_t>(offset, 1);
+    return offset + p * per_panel;
+}
+
+// One thread's share of the work: the tiles [begin, end) in panels, swept for every chunk of
+// rows. Item i is panel i % panels of row chunk i / panels; `next` hands the items out in that
+// order, to the owner first and then to any thread that has finished its own share.
+struct alignas(64) Share {
+    std::int64_t begin = 0, end = 0, per_panel = 1, panels = 0, items = 0;
+    std::atomic<std::int64_t> next{0};
+
+    void plan(std::int64_t first, std::int64_t last, std::int64_t panel_tiles,
+              std::int64_t row_chunks) {
+        begin = first;
+        end = last;
+        per_panel = panel_tiles;
+        for (panels = 0; panel_start(panels) < end;) ++panels;
+        items = panels * row_chunks;
+        next.store(0, std::memory_order_relaxed);
+    }
+    std::int64_t panel_start(std::int64_t p) const {
+        return std::min(end, begin + panel_offset(p, per_panel));
+    }
+};
+
+// Runs item i of a share: its rows x its panel, prefetching the item after it (the share's
+// next panel, or its first panel again for the next chunk of rows).
+template <typename K>
+PAGEDSERVE_LINEAR_TARGET void run_share_item(const typename K::Args& a, const Share& s,
+                                             std::int64_t i) {
+    const std::int64_t chunk = i / s.panels, p = i % s.panels;
+    const std::int64_t row0 = chunk * kChunkRows, rows = std::min(kChunkRows, a.m - row0);
+    const bool more = i + 1 < s.items;
+    const std::int64_t q = (p + 1) % s.panels;
+    run_item<K>(a, row0, rows, s.panel_start(p), s.panel_start(p + 1),
+                more ? s.panel_start(q) : s.end, more ? s.panel_start(q + 1) : s.end);
+}
+
 template <typename K>
 PAGEDSERVE_LINEAR_TARGET void run_linear(const typename K::Args& a, int num_threads) {
     const std::int64_t tiles = num_tiles(a.n);
     const bool small = a.m * a.n * a.k < kMinParallelMacs;
     const int threads = small ? 1 : static_cast<int>(std::min<std::int64_t>(num_threads, tiles));
-    // Each thread owns an equal share of the tiles (never a whole panel more than another) and
-    // walks it in panels of up to as many tiles as fit kPanelBytes, for every chunk of rows.
+    // Each thread owns an equal share of the tiles (never a whole panel more than another). A
+    // thread that finishes its share takes the items its peers have not started: a thread the
+    // OS preempts (the server's event loop, the tokenizer, another process on the same cores)
+    // then costs the step its own lost time, not that time twice (its peers idling at the
+    // barrier). Who computes an item never changes its result: every output element is one
+    // accumulator over k in order.
     const std::int64_t tile_bytes = K::tile_elements(a.k) * sizeof(typename K::Weight);
     const std::int64_t per_panel = std::max<std::int64_t>(1, kPanelBytes / tile_bytes);
+    const std::int64_t row_chunks = (a.m + kChunkRows - 1) / kChunkRows;
+    std::vector<Share> shares(threads);
 #pragma omp parallel num_threads(threads)
     {
-        const std::int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
-        const std::int64_t begin = tiles * t / count, end = tiles * (t + 1) / count;
-        // Panels of 1, 1, 2, 4, ... tiles up to per_panel: only the first is waited for (its
-        // first sweep reads memory), each next one is prefetched while the one before computes.
-        const auto panel_end = [&](std::int64_t tile0) {
-            return std::min(end, tile0 + std::clamp<std::int64_t>(tile0 - begin, 1, per_panel));
-        };
-        for (std::int64_t row0 = 0; row0 < a.m; row0 += kChunkRows) {
-            const std::int64_t rows = std::min(kChunkRows, a.m - row0);
-            const bool more_rows = row0 + kChunkRows < a.m;
-            for (std::int64_t tile0 = begin, tile_end; tile0 < end; tile0 = tile_end) {
-                tile_end = panel_end(tile0);
-                // After the share's last panel, its first again for the next chunk of rows.
-                const std::int64_t next0 = tile_end < end ? tile_end : (more_rows ? begin : end);
-                run_item<K>(a, row0, rows, tile0, tile_end, next0,
-                            next0 < end ? panel_end(next0) : end);
+        const int t = omp_get_thread_num(), count = omp_get_num_threads();
+        shares[t].plan(tiles * t / count, tiles * (t + 1) / count, per_panel, row_chunks);
+#pragma omp barrier
+        for (int k = 0; k < count; ++k) {  // its own share first, then the others' leftovers
+            Share& s = shares[(t + k) % count];
+            for (std::int64_t i; (i = s.next.fetch_add(1, std::memory_order_relaxed)) < s.items;) {
+                run_share_item<K>(a, s, i);
+                if (k > 0) items_taken_over.fetch_add(1, std::memory_order_relaxed);
             }
         }
     }

@@ -110,6 +110,31 @@ TEST(linear_many_panels_and_row_chunks) {
     CHECK(matches({20, 288, 1100, false, true, false, 1}, rng));
 }
 
+// More threads than cores: the OS preempts some mid-product and the others run the items of
+// their shares they had not started. Whoever runs an item, the output is bit-identical to one
+// thread's. Repeated until a take-over has happened (the first call nearly always has one).
+TEST(linear_take_over_of_a_preempted_share_is_bit_identical) {
+    if (!linear_bf16_supported()) return;
+    std::mt19937 rng(13);
+    const std::int64_t m = 64, n = 2048, k = 320;
+    auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
+    std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
+    pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
+    const auto run = [&](int threads) {
+        std::vector<std::uint16_t> out(m * n);
+        LinearArgs a;
+        a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.out = out.data();
+        a.out_stride = n, a.m = m, a.n = n, a.k = k;
+        linear_bf16(a, threads);
+        return out;
+    };
+    const auto one = run(1);
+    const std::int64_t before = linear_items_taken_over();
+    for (int attempt = 0; attempt < 200 && linear_items_taken_over() == before; ++attempt)
+        CHECK(run(16) == one);
+    CHECK(linear_items_taken_over() > before);
+}
+
 TEST(linear_refuses_bad_arguments) {
     if (!linear_bf16_supported()) return;
     std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);

@@ -59,6 +59,11 @@ bool linear_bf16_supported();
 // Throws std::runtime_error if !linear_bf16_supported().
 void linear_bf16(const LinearArgs& args, int num_threads);
 
+// Work items (a panel of tiles x a chunk of rows) that a thread ran from a peer's share since the
+// process started, over every CPU linear kernel: a thread that finishes its own share runs what a
+// preempted peer has not started yet (linear_cpu_driver.hpp). For tests and benchmarks.
+std::int64_t linear_items_taken_over();
+
 // Float32 products (the float32 model), on the same tiles and driver: every output element is
 // one fp32 FMA chain over the k features in order, so a row's result does not depend on how
 // many rows share the call (torch's fp32 matmul picks its kernel, and so its summation order,
