@@ -8,8 +8,8 @@
 #   mixed:  16 streams decoding (128-token prompts, 128 out) while 2,200-token prompts (16 out)
 #           arrive 2 at a time, both for a fixed time (issue 12): the decoders' inter-token
 #           latency under long prefills (mixed), the long prompts' TTFT (mixed_long)
-# then llama-server again on a Q8_0 re-encode (llama-quantize), and the offline engine on the c32
-# prompts (HTTP overhead). Appends a dated table to bench/RESULTS.md (bench/compare_report.py) and
+# then llama-server again on a Q8_0 re-encode (llama-quantize), and serving vs the offline engine
+# at c32 in alternating waves (bench/serving_ratio.py: HTTP overhead). Appends a dated table to bench/RESULTS.md (bench/compare_report.py) and
 # draws PNG plots (bench/plots.py: tok/s, TTFT, ITL vs concurrency) into bench/plots/<run>/ (with
 # --no-write: into the run folder), shown in RESULTS.md next to the tables.
 #
@@ -127,9 +127,11 @@ llama_cmd() {  # llama_cmd GGUF CTX_TOKENS [SLOTS]: each slot gets CTX_TOKENS / 
 run_pagedserve() {
     # shellcheck disable=SC2046  # word splitting of the command is intended
     start_server pagedserve-short $(pagedserve_cmd "$short_ctx"); short_grid pagedserve pagedserve; stop_server
-    python bench/serving_offline.py --prompts-jsonl "$run_dir/prompts_c32_pagedserve.jsonl" \
-        --max-num-seqs 32 --output-tokens "$o_short" --num-pages $((short_ctx / 16)) \
-        >"$run_dir/offline__c32.json" 2>"$run_dir/offline.log"
+    # Serving / offline at c32: the machine drifts by more than the figure between two runs
+    # minutes apart, so serving and offline waves alternate, each engine kept loaded.
+    python bench/serving_ratio.py --pairs "$(n 8 4)" --num-requests "$(n 64 32)" \
+        --prompt-tokens "$p_short" --output-tokens "$o_short" --work "$run_dir/serving_ratio" --json "$run_dir/serving_ratio.json" \
+        >"$run_dir/serving_ratio.md" 2>"$run_dir/serving_ratio.log"
     # shellcheck disable=SC2046
     start_server pagedserve-long $(pagedserve_cmd "$long_ctx"); long_grid pagedserve pagedserve; stop_server
     # shellcheck disable=SC2046

@@ -6,13 +6,14 @@ alternating waves so that the machine's drift falls on both sides of each ratio.
 
 Measured the simple way (a server run, then an offline run minutes later) the ratio swings by
 +-15% on these shared machines: the same offline run moves 800-1,170 tok/s within minutes. Here,
-per tree, one `pagedserve serve` and one offline engine (`LLM.generate` in a worker process) stay
-loaded side by side, idle in turn, and each pair is a serving wave (bench/serving.py: --concurrency
-32, --num-requests prompts of 128 tokens, 128 out, greedy, ignore_eos) next to an offline wave on
-the same prompts (max_num_seqs 32), their order alternating pair by pair. Both run without the
-prefix cache, so every wave computes every prompt. Reported per tree: the median of the pairs'
-ratios with their range, the median tok/s of each side, the CPU model and the load averages.
-The load generator shares the cores with the server, as in bench/compare.sh.
+per tree, one `pagedserve serve` and one offline engine (`LLM.generate` in a worker process)
+stay loaded side by side, idle in turn, and each pair is a serving wave (bench/serving.py at
+--concurrency 32: --num-requests prompts of --prompt-tokens, --output-tokens out, greedy,
+ignore_eos) next to an offline wave on the same prompts (max_num_seqs 32), their order
+alternating pair by pair. Both run without the prefix cache, so every wave computes every
+prompt. Reported per tree: the median of the pairs' ratios with their range, the median tok/s
+of each side, the CPU model and the load averages. The load generator shares the cores with the
+server, as in bench/compare.sh.
 """
 
 from __future__ import annotations
@@ -40,14 +41,19 @@ if tree:
     sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
     sys.path.insert(0, tree)
 """
-SERVER = PRELUDE + """
+SERVER = (
+    PRELUDE
+    + """
 import runpy
 sys.argv = ["pagedserve", *sys.argv[1:]]
 runpy.run_module("pagedserve", run_name="__main__", alter_sys=True)
 """
+)
 # One JSON command per stdin line ({"prompts": path, "output_tokens": n}), one JSON answer per
 # stdout line; "ready" once loaded.
-OFFLINE = PRELUDE + """
+OFFLINE = (
+    PRELUDE
+    + """
 from pagedserve import LLM, SamplingParams
 llm = LLM(max_num_seqs=32, num_pages=int(sys.argv[1]), enable_prefix_caching=False)
 llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4))
@@ -62,6 +68,7 @@ for line in sys.stdin:
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(json.dumps({"output_tok_per_s": tokens / seconds, "output_tokens": tokens}), flush=True)
 """
+)
 NUM_PAGES = 640  # compare.sh's short grid: 32 slots x (128 + 128 + 64) tokens / 16
 
 
@@ -175,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=8, help="serving + offline waves per tree")
     p.add_argument("--num-requests", type=int, default=64, help="prompts per wave (32 at once)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--tree", action="append", default=[], metavar="PATH",
                    help="also a baseline source tree with its _core module (repeatable)")  # fmt: skip
     p.add_argument("--model", default="", help="default: the default model (resolve_model)")
     p.add_argument("--work", default=str(BENCH / ".work" / "serving_ratio"))
+    p.add_argument("--json", help="also write the figures here (bench/compare_report.py reads it)")
     a = p.parse_args(argv)
     model = a.model or str(resolve_model("").path)
     work = Path(a.work).resolve()
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = work / "prompts.jsonl"  # made (and every server warmed) by a first wave
         for tree in trees:
             tree.serve_wave(["--concurrency", "32", "--num-requests", str(a.num_requests),
-                             "--prompt-tokens", "128", "--output-tokens", "8",
+                             "--prompt-tokens", str(a.prompt_tokens), "--output-tokens", "8",
                              "--dump-prompts", str(prompts)])  # fmt: skip
         for pair in range(a.pairs):
             for tree in trees if pair % 2 == 0 else trees[::-1]:
@@ -201,9 +210,16 @@ def main(argv: list[str] | None = None) -> int:
         for tree in trees:
             tree.close()
     print(f"CPU: {cpu_model()}; load average before {load_before}, after {os.getloadavg()}; "
-          f"{a.pairs} pairs per tree, c=32, {a.num_requests} prompts of 128 tokens x "
+          f"{a.pairs} pairs per tree, c=32, {a.num_requests} prompts of {a.prompt_tokens} tokens x "
           f"{a.output_tokens} out per wave, prefix cache off")  # fmt: skip
     print(table(trees))
+    if a.json:
+        figures = {t.name: {"pairs": len(t.ratios), "ratio_median": statistics.median(t.ratios),
+                            "ratio_min": min(t.ratios), "ratio_max": max(t.ratios),
+                            "serving_tok_s": statistics.median(t.served),
+                            "offline_tok_s": statistics.median(t.offline_tok_s)}
+                   for t in trees}  # fmt: skip
+        Path(a.json).write_text(json.dumps(figures))
     return 0
 
 

@@ -138,3 +138,20 @@ def test_report_ratios(tmp_path: Path) -> None:
     text = report.render(tmp_path)
     assert "| c32 output tok/s | 300.00 | 150.00 | 2.00x | - | - | >= 2x |" in text
     assert "300.0 / 400.0 = 0.75x" in text
+
+
+def test_report_reads_the_alternating_ratio(tmp_path: Path) -> None:
+    """A run with serving_ratio.py's figures reports its median and range, not the c32 case
+    against a lone offline run."""
+    report = load_bench_module("compare_report")
+    (tmp_path / "serving_ratio.json").write_text(json.dumps({"this checkout": {
+        "pairs": 4, "ratio_median": 0.934, "ratio_min": 0.87, "ratio_max": 0.99,
+        "serving_tok_s": 812.5, "offline_tok_s": 870.0}}))  # fmt: skip
+    (tmp_path / "offline__c32.json").write_text(json.dumps({"output_tok_per_s": 400.0}))
+    (tmp_path / "meta.json").write_text(json.dumps({"date": "2026-01-01 00:00"}))
+    text = report.render(tmp_path)
+    assert (
+        "median of 4 alternating pairs of waves (range) | 812.5 / 870.0: **0.93x** (0.87-0.99)"
+        in text
+    )
+    assert "= 0.75x" not in text and "400.0" not in text
