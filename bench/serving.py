@@ -361,7 +361,11 @@ async def run(opts: Options) -> dict[str, Any]:
     headers = {"Content-Type": "application/json"}
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
-    connector = aiohttp.TCPConnector(limit=0)  # no cap: --concurrency is the cap
+    # No cap (--concurrency is the cap), and a fresh connection per request: llama-server closes
+    # a connection after a streamed response, and aiohttp may send the next request into it
+    # before it sees the close ("Can not write request body", "Server disconnected"): every
+    # other request on uvloop, a few per grid on asyncio's loop (earlier compare.sh runs).
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=opts.timeout, connect=30.0)
     session = aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout)
     async with session as client:
