@@ -135,11 +135,13 @@ class Theirs:
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode token reads: every linear layer's weight once (as packed for
-    the native kernel, when it is; a tied lm_head reads the embedding whole), the norms; an
-    input embedding is only gathered, one row per token."""
+    the native kernel, when it is, GGUF blocks kept quantized included; a tied lm_head reads the
+    embedding whole), the norms; an input embedding is only gathered, one row per token."""
     from pagedserve.core.models.linear import PackableLinear
+    from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 
-    linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    kinds = (PackableLinear, QuantizedLinear, QuantizedGateUpLinear)
+    linears = [m for m in model.modules() if isinstance(m, kinds)]
     in_linears = {id(p) for m in linears for p in m.parameters()}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     rest = [p for p in model.parameters() if id(p) not in in_linears | embeddings]

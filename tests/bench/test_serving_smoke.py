@@ -155,3 +155,20 @@ def test_report_reads_the_alternating_ratio(tmp_path: Path) -> None:
         in text
     )
     assert "= 0.75x" not in text and "400.0" not in text
+
+
+def test_serving_ratio_alternates_waves(tmp_path: Path) -> None:
+    """bench/serving_ratio.py (compare.sh's serving / offline figure) end to end on tiny waves:
+    a server and an offline engine loaded side by side, a ratio per pair (a smoke run: its
+    figures rank nothing)."""
+    figures = tmp_path / "ratio.json"
+    cmd = [sys.executable, str(SCRIPT.with_name("serving_ratio.py")), "--pairs", "2",
+           "--num-requests", "4", "--prompt-tokens", "16", "--output-tokens", "4",
+           "--work", str(tmp_path / "work"), "--json", str(figures)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CPU: " in done.stdout and "| this checkout | 2 |" in done.stdout
+    f = json.loads(figures.read_text())["this checkout"]
+    assert f["pairs"] == 2 and f["serving_tok_s"] > 0 < f["offline_tok_s"]
+    assert f["ratio_min"] <= f["ratio_median"] <= f["ratio_max"]
+    assert done.stderr.count("this checkout: serving") == 2
