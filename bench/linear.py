@@ -5,8 +5,7 @@
 
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
 --quantized times the GGUF kernels (ops/linear_quant.py; int8 activations, AVX512-VNNI or the
-portable path) beside the native bf16 kernel and torch on the same layers at 1, 16, 64 and 256
-rows: GB/s of (packed) weights at one row, GFLOP/s at more. --dequant-bf16 adds, per type, the
+portable path) beside the native bf16 kernel and torch on the same layers at each of --rows: GB/s of (packed) weights at one row, GFLOP/s at more. --dequant-bf16 adds, per type, the
 alternative the kernel was chosen against (weights converted to bf16 in registers, AVX512-BF16
 dot products with unrounded bf16 activations).
 
@@ -103,7 +102,7 @@ def dequant_bf16_call(
                                      m, n, k, 0, torch.get_num_threads(), False, True)  # fmt: skip
 
 
-def quantized_table(types: list[str], repeats: int, dequant: bool) -> None:
+def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequant: bool) -> None:
     """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel
     (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
     print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
@@ -125,7 +124,7 @@ def quantized_table(types: list[str], repeats: int, dequant: bool) -> None:
         names += [f"{t}/bf16" for t in names] if dequant else []
         print(f"{name} [k={k}, n={n}]: median us of torch, bf16, " + ", ".join(names)
               + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
-        for m in (1, 16, 64, 256):
+        for m in row_counts:
             x = torch.randn(m, k).bfloat16()
             res = torch.randn(m, n).bfloat16() if residual else None
             out_dtype = torch.float32 if fp32 else torch.bfloat16
@@ -179,7 +178,7 @@ def main() -> None:
     print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()})")
     print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
     if args.quantized:
-        quantized_table(args.quantized.split(","), args.repeats, args.dequant_bf16)
+        quantized_table(args.quantized.split(","), row_counts, args.repeats, args.dequant_bf16)
         print(f"load average after: {os.getloadavg()}")
         return
     print(
