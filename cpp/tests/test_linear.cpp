@@ -2,11 +2,13 @@
 // 1-19 around the 8-row micro-tile, columns around 32, odd k), bias, a residual that is the
 // output itself, fp32 and bf16 output, several threads; and the argument checks. Skips (passes)
 // on a CPU without AVX512-BF16. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
@@ -110,13 +112,15 @@ TEST(linear_many_panels_and_row_chunks) {
     CHECK(matches({20, 288, 1100, false, true, false, 1}, rng));
 }
 
-// More threads than cores: the OS preempts some mid-product and the others run the items of
+// Four threads per core: the OS preempts some mid-product and the others run the items of
 // their shares they had not started. Whoever runs an item, the output is bit-identical to one
 // thread's. Repeated until a take-over has happened (the first call nearly always has one).
 TEST(linear_take_over_of_a_preempted_share_is_bit_identical) {
     if (!linear_bf16_supported()) return;
     std::mt19937 rng(13);
-    const std::int64_t m = 64, n = 2048, k = 320;
+    const std::int64_t m = 600, n = 2048, k = 320;  // 3 chunks of rows x 64 tiles
+    const int threads = static_cast<int>(
+        std::min<unsigned>(64, 4 * std::max(1u, std::thread::hardware_concurrency())));
     auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
     std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
     pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
@@ -131,7 +135,7 @@ TEST(linear_take_over_of_a_preempted_share_is_bit_identical) {
     const auto one = run(1);
     const std::int64_t before = linear_items_taken_over();
     for (int attempt = 0; attempt < 200 && linear_items_taken_over() == before; ++attempt)
-        CHECK(run(16) == one);
+        CHECK(run(threads) == one);
     CHECK(linear_items_taken_over() > before);
 }
 

@@ -213,9 +213,21 @@ def check_output(output: RequestOutput, metrics: ServerMetrics) -> None:
 
 
 async def merge_streams(
-    streams: Sequence[AsyncIterator[RequestOutput]],
+    streams: Sequence[RequestStream],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Interleave several engine streams as (stream index, output); closing this closes all."""
+    """Interleave several engine streams as (stream index, output); closing this closes all.
+    One stream (one prompt: the common case, run once per streamed token) is read directly,
+    without the pump tasks and queue."""
+    if len(streams) == 1:
+        stream, finished = streams[0], False
+        try:
+            async for output in stream:
+                finished = output.finished
+                yield 0, output
+        finally:
+            if not finished:
+                stream.close()  # aborts the request and frees its pages
+        return
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
@@ -247,27 +259,15 @@ async def merge_streams(
 async def stream_outputs(
     streams: Sequence[RequestStream], metrics: ServerMetrics
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """merge_streams, failing on engine errors and recording each finished request. One stream
-    (the common case: one prompt) is read directly, without merge_streams' task and queue: this
-    runs once per streamed token. Closing this early closes the streams (aborting them)."""
-    if len(streams) > 1:
-        merged = merge_streams(streams)
-        try:
-            async for index, output in merged:
-                check_output(output, metrics)
-                yield index, output
-        finally:
-            await merged.aclose()  # type: ignore[attr-defined]
-        return
-    stream, finished = streams[0], False
+    """merge_streams, failing on engine errors and recording each finished request. Closing
+    this early closes the streams (aborting them)."""
+    merged = merge_streams(streams)
     try:
-        async for output in stream:
-            finished = output.finished
+        async for index, output in merged:
             check_output(output, metrics)
-            yield 0, output
+            yield index, output
     finally:
-        if not finished:
-            stream.close()  # aborts the request and frees its pages
+        await merged.aclose()  # type: ignore[attr-defined]
 
 
 async def collect(

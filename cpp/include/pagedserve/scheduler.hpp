@@ -4,8 +4,9 @@
 // reserved first, and while any request decodes the step's prefill tokens (prompt chunks and
 // recomputes, over all requests) are capped at max_prefill_tokens_while_decoding, which bounds
 // the step time and so the decoders' inter-token latency; a step with no decode gives prefill
-// the whole max_num_batched_tokens. schedule() fills preallocated plan buffers (no allocation per step once warm);
-// update() advances the requests of the last plan. Single-threaded by contract.
+// the whole max_num_batched_tokens. schedule() fills preallocated plan buffers (no allocation
+// per step once warm); update() advances the requests of the last plan. Single-threaded by
+// contract.
 #pragma once
 
 #include <algorithm>
