@@ -30,6 +30,8 @@ __all__: list[str] = [
     "TokenTensor",
     "cpu_features",
     "gated_rows",
+    "linear_amx_emulation",
+    "linear_amx_supported",
     "linear_bf16",
     "linear_bf16_supported",
     "linear_f32",
@@ -452,6 +454,8 @@ def cpu_features() -> dict[str, bool]:
     """
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+def linear_amx_emulation(on: bool) -> None: ...
+def linear_amx_supported() -> bool: ...
 def linear_bf16(
     x: typing.SupportsInt | typing.SupportsIndex,
     x_stride: typing.SupportsInt | typing.SupportsIndex,
@@ -467,6 +471,7 @@ def linear_bf16(
     k: typing.SupportsInt | typing.SupportsIndex,
     gated_width: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
+    amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
 ) -> None: ...
 def linear_bf16_supported() -> bool: ...
 def linear_f32(

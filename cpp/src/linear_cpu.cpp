@@ -2,10 +2,13 @@
 // linear_cpu_driver.hpp: per pair of input features, 2 weight loads feed 16 dot-product
 // instructions of an 8 x 32 micro-tile; bias, residual and output rows are bf16 (fp32 logits
 // optional).
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
+#include "linear_cpu_amx.hpp"
 #include "linear_cpu_driver.hpp"
+#include "pagedserve/cpu_features.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {
@@ -36,11 +39,21 @@ struct Bf16Kernel {
                                                  const std::uint16_t* w, Prefetch prefetch,
                                                  __m512 (&acc)[R][2]) {
         for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        accumulate<R>(a, row0, w, 0, prefetch, acc);
+    }
+
+    // acc += rows [row0, row0 + R) of x times the tile's columns, over the feature pairs from
+    // `first` on, in order (the AMX path runs the pairs its tiles do not: linear_cpu_amx.hpp).
+    template <int R>
+    PAGEDSERVE_LINEAR_TARGET static void accumulate(const LinearArgs& a, std::int64_t row0,
+                                                    const std::uint16_t* w, std::int64_t first,
+                                                    Prefetch prefetch, __m512 (&acc)[R][2]) {
         const std::uint16_t* x = a.x + row0 * a.x_stride;
         const std::int64_t pairs = num_pairs(a.k);
-        for (std::int64_t p = 0; p < pairs; ++p) {
+        for (std::int64_t p = first; p < pairs; ++p) {
             // One line per feature pair (16 dot products) keeps the requests spread out.
-            if (p < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * p, _MM_HINT_T1);
+            const std::int64_t line = p - first;
+            if (line < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
             const bool whole = 2 * p + 1 < a.k;
             const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow));
             const __m512bh w1 =
@@ -69,6 +82,16 @@ struct Bf16Kernel {
         }
     }
 };
+
+std::atomic<bool> emulate_amx{false};  // linear_amx_emulation()
+
+bool amx_hardware() {
+    static const bool usable = [] {
+        const CpuFeatures& f = cpu_features();
+        return f.amx_tile && f.amx_bf16 && f.amx_permitted;
+    }();
+    return usable;
+}
 
 }  // namespace
 
@@ -108,7 +131,20 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
     // No rows is a valid product with nothing to read or write: torch gives an empty tensor a
     // null data pointer (e.g. the logits of a step whose prefill chunks all end mid-prompt).
     if (!check_linear_args(args, "linear_bf16")) return;
-    run_linear<Bf16Kernel>(args, std::max(1, num_threads));
+    check_linear(args.amx_from_rows >= 0, "linear_bf16: amx_from_rows must be >= 0");
+    const int threads = std::max(1, num_threads);
+    if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
+        return run_linear<Bf16Kernel>(args, threads);
+    if (emulate_amx.load(std::memory_order_relaxed))
+        return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
+    run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
 }
+
+bool linear_amx_supported() {
+    return linear_bf16_supported() &&
+           (emulate_amx.load(std::memory_order_relaxed) || amx_hardware());
+}
+
+void linear_amx_emulation(bool on) { emulate_amx.store(on, std::memory_order_relaxed); }
 
 }  // namespace pagedserve

@@ -136,15 +136,21 @@ PAGEDSERVE_LINEAR_TARGET void row_block(const typename K::Args& a, std::int64_t 
 // time: without it each panel's first sweep waits on memory (~10% of a decode step's products,
 // whose weights never fit in the L3).
 template <typename K>
+PanelPrefetch panel_prefetch(const typename K::Args& a, std::int64_t next0, std::int64_t next_end,
+                             std::int64_t parts) {
+    const auto* next = tile_weights<K>(a, next0);
+    const std::int64_t next_bytes = (tile_weights<K>(a, next_end) - next) * sizeof(*next);
+    return {reinterpret_cast<const char*>(next), next_bytes / 64, parts};
+}
+
+template <typename K>
 PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t row0,
                                        std::int64_t rows, std::int64_t tile0,
                                        std::int64_t tile_end, std::int64_t next0,
                                        std::int64_t next_end) {
     const std::int64_t blocks = (rows + kRows - 1) / kRows;
-    const auto* next = tile_weights<K>(a, next0);
-    const std::int64_t next_bytes = (tile_weights<K>(a, next_end) - next) * sizeof(*next);
-    const PanelPrefetch prefetch{reinterpret_cast<const char*>(next), next_bytes / 64,
-                                 blocks * (tile_end - tile0)};
+    const PanelPrefetch prefetch =
+        panel_prefetch<K>(a, next0, next_end, blocks * (tile_end - tile0));
     std::int64_t part = 0;
     std::int64_t r = row0;
     for (; r + kRows <= row0 + rows; r += kRows) {
@@ -161,6 +167,18 @@ PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t r
         default: return;
     }
 }
+
+// How an item's rows x tiles are computed: MicroTiles, 8 rows at a time in vector registers
+// (run_item above); the AMX kernel brings its own (linear_cpu_amx.hpp).
+template <typename K>
+struct MicroTiles {
+    PAGEDSERVE_LINEAR_TARGET static void run(const typename K::Args& a, std::int64_t row0,
+                                             std::int64_t rows, std::int64_t tile0,
+                                             std::int64_t tile_end, std::int64_t next0,
+                                             std::int64_t next_end) {
+        run_item<K>(a, row0, rows, tile0, tile_end, next0, next_end);
+    }
+};
 
 // Where panel p of a share starts, in tiles from the share's first: panels of 1, 1, 2, 4, ...
 // tiles up to per_panel, then per_panel each. Only the first is waited for (its first sweep
@@ -194,18 +212,18 @@ struct alignas(64) Share {
 
 // Runs item i of a share: its rows x its panel, prefetching the item after it (the share's
 // next panel, or its first panel again for the next chunk of rows).
-template <typename K>
+template <typename K, typename Item>
 PAGEDSERVE_LINEAR_TARGET void run_share_item(const typename K::Args& a, const Share& s,
                                              std::int64_t i) {
     const std::int64_t chunk = i / s.panels, p = i % s.panels;
     const std::int64_t row0 = chunk * kChunkRows, rows = std::min(kChunkRows, a.m - row0);
     const bool more = i + 1 < s.items;
     const std::int64_t q = (p + 1) % s.panels;
-    run_item<K>(a, row0, rows, s.panel_start(p), s.panel_start(p + 1),
-                more ? s.panel_start(q) : s.end, more ? s.panel_start(q + 1) : s.end);
+    Item::run(a, row0, rows, s.panel_start(p), s.panel_start(p + 1),
+              more ? s.panel_start(q) : s.end, more ? s.panel_start(q + 1) : s.end);
 }
 
-template <typename K>
+template <typename K, typename Item = MicroTiles<K>>
 PAGEDSERVE_LINEAR_TARGET void run_linear(const typename K::Args& a, int num_threads) {
     const std::int64_t tiles = num_tiles(a.n);
     const bool small = a.m * a.n * a.k < kMinParallelMacs;
@@ -228,7 +246,7 @@ PAGEDSERVE_LINEAR_TARGET void run_linear(const typename K::Args& a, int num_thre
         for (int k = 0; k < count; ++k) {  // its own share first, then the others' leftovers
             Share& s = shares[(t + k) % count];
             for (std::int64_t i; (i = s.next.fetch_add(1, std::memory_order_relaxed)) < s.items;) {
-                run_share_item<K>(a, s, i);
+                run_share_item<K, Item>(a, s, i);
                 if (k > 0) items_taken_over.fetch_add(1, std::memory_order_relaxed);
             }
         }

@@ -1,10 +1,14 @@
 // The bf16 linear kernel against a double-precision loop: shapes around every tile edge (rows
 // 1-19 around the 8-row micro-tile, columns around 32, odd k), bias, a residual that is the
-// output itself, fp32 and bf16 output, several threads; and the argument checks. Skips (passes)
-// on a CPU without AVX512-BF16. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+// output itself, fp32 and bf16 output, several threads; and the argument checks. The AMX path
+// likewise (rows around its 16- and 32-row blocks, k around its 32-feature steps, a gated
+// product), on the tiles emulated in software everywhere and on the hardware's where the CPU
+// has AMX (else it says it skips them). Skips (passes) on a CPU without AVX512-BF16. Run under
+// ASan/UBSan by tests/native/test_cpp_sanitized.py.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -42,6 +46,7 @@ struct Shape {
     std::int64_t m, n, k;
     bool bias, residual, fp32;
     int threads;
+    std::int64_t amx_from_rows = 0;  // LinearArgs::amx_from_rows
 };
 
 // One product checked element by element; the residual is the output buffer itself.
@@ -60,6 +65,7 @@ bool matches(const Shape& s, std::mt19937& rng) {
     a.residual_stride = out_stride;
     a.out = s.fp32 ? static_cast<void*>(out32.data()) : static_cast<void*>(out16.data());
     a.out_stride = out_stride, a.out_float32 = s.fp32, a.m = s.m, a.n = s.n, a.k = s.k;
+    a.amx_from_rows = s.amx_from_rows;
     linear_bf16(a, s.threads);
     for (std::int64_t i = 0; i < s.m; ++i) {
         for (std::int64_t j = 0; j < out_stride; ++j) {
@@ -79,8 +85,6 @@ bool matches(const Shape& s, std::mt19937& rng) {
     }
     return true;
 }
-
-}  // namespace
 
 TEST(linear_matches_reference_around_tile_edges) {
     if (!linear_bf16_supported()) return;
@@ -161,5 +165,141 @@ TEST(linear_refuses_bad_arguments) {
     empty.m = 0, empty.x = nullptr, empty.out = nullptr;
     linear_bf16(empty, 1);
 }
+
+// --- AMX ---------------------------------------------------------------------------------------
+
+// Runs `body` on the emulated tiles, then on the CPU's own where it has them.
+template <typename Body>
+void on_each_amx(Body body) {
+    linear_amx_emulation(true);
+    body();
+    linear_amx_emulation(false);
+    if (!linear_amx_supported()) {
+        std::fprintf(stderr, "  (no AMX-BF16 on this CPU, or not granted: hardware tiles skipped)\n");
+        return;
+    }
+    body();
+}
+
+// x W^T of m random rows (row i's values the same whatever m), fp32 out (not rounded to bf16:
+// every difference in the sums shows).
+std::vector<float> product(std::int64_t m, std::int64_t n, std::int64_t k,
+                           std::int64_t amx_from_rows, int threads) {
+    std::mt19937 rng(21);
+    const auto w = random_bf16(n * k, rng), x = random_bf16(m * k, rng);
+    std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
+    std::vector<float> out(m * n);
+    pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
+    LinearArgs a;
+    a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.out = out.data();
+    a.out_float32 = true, a.out_stride = n, a.m = m, a.n = n, a.k = k;
+    a.amx_from_rows = amx_from_rows;
+    linear_bf16(a, threads);
+    return out;
+}
+
+TEST(linear_amx_matches_reference_around_block_edges) {
+    if (!linear_bf16_supported()) return;
+    on_each_amx([&] {
+        std::mt19937 rng(17);
+        for (std::int64_t m : {1, 9, 16, 17, 31, 32, 33, 50}) {
+            for (std::int64_t n : {31, 32, 70}) {
+                for (std::int64_t k : {9, 32, 33, 64, 100}) {  // none, whole and tail steps
+                    const bool odd = (m + n + k) % 2 == 1;
+                    CHECK(matches({m, n, k, odd, !odd, false, 1 + int(m % 2), 1}, rng));
+                    CHECK(matches({m, n, k, !odd, false, true, 2, 1}, rng));
+                }
+            }
+        }
+        CHECK(matches({300, 200, 96, true, true, false, 3, 1}, rng));  // chunks, threads
+        CHECK(matches({70, 100, 1100, false, true, true, 2, 1}, rng));  // panels of few tiles
+    });
+}
+
+TEST(linear_amx_gated_matches_reference) {
+    if (!linear_bf16_supported()) return;
+    on_each_amx([&] {
+        std::mt19937 rng(19);
+        const std::int64_t m = 37, width = 40, k = 72;  // a partial block, tile, gate and step
+        auto w = random_bf16(2 * width * k, rng), x = random_bf16(m * k, rng);
+        std::vector<std::uint16_t> packed(packed_linear_elements(gated_rows(width), k));
+        std::vector<std::uint16_t> out(m * width);
+        pack_gated_weight_bf16(w.data(), width, k, packed.data(), 1);
+        LinearArgs a;
+        a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.out = out.data();
+        a.out_stride = width, a.m = m, a.n = gated_rows(width), a.k = k, a.gated_width = width;
+        a.amx_from_rows = 1;
+        linear_bf16(a, 2);
+        for (std::int64_t i = 0; i < m; ++i) {
+            for (std::int64_t j = 0; j < width; ++j) {
+                double gate = 0, up = 0;
+                for (std::int64_t t = 0; t < k; ++t) {
+                    const double xv = from_bf16(x[i * k + t]);
+                    gate += xv * from_bf16(w[j * k + t]);
+                    up += xv * from_bf16(w[(width + j) * k + t]);
+                }
+                const double want = gate / (1 + std::exp(-gate)) * up;
+                CHECK(std::fabs(from_bf16(out[i * width + j]) - want) <= 8e-3 * (1 + std::fabs(want)));
+            }
+        }
+    });
+}
+
+// amx_from_rows = 1: every call on the tiles, so a row's output is bit-identical whatever the
+// rows around it (blocks of 32, of 17 .. 31 and of 1 .. 16 rows).
+TEST(linear_amx_rows_are_bit_identical_in_calls_of_any_size) {
+    if (!linear_bf16_supported()) return;
+    on_each_amx([&] {
+        const std::int64_t n = 64, k = 80;
+        const auto all = product(70, n, k, 1, 2);
+        for (std::int64_t m : {1, 5, 16, 17, 32, 33, 69}) {
+            const auto some = product(m, n, k, 1, 1);
+            CHECK(std::equal(some.begin(), some.end(), all.begin()));
+        }
+    });
+}
+
+// Below amx_from_rows a call is the AVX512-BF16 path's, bit for bit; 0 is never. The emulated
+// tiles add a pair's products in the SDM's order (even feature first), VDPBF16PS in the other:
+// some of the sums differ, which shows the tiles ran.
+TEST(linear_amx_threshold_picks_the_path_by_rows) {
+    if (!linear_bf16_supported()) return;
+    on_each_amx([&] {
+        for (std::int64_t m : {8, 40}) {
+            CHECK(product(m, 64, 96, 41, 1) == product(m, 64, 96, 0, 1));
+            CHECK(product(m, 64, 96, m, 1) == product(m, 64, 96, 1, 1));
+        }
+    });
+    linear_amx_emulation(true);
+    CHECK(product(40, 64, 576, 1, 1) != product(40, 64, 576, 0, 1));
+    linear_amx_emulation(false);
+    LinearArgs bad;
+    std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
+    bad.x = x.data(), bad.x_stride = 8, bad.packed = packed.data(), bad.out = out.data();
+    bad.out_stride = 4, bad.m = 2, bad.n = 4, bad.k = 8, bad.amx_from_rows = -1;
+    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+}
+
+// Reported, not asserted: whether the CPU's tiles round as the SDM's pseudo-code (the
+// emulation) does, and whether they agree with AVX512-BF16 (then a row threshold would keep
+// batch invariance).
+TEST(linear_amx_hardware_against_emulation_and_avx512) {
+    if (!linear_bf16_supported() || !linear_amx_supported()) return;
+    const std::int64_t m = 64, n = 256, k = 576;
+    const auto hardware = product(m, n, k, 1, 2), avx512 = product(m, n, k, 0, 2);
+    linear_amx_emulation(true);
+    const auto emulated = product(m, n, k, 1, 2);
+    linear_amx_emulation(false);
+    const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        std::int64_t equal = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) equal += a[i] == b[i];
+        return equal;
+    };
+    std::fprintf(stderr, "  AMX tiles vs emulation: %lld of %lld outputs equal; vs AVX512-BF16: %lld\n",
+                 static_cast<long long>(same(hardware, emulated)), static_cast<long long>(m * n),
+                 static_cast<long long>(same(hardware, avx512)));
+}
+
+}  // namespace
 
 int main() { return check::run_all_tests(); }

@@ -50,6 +50,10 @@ struct LinearArgs {
     // > 0: a gated product, out [m, gated_width] = silu(x W_gate^T) * (x W_up^T) from a weight
     // of n = gated_rows(gated_width) interleaved rows (see kLinearGateCols); no bias, residual.
     std::int64_t gated_width = 0;
+    // A call of at least this many rows runs on AMX-BF16 tiles where linear_amx_supported()
+    // (0: never; 1: every call). Tiles and AVX512-BF16 may round a row differently (see
+    // linear_cpu_amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction.
+    std::int64_t amx_from_rows = 0;
 };
 
 // True when this CPU has AVX512-BF16 (checked at run time; the kernel is compiled for it with a
@@ -58,6 +62,15 @@ bool linear_bf16_supported();
 
 // Throws std::runtime_error if !linear_bf16_supported().
 void linear_bf16(const LinearArgs& args, int num_threads);
+
+// True when linear_bf16 may take AMX-BF16 tiles: the CPU has them (with AVX512-BF16, which runs
+// the features past the last whole 32 and the epilogue) and Linux granted this process tile
+// data (cpu_features.hpp), or linear_amx_emulation is on.
+bool linear_amx_supported();
+
+// For tests and benchmarks: while on, the AMX path runs on tiles emulated in software after the
+// Intel SDM's pseudo-code (slow; same blocking, tails and epilogue), on any CPU with AVX512-BF16.
+void linear_amx_emulation(bool on);
 
 // Work items (a panel of tiles x a chunk of rows) that a thread ran from a peer's share since the
 // process started, over every CPU linear kernel: a thread that finishes its own share runs what a

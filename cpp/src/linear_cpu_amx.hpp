@@ -1,0 +1,259 @@
+// AMX-BF16 tiles for the bf16 linear kernel (linear_cpu.cpp), on the driver's threads, shares
+// and panels (linear_cpu_driver.hpp): an item's rows go 32 at a time through a 2 x 2 block of
+// 16 x 16 fp32 accumulator tiles per 32-column weight tile.
+//
+// The packed weight needs no second layout: TDPBF16PS's B operand is K/2 rows of N column pairs
+// (feature 2p, 2p + 1 of each column side by side), which is what a packed tile's row p holds
+// for its 32 columns. So B tile j (columns 16j .. 16j + 15) of feature pairs 16s .. 16s + 15 is
+// 16 rows of 64 bytes, 128 bytes apart, at pair 16s; A is 16 rows x 32 features of x read in
+// place at x_stride. Features past the last whole 32 (k % 32) are added after the tiles with
+// AVX512-BF16 (the kernel's own `accumulate`), then bias, residual and SiLU-and-mul run the
+// micro-tile path's epilogue (store_tile) on the fp32 sums.
+//
+// Arithmetic: the Intel SDM's TDPBF16PS adds a pair's products even feature first, VDPBF16PS
+// odd feature first (both round after each add; Zen 4's VDPBF16PS matches its pseudo-code bit
+// for bit). So a row's result on AMX need not equal the AVX512 path's; each row's does not
+// depend on how many rows share a call (rows are independent in a tile, the blocks' rows are
+// only configured shorter), so a call that always takes AMX (amx_from_rows = 1) stays
+// batch-invariant, and a row count threshold does only where the two agree on the hardware
+// (core/models/linear_dispatch.py checks).
+//
+// Tiles are a policy: HardwareTiles issues the instructions; SoftwareTiles does what the SDM's
+// pseudo-code says in plain C++, so the blocking, the tails and the epilogue run and are tested
+// on CPUs without AMX (linear_amx_emulation()).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "linear_cpu_driver.hpp"
+
+namespace pagedserve::linear_detail {
+
+// LDTILECFG's 64-byte operand, palette 1: per register, bytes per row and rows (0: unused).
+struct alignas(64) TileConfig {
+    std::uint8_t palette = 1;
+    std::uint8_t start_row = 0;
+    std::uint8_t reserved[14] = {};
+    std::uint16_t colsb[16] = {};
+    std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+inline constexpr std::int64_t kTileRows = 16;      // rows of an A or C tile
+inline constexpr std::int64_t kTileBytes = 64;     // bytes of a tile row
+inline constexpr std::int64_t kTilePairs = 16;     // feature pairs per A / B tile (32 features)
+inline constexpr std::int64_t kBlockRows = 2 * kTileRows;
+
+// Registers: C[i][j] = 2i + j accumulates rows 16i.. x columns 16j..; A[i] = 4 + i; B[j] = 6 + j.
+inline constexpr int kA0 = 4, kB0 = 6;
+
+// A block of `rows` (1 .. 32) rows: its A and C tiles hold min(rows, 16) and rows - 16 rows.
+inline TileConfig block_config(std::int64_t rows) {
+    TileConfig c;
+    const std::int64_t top = std::min(rows, kTileRows), bottom = rows - top;
+    for (int j = 0; j < 2; ++j) {
+        c.colsb[j] = c.colsb[kA0] = c.colsb[kB0 + j] = kTileBytes;
+        c.rows[j] = c.rows[kA0] = static_cast<std::uint8_t>(top);
+        c.rows[kB0 + j] = kTilePairs;
+        if (bottom > 0) {
+            c.colsb[2 + j] = c.colsb[kA0 + 1] = kTileBytes;
+            c.rows[2 + j] = c.rows[kA0 + 1] = static_cast<std::uint8_t>(bottom);
+        }
+    }
+    return c;
+}
+
+// The AMX instructions (Linux must have granted this process tile data: cpu_features()).
+// Inline assembly rather than the intrinsics: GCC 12's take the register as a macro token, not
+// a template argument.
+struct HardwareTiles {
+    void configure(const TileConfig& c) { asm volatile("ldtilecfg %0" ::"m"(c)); }
+    template <int T>
+    void load(const void* p, std::int64_t stride) {
+        asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(p), "r"(stride), "i"(T) : "memory");
+    }
+    template <int T>
+    void store(void* p, std::int64_t stride) {
+        asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(p), "r"(stride), "i"(T) : "memory");
+    }
+    template <int T>
+    void zero() {
+        asm volatile("tilezero %%tmm%c0" ::"i"(T));
+    }
+    template <int C, int A, int B>  // C += A B
+    void dot() {
+        asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+    }
+    void release() { asm volatile("tilerelease" ::); }
+};
+
+// The same instructions in plain C++, after the SDM's pseudo-code: loads zero what the
+// configuration leaves out, products are fp32 with bf16 inputs' denormals read as zero, each
+// add rounds to nearest even and flushes a denormal sum to zero.
+class SoftwareTiles {
+public:
+    void configure(const TileConfig& c) {
+        config_ = c;
+        std::memset(tiles_, 0, sizeof(tiles_));
+    }
+    template <int T>
+    void load(const void* p, std::int64_t stride) {
+        std::memset(tiles_[T], 0, sizeof(tiles_[T]));
+        for (int r = 0; r < config_.rows[T]; ++r)
+            std::memcpy(tiles_[T][r], static_cast<const char*>(p) + r * stride, config_.colsb[T]);
+    }
+    template <int T>
+    void store(void* p, std::int64_t stride) const {
+        for (int r = 0; r < config_.rows[T]; ++r)
+            std::memcpy(static_cast<char*>(p) + r * stride, tiles_[T][r], config_.colsb[T]);
+    }
+    template <int T>
+    void zero() {
+        std::memset(tiles_[T], 0, sizeof(tiles_[T]));
+    }
+    template <int C, int A, int B>
+    void dot() {
+        for (int m = 0; m < config_.rows[C]; ++m) {
+            for (int k = 0; k < config_.colsb[A] / 4; ++k) {
+                for (int n = 0; n < config_.colsb[C] / 4; ++n) {
+                    float c = fp32(tiles_[C][m], n);
+                    c = ftz(c + bf16(tiles_[A][m], 2 * k) * bf16(tiles_[B][k], 2 * n));
+                    c = ftz(c + bf16(tiles_[A][m], 2 * k + 1) * bf16(tiles_[B][k], 2 * n + 1));
+                    std::memcpy(tiles_[C][m] + 4 * n, &c, sizeof(c));
+                }
+            }
+        }
+    }
+    void release() {}
+
+private:
+    static float fp32(const std::uint8_t* row, int i) {
+        float v;
+        std::memcpy(&v, row + 4 * i, sizeof(v));
+        return v;
+    }
+    static float bf16(const std::uint8_t* row, int i) {
+        std::uint16_t b;
+        std::memcpy(&b, row + 2 * i, sizeof(b));
+        if ((b & 0x7f80u) == 0) b &= 0x8000u;  // denormal in: zero
+        const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+        float v;
+        std::memcpy(&v, &bits, sizeof(v));
+        return v;
+    }
+    static float ftz(float v) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, sizeof(bits));
+        if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;  // denormal out: zero
+        std::memcpy(&v, &bits, sizeof(v));
+        return v;
+    }
+
+    TileConfig config_;
+    alignas(64) std::uint8_t tiles_[8][kTileRows][kTileBytes];
+};
+
+// The driver's Item (see MicroTiles) for kernel K (linear_cpu.cpp's Bf16Kernel) on Tiles.
+template <typename K, typename Tiles>
+struct AmxItems {
+    using Args = typename K::Args;
+
+    static void run(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t tile0,
+                    std::int64_t tile_end, std::int64_t next0, std::int64_t next_end) {
+        Tiles tiles;
+        const std::int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+        const PanelPrefetch prefetch =
+            panel_prefetch<K>(a, next0, next_end, blocks * (tile_end - tile0));
+        std::int64_t part = 0, configured = 0;
+        for (std::int64_t r = row0; r < row0 + rows; r += kBlockRows) {
+            const std::int64_t block_rows = std::min(kBlockRows, row0 + rows - r);
+            if (block_rows != configured) tiles.configure(block_config(configured = block_rows));
+            for (std::int64_t t = tile0; t < tile_end; ++t) {
+                if (block_rows > kTileRows)
+                    block<2>(tiles, a, r, block_rows, t, prefetch.part(part++));
+                else
+                    block<1>(tiles, a, r, block_rows, t, prefetch.part(part++));
+            }
+        }
+        tiles.release();
+    }
+
+private:
+    // Rows [row0, row0 + rows) x weight tile t, with `halves` A tiles (rows > 16: 2).
+    template <int halves>
+    static void block(Tiles& tiles, const Args& a, std::int64_t row0, std::int64_t rows,
+                      std::int64_t t, Prefetch prefetch) {
+        const auto* w = tile_weights<K>(a, t);
+        const std::int64_t steps = a.k / (2 * kTilePairs);  // whole 32-feature steps
+        constexpr std::int64_t pair_bytes = 2 * kLinearTileN * sizeof(*w);
+        const std::int64_t x_bytes = a.x_stride * static_cast<std::int64_t>(sizeof(*a.x));
+        tiles.template zero<0>();
+        tiles.template zero<1>();
+        if constexpr (halves == 2) {
+            tiles.template zero<2>();
+            tiles.template zero<3>();
+        }
+        for (std::int64_t s = 0; s < steps; ++s) {
+            const std::int64_t first = prefetch.lines * s / steps;
+            const std::int64_t last = prefetch.lines * (s + 1) / steps;
+            for (std::int64_t line = first; line < last; ++line)
+                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+            const auto* b = w + s * kTilePairs * 2 * kLinearTileN;
+            const auto* x = a.x + row0 * a.x_stride + s * 2 * kTilePairs;
+            tiles.template load<kB0>(b, pair_bytes);
+            tiles.template load<kB0 + 1>(b + kTileRows * 2, pair_bytes);
+            tiles.template load<kA0>(x, x_bytes);
+            tiles.template dot<0, kA0, kB0>();
+            tiles.template dot<1, kA0, kB0 + 1>();
+            if constexpr (halves == 2) {
+                tiles.template load<kA0 + 1>(x + kTileRows * a.x_stride, x_bytes);
+                tiles.template dot<2, kA0 + 1, kB0>();
+                tiles.template dot<3, kA0 + 1, kB0 + 1>();
+            }
+        }
+        alignas(64) float sums[kBlockRows][kLinearTileN];
+        constexpr std::int64_t row_bytes = sizeof(sums[0]);
+        tiles.template store<0>(&sums[0][0], row_bytes);
+        tiles.template store<1>(&sums[0][kTileRows], row_bytes);
+        if constexpr (halves == 2) {
+            tiles.template store<2>(&sums[kTileRows][0], row_bytes);
+            tiles.template store<3>(&sums[kTileRows][kTileRows], row_bytes);
+        }
+        finish(a, row0, rows, t, steps * kTilePairs, sums);
+    }
+
+    // The pairs from `first` on and the epilogue, 8 rows at a time, on the tiles' sums.
+    static void finish(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t t,
+                       std::int64_t first, const float (&sums)[kBlockRows][kLinearTileN]) {
+        std::int64_t r = 0;
+        for (; r + kRows <= rows; r += kRows) finish_rows<kRows>(a, row0, r, t, first, sums);
+        switch (rows - r) {
+            case 7: return finish_rows<7>(a, row0, r, t, first, sums);
+            case 6: return finish_rows<6>(a, row0, r, t, first, sums);
+            case 5: return finish_rows<5>(a, row0, r, t, first, sums);
+            case 4: return finish_rows<4>(a, row0, r, t, first, sums);
+            case 3: return finish_rows<3>(a, row0, r, t, first, sums);
+            case 2: return finish_rows<2>(a, row0, r, t, first, sums);
+            case 1: return finish_rows<1>(a, row0, r, t, first, sums);
+            default: return;
+        }
+    }
+
+    template <int R>
+    PAGEDSERVE_LINEAR_TARGET static void finish_rows(const Args& a, std::int64_t row0,
+                                                     std::int64_t r, std::int64_t t,
+                                                     std::int64_t first,
+                                                     const float (&sums)[kBlockRows][kLinearTileN]) {
+        __m512 acc[R][2];
+        for (int i = 0; i < R; ++i) {
+            acc[i][0] = _mm512_load_ps(&sums[r + i][0]);
+            acc[i][1] = _mm512_load_ps(&sums[r + i][kTileRows]);
+        }
+        K::template accumulate<R>(a, row0 + r, tile_weights<K>(a, t), first, Prefetch{}, acc);
+        store_tile<K, R>(a, row0 + r, t, acc);
+    }
+};
+
+}  // namespace pagedserve::linear_detail
