@@ -15,7 +15,9 @@ steps, prefill chunks), the median wall time of torch (F.linear / addmm, as llam
 models.linear.Linear after pack(), interleaved in one run, their ratio, and the achieved
 GFLOP/s (or GB/s of weights for one row). Then the start-up calibration of --cpu-linear auto
 (models/linear_dispatch.py) on the same model's layer at these row counts, and from which row
-count it would run torch. Prints the CPU model, its features (CPUID: AVX512-BF16, VNNI, AMX)
+count it would run torch. Where the CPU has AMX-BF16 tiles (and Linux grants them), an `amx`
+column times the same native kernel with every call on tiles, and the calibration too. Prints
+the CPU model, its features (CPUID: AVX512-BF16, VNNI, AMX)
 and the load average: on a shared machine compare the ratios, not the absolute figures.
 """
 
@@ -36,9 +38,14 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
 from pagedserve.core.models.linear import Linear
-from pagedserve.core.models.linear_dispatch import LayerShape, calibrate, torch_from_rows
+from pagedserve.core.models.linear_dispatch import (
+    LayerShape,
+    amx_from_rows,
+    calibrate,
+    torch_from_rows,
+)
 from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
-from pagedserve.core.ops.linear import native_linear_available
+from pagedserve.core.ops.linear import amx_available, native_linear_available
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
 from pagedserve.core.ops.native import core
 
@@ -50,21 +57,6 @@ LAYERS = (
     ("down+residual", 1536, 576, True, False),
     ("lm_head fp32", 576, 49152, False, True),
 )
-
-
-def timed_pair(
-    a: Callable[[], object], b: Callable[[], object], repeats: int
-) -> tuple[float, float]:
-    """Medians in seconds, a and b alternating so that load falls on both alike."""
-    for _ in range(3):
-        a(), b()
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(ta), statistics.median(tb)
 
 
 def torch_call(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, fp32: bool):
@@ -160,6 +152,17 @@ def timed_all(calls: list[Callable[[], object]], repeats: int) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
+def on_tiles(
+    layer: Linear, x: torch.Tensor, res: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """The layer's product with every call on AMX tiles (use_amx(1)), then back to none."""
+    layer.use_amx(1)
+    try:
+        return layer(x, res, out_dtype=out_dtype)
+    finally:
+        layer.use_amx(0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
@@ -181,9 +184,11 @@ def main() -> None:
         quantized_table(args.quantized.split(","), row_counts, args.repeats, args.dequant_bf16)
         print(f"load average after: {os.getloadavg()}")
         return
-    print(
-        f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}  native"
-    )
+    amx = dtype == torch.bfloat16 and amx_available()
+    print("AMX tiles: the native kernel's 'amx' column" if amx else
+          "AMX tiles: none here (no amx_bf16 in CPUID, not granted, or float32): no amx column")  # fmt: skip
+    print(f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}"
+          + (f" {'amx us':>9s} {'amx/native':>10s}" if amx else "") + "  native")  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(dtype)
         w = (torch.randn(n, k) * k**-0.5).to(dtype)
@@ -194,15 +199,19 @@ def main() -> None:
             res = torch.randn(rows, n).to(dtype) if residual else None
             out_dtype = torch.float32 if fp32 else None
             ours = functools.partial(layer, x, res, out_dtype=out_dtype)
+            calls = [torch_call(x, w, res, fp32), ours]
+            if amx:
+                calls.append(functools.partial(on_tiles, layer, x, res, out_dtype))
             repeats = args.repeats if rows * n * k < 2**28 else max(5, args.repeats // 10)
-            theirs, mine = timed_pair(torch_call(x, w, res, fp32), ours, repeats)
+            theirs, mine, *tiles = timed_all(calls, repeats)
             rate = (
                 f"{n * k * w.element_size() / mine / 1e9:.1f} GB/s of weights"
                 if rows == 1
                 else f"{2 * rows * n * k / mine / 1e9:.0f} GFLOP/s"
             )
+            amx_cols = f" {tiles[0] * 1e6:9.0f} {mine / tiles[0]:9.2f}x" if tiles else ""
             print(f"{name:15s} {rows:5d} {theirs * 1e6:9.0f} {mine * 1e6:10.0f} "
-                  f"{theirs / mine:7.2f}x  {rate}")  # fmt: skip
+                  f"{theirs / mine:7.2f}x{amx_cols}  {rate}")  # fmt: skip
     dispatch_table(row_counts, dtype)
     print(f"load average after: {os.getloadavg()}")
 
@@ -212,13 +221,18 @@ def dispatch_table(row_counts: list[int], dtype: torch.dtype) -> None:
     shapes = [LayerShape("qkv", 576, 960), LayerShape("o", 576, 576, residual=True),
               LayerShape("gate_up", 576, 1536, gated=True),
               LayerShape("down", 1536, 576, residual=True)]  # fmt: skip
-    timings = calibrate(shapes, row_counts, dtype, budget_s=float("inf"))
+    amx = dtype == torch.bfloat16 and amx_available()
+    timings = calibrate(shapes, row_counts, dtype, budget_s=float("inf"), amx=amx)
     print("calibration (--cpu-linear auto), one layer's qkv+o+gate_up+down:")
     for t in timings:
+        tiles = f"  amx {t.amx_s * 1e6:9.0f} us ({t.amx_speedup:.2f}x native)" if t.amx_s else ""
         print(f"  {t.rows:5d} rows  native {t.native_s * 1e6:9.0f} us  torch "
-              f"{t.torch_s * 1e6:9.0f} us  native vs torch {t.torch_s / t.native_s:6.2f}x")  # fmt: skip
-    start = torch_from_rows(timings)
+              f"{t.torch_s * 1e6:9.0f} us  native vs torch {t.torch_s / t.native_s:6.2f}x{tiles}")  # fmt: skip
+    start, tiles_from = torch_from_rows(timings), amx_from_rows(timings)
     print(f"  -> torch from {start} rows" if start else "  -> native at every row count")
+    if amx:
+        print(f"  -> AMX tiles from {tiles_from} rows (--no-deterministic)" if tiles_from
+              else "  -> AMX tiles never")  # fmt: skip
 
 
 if __name__ == "__main__":

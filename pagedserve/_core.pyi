@@ -31,6 +31,7 @@ __all__: list[str] = [
     "cpu_features",
     "gated_rows",
     "linear_amx_emulation",
+    "linear_amx_items",
     "linear_amx_supported",
     "linear_bf16",
     "linear_bf16_supported",
@@ -444,6 +445,7 @@ class DecoderStack:
         max_query_len: typing.SupportsInt | typing.SupportsIndex,
         max_seq_len: typing.SupportsInt | typing.SupportsIndex,
         num_threads: typing.SupportsInt | typing.SupportsIndex,
+        amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
@@ -455,6 +457,7 @@ def cpu_features() -> dict[str, bool]:
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...
 def linear_amx_emulation(on: bool) -> None: ...
+def linear_amx_items() -> int: ...
 def linear_amx_supported() -> bool: ...
 def linear_bf16(
     x: typing.SupportsInt | typing.SupportsIndex,

@@ -20,6 +20,7 @@ from typing import Any
 
 from pagedserve import __version__
 from pagedserve.core.config import (
+    CPU_LINEARS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -53,7 +54,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
     (ModelConfig, "quantization", {"choices": ["auto", "none"]}),
-    (ModelConfig, "cpu_linear", {"choices": ["auto", "native", "torch"]}),
+    (ModelConfig, "cpu_linear", {"choices": list(CPU_LINEARS)}),
     (ModelConfig, "device", {}),
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),

@@ -69,6 +69,7 @@ void bind_linear(py::module_& m) {
     m.def("linear_items_taken_over", &pagedserve::linear_items_taken_over);
     m.def("linear_amx_supported", &pagedserve::linear_amx_supported);
     m.def("linear_amx_emulation", &pagedserve::linear_amx_emulation, py::arg("on"));
+    m.def("linear_amx_items", &pagedserve::linear_amx_items);
     m.def("packed_linear_elements", &pagedserve::packed_linear_elements, py::arg("n"),
           py::arg("k"));
     m.def("pack_linear_weight_bf16", &pack, py::arg("weight"), py::arg("n"), py::arg("k"),

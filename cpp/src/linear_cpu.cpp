@@ -147,4 +147,6 @@ bool linear_amx_supported() {
 
 void linear_amx_emulation(bool on) { emulate_amx.store(on, std::memory_order_relaxed); }
 
+std::int64_t linear_amx_items() { return amx_items_run.load(std::memory_order_relaxed); }
+
 }  // namespace pagedserve

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -45,6 +46,8 @@ inline constexpr std::int64_t kTileRows = 16;      // rows of an A or C tile
 inline constexpr std::int64_t kTileBytes = 64;     // bytes of a tile row
 inline constexpr std::int64_t kTilePairs = 16;     // feature pairs per A / B tile (32 features)
 inline constexpr std::int64_t kBlockRows = 2 * kTileRows;
+
+inline std::atomic<std::int64_t> amx_items_run{0};  // see linear_amx_items()
 
 // Registers: C[i][j] = 2i + j accumulates rows 16i.. x columns 16j..; A[i] = 4 + i; B[j] = 6 + j.
 inline constexpr int kA0 = 4, kB0 = 6;
@@ -178,6 +181,7 @@ struct AmxItems {
             }
         }
         tiles.release();
+        amx_items_run.fetch_add(1, std::memory_order_relaxed);
     }
 
 private:

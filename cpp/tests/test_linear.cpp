@@ -271,7 +271,9 @@ TEST(linear_amx_threshold_picks_the_path_by_rows) {
         }
     });
     linear_amx_emulation(true);
+    const std::int64_t items = linear_amx_items();
     CHECK(product(40, 64, 576, 1, 1) != product(40, 64, 576, 0, 1));
+    CHECK(linear_amx_items() > items);  // its items ran on tiles
     linear_amx_emulation(false);
     LinearArgs bad;
     std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);

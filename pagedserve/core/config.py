@@ -14,7 +14,7 @@ from functools import cache
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
-CPU_LINEARS = ("auto", "native", "torch")
+CPU_LINEARS = ("auto", "native", "amx", "torch")
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,13 @@ class ModelConfig:
 
     cpu_linear: str = "auto"
     """Dense bf16/fp32 linear layers on the CPU: native (the packed AVX512-BF16 kernel at
-    every row count), torch (torch's matmul, oneDNN, AMX where the CPU has it, at every row
-    count; not batch-invariant, so it needs --no-deterministic) or auto: a start-up
-    calibration over the model's own layer shapes picks, by a step's row count, the faster
-    one; with --deterministic batched steps stay native and the log says what torch would
-    gain. GGUF weights kept quantized always run their native kernels."""
+    every row count), amx (the same kernel on AMX-BF16 tiles at every row count; bf16 on a CPU
+    with AMX), torch (torch's matmul, oneDNN, AMX where the CPU has it, at every row count; not
+    batch-invariant, so it needs --no-deterministic) or auto: a start-up calibration over the
+    model's own layer shapes picks, by a step's row count, the fastest; with --deterministic
+    batched steps stay on the native kernel (AMX tiles at every row count where they pay) and
+    the log says what the rest would gain. GGUF weights kept quantized always run their native
+    kernels."""
 
     def __post_init__(self) -> None:
         if self.cpu_linear not in CPU_LINEARS:

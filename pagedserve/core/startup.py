@@ -25,12 +25,17 @@ from pagedserve.core.model_runner import ModelRunner
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
-from pagedserve.core.models.linear_dispatch import DispatchInputs, plan_dispatch
+from pagedserve.core.models.linear_dispatch import (
+    DispatchInputs,
+    amx_agrees_with_avx512,
+    plan_dispatch,
+)
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.models.tensor_parallel import check_divisible
+from pagedserve.core.ops.linear import amx_available
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
 
@@ -210,6 +215,7 @@ def pack_for_dispatch(
     dispatch = plan_dispatch(mc.cpu_linear, mc.deterministic, inputs)
     model.pack_weights(keep_unpacked=dispatch.keeps_weights)
     kept = model.route_linears(dispatch.torch_from)
+    model.use_amx(dispatch.amx_from)
     logger.info(
         "%s (decided in %.2f s)%s",
         dispatch.summary,
@@ -252,14 +258,17 @@ def is_batch_invariant(
     --cpu-linear) or on the quantized one and the native CPU attention
     with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
     without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
-    kernels (whose decode splits long contexts) are not."""
+    kernels (whose decode splits long contexts) are not. The native kernel's AMX tiles keep it
+    at every row count or none, or from a row count where they round as AVX512-BF16 does."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    thresholds = [m.amx_from for m in linears if m.amx_from > 1]
     quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
     return (
         device.type == "cpu"
         and attention.batch_invariant
         and (bool(linears) or quantized)
         and all(m.packed is not None and m.torch_from is None for m in linears)
+        and (not thresholds or not amx_available() or amx_agrees_with_avx512())
     )
 
 

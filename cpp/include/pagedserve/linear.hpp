@@ -72,6 +72,10 @@ bool linear_amx_supported();
 // Intel SDM's pseudo-code (slow; same blocking, tails and epilogue), on any CPU with AVX512-BF16.
 void linear_amx_emulation(bool on);
 
+// Work items linear_bf16 ran on AMX tiles (the hardware's or emulated) since the process
+// started: for tests and benchmarks, as linear_items_taken_over().
+std::int64_t linear_amx_items();
+
 // Work items (a panel of tiles x a chunk of rows) that a thread ran from a peer's share since the
 // process started, over every CPU linear kernel: a thread that finishes its own share runs what a
 // preempted peer has not started yet (linear_cpu_driver.hpp). For tests and benchmarks.

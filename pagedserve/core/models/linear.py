@@ -18,7 +18,8 @@ while the native kernels sum every output over k in order whatever the rows. Any
 
 A packed layer may also keep its [out, in] weight and take torch's matmul from `torch_from`
 rows on (route(); models/linear_dispatch.py measures where that pays, e.g. oneDNN's AMX tiles on
-Intel CPUs for batched products): fewer rows stay on the native kernel.
+Intel CPUs for batched products): fewer rows stay on the native kernel. On a CPU with AMX-BF16
+the native bf16 kernel itself runs calls of at least `amx_from` rows on AMX tiles (use_amx()).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class PackableLinear(nn.Module):
         self.register_buffer("packed", None, persistent=False)  # set by pack()
         self.torch_from: int | None = None
         """Rows from which a packed layer runs torch's matmul on its kept weight (route())."""
+        self.amx_from = 0
+        """Rows from which the native bf16 kernel runs on AMX tiles (0: never; use_amx())."""
 
     def weight_bytes(self) -> int:
         """Bytes one product reads from the weights (the packed copy once packed)."""
@@ -62,6 +65,8 @@ class PackableLinear(nn.Module):
         kind = f"packed {self.packed.dtype}" if self.packed is not None else "torch"
         if self.packed is not None and self.torch_from is not None:
             kind += f", torch from {self.torch_from} rows"
+        if self.packed is not None and self.amx_from:
+            kind += f", amx from {self.amx_from} rows"
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, {kind}"
 
     def route(self, torch_from: int | None) -> None:
@@ -70,6 +75,12 @@ class PackableLinear(nn.Module):
         require(torch_from is None or (self.weight is not None and torch_from >= 1),
                  "route: torch_from {} needs the weight kept at pack()", torch_from)  # fmt: skip
         self.torch_from = torch_from
+
+    def use_amx(self, from_rows: int) -> None:
+        """Native bf16 products of at least `from_rows` rows run on AMX tiles where the CPU
+        grants them (ops/linear.py's packed_linear; 0: never, 1: every call)."""
+        require(from_rows >= 0, "use_amx: from_rows must be >= 0, got {}", from_rows)
+        self.amx_from = from_rows
 
     def _runs_native(self, x: torch.Tensor) -> bool:
         return self.packed is not None and (self.torch_from is None or x.shape[0] < self.torch_from)
@@ -128,7 +139,7 @@ class Linear(PackableLinear):
         if residual is not None and residual.dim() == 2 and residual.stride(1) != 1:
             residual = residual.contiguous()
         out = torch.empty((x.shape[0], self.out_features), dtype=out_dtype, device=x.device)
-        packed_linear(out, x, self.packed, self.bias, residual)
+        packed_linear(out, x, self.packed, self.bias, residual, self.amx_from)
         return out
 
 
@@ -160,7 +171,7 @@ class GateUpLinear(PackableLinear):
             return layer_ops.silu_and_mul(F.linear(x, self.weight))
         x = self._check_features(x)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype, device=x.device)
-        packed_gated_linear(out, x, self.packed)
+        packed_gated_linear(out, x, self.packed, self.amx_from)
         return out
 
     def _plain_product(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
@@ -169,5 +180,5 @@ class GateUpLinear(PackableLinear):
             return F.linear(x, self.weight)
         x = self._check_features(x)
         out = torch.empty((x.shape[0], 2 * self.width), dtype=x.dtype, device=x.device)
-        packed_linear(out, x, self.packed, None, None)
+        packed_linear(out, x, self.packed, None, None, self.amx_from)
         return out

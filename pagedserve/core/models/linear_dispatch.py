@@ -1,10 +1,12 @@
-"""Which CPU linear path runs a step: the native packed kernel or torch's matmul (oneDNN, which
-takes AMX tiles where the CPU has them), chosen by the step's row count from a measurement.
+"""Which CPU linear path runs a step: the native packed kernel (on AVX512-BF16, or on AMX-BF16
+tiles where the CPU has them) or torch's matmul (oneDNN, which also takes AMX tiles), chosen by
+the step's row count from a measurement.
 
     timings = calibrate(layer_shapes(arch), rows, dtype)   # medians, the model's own shapes
-    torch_from_rows(timings)                                # pure: from which rows torch wins
+    torch_from_rows(timings), amx_from_rows(timings)        # pure: from which rows each wins
     dispatch = plan_dispatch(mode, deterministic, ...)      # what runs, and why (describe())
     model.route_linears(dispatch.torch_from)                # llama.py: per-layer path there
+    model.use_amx(dispatch.amx_from)                        # the native kernel's AMX tiles
 
 The calibration times one decoder layer's four dense projections (qkv, o with its residual,
 gate_up with SiLU-and-mul, down with its residual), each as models/linear.py runs it and each
@@ -19,6 +21,13 @@ many runs the layers one by one with torch linears (lm_head stays native: its fp
 Torch is not batch-invariant: with --deterministic batched steps stay native and the summary
 says what torch would have gained. Figures: bench/linear.py and bench/RESULTS.md (on Zen 4
 native wins at every row count; on Intel AMX CPUs oneDNN is 4-10x faster from 64 rows).
+
+Where the native kernel may use AMX tiles (ops/linear.py's amx_available), the calibration
+times it on them too (amx_s), one row included, and the AMX path is taken from the least row
+count from which it beats AVX512-BF16 by AMX_MARGIN at every larger count. Tiles and AVX512-BF16
+may round a sum differently (linear_cpu_amx.hpp), so with --deterministic a threshold is kept
+only where amx_agrees_with_avx512() on this CPU; otherwise every call runs on tiles (threshold 1)
+if they cost one row at most AMX_ONE_ROW_SLACK more, else none does.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -36,7 +45,13 @@ from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.cpu_features import cpu_features
-from pagedserve.core.ops.linear import PACKABLE_DTYPES, native_linear_available
+from pagedserve.core.ops.linear import (
+    PACKABLE_DTYPES,
+    amx_available,
+    native_linear_available,
+    pack_weight,
+    packed_linear,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +63,12 @@ ROWS = (16, 64, 256)
 """Row counts calibrated below the step's token budget (which is measured too, up to
 MAX_ROWS: larger steps take the largest measured count's answer)."""
 MAX_ROWS = 1024
+AMX_MARGIN = 0.10
+"""The native kernel's AMX tiles must be this much faster than its AVX512-BF16 path (10 %): the
+same kernel, the same epilogue, so a smaller margin than torch's."""
+AMX_ONE_ROW_SLACK = 0.10
+"""--deterministic without a bit-identical threshold: AMX at every row count only if one row
+(a lone request's decode step) costs at most this much more on tiles."""
 REPS = (3, 7)
 """Timed calls per path and row count: at least 3, up to 7 while ROW_TIME_S allows."""
 ROW_TIME_S = 0.25
@@ -71,10 +92,20 @@ class Timing:
     rows: int
     native_s: float
     torch_s: float
+    amx_s: float | None = None
+    """The native kernel on AMX tiles (None: not measured, no AMX here)."""
+
+    @property
+    def best_native_s(self) -> float:
+        return self.native_s if self.amx_s is None else min(self.native_s, self.amx_s)
 
     @property
     def torch_speedup(self) -> float:
-        return self.native_s / self.torch_s
+        return self.best_native_s / self.torch_s
+
+    @property
+    def amx_speedup(self) -> float:
+        return self.native_s / self.amx_s if self.amx_s else 0.0
 
 
 def layer_shapes(arch: ArchConfig) -> list[LayerShape]:
@@ -89,28 +120,62 @@ def layer_shapes(arch: ArchConfig) -> list[LayerShape]:
 
 
 def torch_from_rows(timings: Sequence[Timing], margin: float = MARGIN) -> int | None:
-    """The least measured row count from which torch beats native by `margin` at every larger
-    measured count too; None (never) when native holds at the largest."""
+    """The least measured row count from which torch beats native (its faster path) by
+    `margin` at every larger measured count too; None (never) when native holds at the
+    largest."""
+    return _wins_from(timings, lambda t: t.torch_s * (1 + margin) < t.best_native_s)
+
+
+def amx_from_rows(timings: Sequence[Timing], margin: float = AMX_MARGIN) -> int | None:
+    """Likewise for the native kernel on AMX tiles against its AVX512-BF16 path."""
+    return _wins_from(
+        timings, lambda t: t.amx_s is not None and t.amx_s * (1 + margin) < t.native_s
+    )
+
+
+def _wins_from(timings: Sequence[Timing], wins: Callable[[Timing], bool]) -> int | None:
     result = None
     for t in sorted(timings, key=lambda t: t.rows, reverse=True):
-        if t.torch_s * (1 + margin) >= t.native_s:
+        if not wins(t):
             break
         result = t.rows
     return result
 
 
-def _pair(shape: LayerShape, dtype: torch.dtype) -> tuple[PackableLinear, PackableLinear] | None:
-    """(native, torch) layers of this shape on one random weight; None where it cannot pack."""
-    layers = [
+@cache
+def amx_agrees_with_avx512() -> bool:
+    """Whether the native kernel's AMX tiles give every sum of a [64, 576] x [576, 256] product
+    (random bf16, fp32 out) bit for bit as its AVX512-BF16 path does on this CPU: then a row
+    threshold between them keeps batch invariance. False where there are no tiles."""
+    if not amx_available():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 576, generator=gen).to(torch.bfloat16)
+    packed = pack_weight(torch.randn(256, 576, generator=gen).to(torch.bfloat16))
+    outs = [torch.empty(64, 256) for _ in range(2)]
+    for out, amx_from in zip(outs, (0, 1), strict=True):
+        packed_linear(out, x, packed, None, None, amx_from)
+    return torch.equal(outs[0], outs[1])
+
+
+def _layers(shape: LayerShape, dtype: torch.dtype, amx: bool) -> list[PackableLinear] | None:
+    """[native, torch] layers of this shape on one random weight, and native on AMX tiles if
+    `amx`; None where it cannot pack."""
+    layers: list[PackableLinear] = [
         GateUpLinear(shape.in_features, shape.out_features)
         if shape.gated
         else Linear(shape.in_features, shape.out_features)
-        for _ in range(2)
+        for _ in range(3 if amx else 2)
     ]
     weight = torch.randn(layers[0].out_features, shape.in_features).mul_(0.05).to(dtype)
-    for layer in layers:  # both share the one tensor
+    for layer in layers:  # all share the one tensor
         layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-    return (layers[0], layers[1]) if layers[0].pack() else None
+    if not layers[0].pack():
+        return None
+    if amx:
+        layers[2].pack()
+        layers[2].use_amx(1)
+    return layers
 
 
 def _runner(layer: PackableLinear, shape: LayerShape, x: torch.Tensor) -> Callable[[], object]:
@@ -132,21 +197,20 @@ def _layer(runs: Sequence[Callable[[], object]]) -> Callable[[], None]:
     return run
 
 
-def _median_pair(
-    a: Callable[[], object], b: Callable[[], object], reps: tuple[int, int]
-) -> tuple[float, ...]:
-    """Medians in seconds of a and b, alternating after one warm-up call each."""
-    a(), b()
-    times: tuple[list[float], list[float]] = ([], [])
+def _medians(fns: Sequence[Callable[[], object]], reps: tuple[int, int]) -> list[float]:
+    """Medians in seconds of each of fns, taking turns after one warm-up call each."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
     while len(times[0]) < reps[0] or (
         len(times[0]) < reps[1] and time.perf_counter() - start < ROW_TIME_S
     ):
-        for fn, out in ((a, times[0]), (b, times[1])):
+        for fn, out in zip(fns, times, strict=True):
             begin = time.perf_counter()
             fn()
             out.append(time.perf_counter() - begin)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return [statistics.median(t) for t in times]
 
 
 @torch.inference_mode()
@@ -156,40 +220,48 @@ def calibrate(
     dtype: torch.dtype,
     reps: tuple[int, int] = REPS,
     budget_s: float = BUDGET_S,
+    amx: bool = False,
 ) -> list[Timing]:
-    """Native vs torch over one layer's projections run back to back, at each row count
-    (ascending); row counts after the budget is spent are skipped (the log names what was
-    measured). Empty where the native kernel does not take `dtype` on this CPU."""
-    pairs = [_pair(shape, dtype) for shape in shapes]
-    if any(p is None for p in pairs):
+    """Native vs torch (and native on AMX tiles if `amx`) over one layer's projections run
+    back to back, at each row count (ascending); row counts after the budget is spent are
+    skipped (the log names what was measured). Empty where the native kernel does not take
+    `dtype` on this CPU."""
+    layers = [_layers(shape, dtype, amx) for shape in shapes]
+    if any(ls is None for ls in layers):
         return []
     start, timings = time.perf_counter(), list[Timing]()
     for m in sorted(set(rows)):
         if timings and time.perf_counter() - start > budget_s:
             break
-        runs: tuple[list[Callable[[], object]], list[Callable[[], object]]] = ([], [])
-        for shape, pair in zip(shapes, pairs, strict=True):
-            assert pair is not None
+        runs: list[list[Callable[[], object]]] = [[] for _ in range(3 if amx else 2)]
+        for shape, shape_layers in zip(shapes, layers, strict=True):
+            assert shape_layers is not None
             x = torch.randn(m, shape.in_features).to(dtype)
-            runs[0].append(_runner(pair[0], shape, x))
-            runs[1].append(_runner(pair[1], shape, x))
-        native_s, torch_s = _median_pair(_layer(runs[0]), _layer(runs[1]), reps)
-        timings.append(Timing(m, native_s, torch_s))
+            for path, layer in zip(runs, shape_layers, strict=True):
+                path.append(_runner(layer, shape, x))
+        native_s, torch_s, *amx_s = _medians([_layer(r) for r in runs], reps)
+        timings.append(Timing(m, native_s, torch_s, amx_s[0] if amx_s else None))
     return timings
 
 
 @cache
 def measure_layer(
-    shapes: tuple[LayerShape, ...], rows: tuple[int, ...], dtype: torch.dtype, threads: int
+    shapes: tuple[LayerShape, ...],
+    rows: tuple[int, ...],
+    dtype: torch.dtype,
+    threads: int,
+    amx: bool = False,
 ) -> tuple[Timing, ...]:
-    """calibrate(), once per process for each shape, row counts, dtype and thread count: an
-    engine built again (tests, LLM objects) reuses the figures."""
-    return tuple(calibrate(shapes, rows, dtype))
+    """calibrate(), once per process for each shape, row counts, dtype, thread count and AMX
+    choice: an engine built again (tests, LLM objects) reuses the figures."""
+    return tuple(calibrate(shapes, rows, dtype, amx=amx))
 
 
-def calibration_rows(max_num_batched_tokens: int) -> list[int]:
+def calibration_rows(max_num_batched_tokens: int, amx: bool = False) -> list[int]:
+    """ROWS below the step's budget and the budget (at most MAX_ROWS); one row too with AMX (a
+    lone request's decode step, for --deterministic's all-or-nothing choice)."""
     top = min(max_num_batched_tokens, MAX_ROWS)
-    return sorted({r for r in ROWS if r < top} | {top})
+    return sorted({r for r in ROWS if r < top} | {top} | ({1} if amx else set()))
 
 
 @dataclass(frozen=True)
@@ -199,6 +271,8 @@ class LinearDispatch:
     summary: str
     """What runs the linears and why (the start-up line, /v1/models' `weights`)."""
     timings: tuple[Timing, ...] = ()
+    amx_from: int = 0
+    """Rows from which the native bf16 kernel runs on AMX tiles (0: never; 1: every call)."""
 
     @property
     def keeps_weights(self) -> bool:
@@ -220,17 +294,22 @@ class DispatchInputs:
     """Every decoder layer has its four dense projections (no experts): they can run torch."""
 
 
-def _fixed(reason: str) -> LinearDispatch:
-    return LinearDispatch(None, f"{reason}; cpu: {cpu_features().describe()}")
-
-
 def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> LinearDispatch:
-    """The CPU linear path for ModelConfig.cpu_linear `mode` (auto, native, torch); auto
+    """The CPU linear path for ModelConfig.cpu_linear `mode` (auto, native, amx, torch); auto
     measures (measure_layer: tests put timings there)."""
     if inputs.quantized:
         return _fixed("linears: GGUF blocks on their native quantized kernels")
     if inputs.dtype not in PACKABLE_DTYPES or not native_linear_available():
         return _fixed("linears: torch (no native kernel for this dtype on this CPU)")
+    amx = inputs.dtype == torch.bfloat16 and amx_available()
+    if mode == "amx":
+        if not amx:
+            raise ValueError(
+                "cpu_linear 'amx' needs bfloat16 weights and a CPU with AMX-BF16 tiles that "
+                f"Linux grants this process (dtype {inputs.dtype}; cpu: "
+                f"{cpu_features().describe()})"
+            )
+        return _fixed("linears: native on AMX tiles at every row count (cpu_linear amx)", 1)
     if inputs.tensor_parallel or not inputs.dense:
         why = "tensor parallel" if inputs.tensor_parallel else "experts"
         return _fixed(f"linears: native ({why}: no torch dispatch)")
@@ -239,19 +318,48 @@ def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> Lin
     if mode == "torch":
         return LinearDispatch(1, f"linears: torch at every row count (cpu_linear torch); "
                                  f"cpu: {cpu_features().describe()}")  # fmt: skip
-    rows = calibration_rows(inputs.max_num_batched_tokens)
+    rows = calibration_rows(inputs.max_num_batched_tokens, amx)
     shapes = tuple(layer_shapes(inputs.arch))
-    timings = tuple(measure_layer(shapes, tuple(rows), inputs.dtype, torch.get_num_threads()))
-    logger.info("linear calibration, one layer's qkv+o+gate_up+down, native vs torch: %s",
-                "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.torch_s * 1e3:.3f} ms"
+    timings = tuple(measure_layer(shapes, tuple(rows), inputs.dtype, torch.get_num_threads(), amx))
+    logger.info("linear calibration, one layer's qkv+o+gate_up+down, native vs torch%s: %s",
+                " vs native on AMX tiles" if amx else "",
+                "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.torch_s * 1e3:.3f}"
+                          + (f" vs {t.amx_s * 1e3:.3f}" if t.amx_s is not None else "") + " ms"
                           for t in timings))  # fmt: skip
-    return _decide(torch_from_rows(timings), timings, deterministic)
+    amx_from, amx_note = _amx_choice(timings, deterministic)
+    dispatch = _decide(torch_from_rows(timings), timings, deterministic, amx_note)
+    return replace(dispatch, amx_from=amx_from)
+
+
+def _fixed(reason: str, amx_from: int = 0) -> LinearDispatch:
+    return LinearDispatch(None, f"{reason}; cpu: {cpu_features().describe()}", amx_from=amx_from)
+
+
+def _amx_choice(timings: Sequence[Timing], deterministic: bool) -> tuple[int, str]:
+    """(amx_from, what the summary says of it; "" where the tiles were not measured)."""
+    measured = [t for t in timings if t.amx_s is not None]
+    if not measured:
+        return 0, ""
+    start = amx_from_rows(measured)
+    if start is None:
+        best = max(t.amx_speedup for t in measured)
+        return 0, f"AMX tiles not taken (at best {best:.2f}x of AVX512-BF16)"
+    gain = max(t.amx_speedup for t in measured if t.rows >= start)
+    if start == 1 or not deterministic or amx_agrees_with_avx512():
+        return start, f"AMX tiles from {start} rows (up to {gain:.2f}x AVX512-BF16)"
+    one = next((t for t in measured if t.rows == 1), None)
+    if one is not None and one.amx_s is not None:
+        if one.amx_s <= one.native_s * (1 + AMX_ONE_ROW_SLACK):
+            return 1, (f"AMX tiles at every row count (deterministic: they round unlike "
+                       f"AVX512-BF16; up to {gain:.2f}x it, one row {one.amx_speedup:.2f}x)")  # fmt: skip
+    return 0, (f"AVX512-BF16 at every row count (deterministic: AMX tiles would be up to "
+               f"{gain:.2f}x faster from {start} rows, --no-deterministic takes them)")  # fmt: skip
 
 
 def _decide(
-    torch_from: int | None, timings: tuple[Timing, ...], deterministic: bool
+    torch_from: int | None, timings: tuple[Timing, ...], deterministic: bool, amx_note: str = ""
 ) -> LinearDispatch:
-    cpu = cpu_features().describe()
+    cpu = cpu_features().describe() + (f"; native kernel: {amx_note}" if amx_note else "")
     if torch_from is None:
         best = max((t.torch_speedup for t in timings), default=0.0)
         measured = f"torch at best {best:.2f}x of native" if timings else "not measured"

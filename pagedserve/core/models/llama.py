@@ -186,6 +186,7 @@ class LlamaForCausalLM(nn.Module):
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
         self.quantization = ""  # what runs the linears kept quantized (models/quantized.py)
         self.torch_from: int | None = None  # route_linears(): rows from which torch runs them
+        self.amx_from = 0  # use_amx(): rows from which the native bf16 kernel takes AMX tiles
         self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
 
     def tie_weights(self) -> None:
@@ -202,7 +203,19 @@ class LlamaForCausalLM(nn.Module):
         packed = sum(m.pack(keep_weight=id(m) in kept) for m in self.modules()
                       if isinstance(m, PackableLinear))  # fmt: skip
         self.stack = DecoderStack.build(self.decoder_layers())
+        self.use_amx(self.amx_from)
         return packed
+
+    def use_amx(self, from_rows: int) -> None:
+        """Native bf16 products of at least `from_rows` rows (0: never, 1: every one) run on
+        AMX tiles where the CPU grants them: every packed layer's, lm_head's and the decoder
+        stack's (models/linear_dispatch.py decides)."""
+        for m in self.modules():
+            if isinstance(m, PackableLinear):
+                m.use_amx(from_rows)
+        if self.stack is not None:
+            self.stack.amx_from_rows = from_rows
+        self.amx_from = from_rows
 
     def dense_projections(self) -> list[PackableLinear]:
         """Every decoder layer's dense projections (qkv, o, gate_up, down); [] unless every

@@ -52,6 +52,9 @@ class NativeDecoderStack:
         self._owner, self._num_layers = owner, len(layers)
         self.hidden_size, self.head_size = shape.hidden_size, shape.head_size
         self.num_kv_heads, self.batch_invariant = shape.num_kv_heads, shape.batch_invariant
+        self.amx_from_rows = 0
+        """Steps of at least this many tokens run the bf16 projections on AMX tiles (0: never;
+        ops/linear.py's packed_linear)."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
@@ -84,6 +87,7 @@ class NativeDecoderStack:
             max_query_len=meta.max_query_len,
             max_seq_len=meta.max_seq_len,
             num_threads=torch.get_num_threads(),
+            amx_from_rows=self.amx_from_rows,
         )
         return hidden
 

@@ -5,6 +5,7 @@ and their fp32 twin (a fixed order of summation over k whatever the rows: batch-
     packed_linear(out, x, packed, bias, residual)   out = x W^T (+ bias) (+ residual)
     packed = pack_gated_weight(weight, width)       gate/up [2 width, k], interleaved by 16
     packed_gated_linear(out, x, packed)             out = silu(x W_gate^T) * (x W_up^T)
+    packed_linear(..., amx_from_rows=64)            bf16 calls of >= 64 rows on AMX tiles
 
 Both products are NativeOps (ops/base.py). models/linear.py holds the layers that use them.
 """
@@ -88,6 +89,16 @@ def _check_x(x: torch.Tensor, packed: torch.Tensor) -> None:
              tuple(x.shape), x.device)  # fmt: skip
 
 
+def _check_amx(amx_from_rows: int) -> None:
+    require(amx_from_rows >= 0, "amx_from_rows must be >= 0 (0: never), got {}", amx_from_rows)
+
+
+def amx_available() -> bool:
+    """packed_linear's amx_from_rows takes effect: bf16 products may run on AMX-BF16 tiles (the
+    CPU has them and Linux granted them, or _core.linear_amx_emulation is on: tests)."""
+    return bool(_core.linear_amx_supported())
+
+
 def _packed_size(packed: torch.Tensor, n: int, k: int) -> int:
     require(packed.dtype in _KERNELS, "packed must be bfloat16 or float32, got {}", packed.dtype)
     return int(_KERNELS[packed.dtype].elements(n, k))
@@ -99,10 +110,12 @@ def _check(
     packed: torch.Tensor,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
+    amx_from_rows: int = 0,
 ) -> None:
     """x [m, k] in packed's dtype (bf16 or fp32), CPU; out [m, n] bf16 or fp32 (fp32 only for
     an fp32 weight); rows contiguous in their last dim."""
     _check_x(x, packed)
+    _check_amx(amx_from_rows)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu",
              "out must be [{}, n] on cpu, got {}", x.shape[0], tuple(out.shape))  # fmt: skip
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
@@ -125,6 +138,7 @@ def _run(
     residual: torch.Tensor | None,
     n: int,
     gated_width: int,
+    amx_from_rows: int,
 ) -> None:
     bias_ptr = 0 if bias is None else bias.data_ptr()
     res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
@@ -136,7 +150,7 @@ def _run(
     else:
         _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
                           res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
-                          m, n, k, gated_width, threads)  # fmt: skip
+                          m, n, k, gated_width, threads, amx_from_rows)  # fmt: skip
 
 
 def packed_linear_eager(
@@ -145,18 +159,22 @@ def packed_linear_eager(
     packed: torch.Tensor,  # Linear.pack()'s buffer for an [n, k] weight
     bias: torch.Tensor | None,  # [n], x's dtype
     residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
+    amx_from_rows: int = 0,  # bf16: calls of at least this many rows on AMX tiles (0: never)
 ) -> None:
     """out = x W^T (+ bias) (+ residual): packed_linear's body."""
-    _check(out, x, packed, bias, residual)
-    _run(out, x, packed, bias, residual, out.shape[1], 0)
+    _check(out, x, packed, bias, residual, amx_from_rows)
+    _run(out, x, packed, bias, residual, out.shape[1], 0, amx_from_rows)
 
 
 packed_linear = NativeOp.declare("packed_linear", packed_linear_eager, _check, mutates=("out",))
 
 
-def _check_gated(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor) -> None:
+def _check_gated(
+    out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, amx_from_rows: int = 0
+) -> None:
     """x [m, k] CPU in packed's dtype; out [m, width] likewise; packed: GateUpLinear's buffer."""
     _check_x(x, packed)
+    _check_amx(amx_from_rows)
     require(out.dim() == 2 and out.shape[0] == x.shape[0] and out.device.type == "cpu"
              and out.dtype == x.dtype,
              "out must be [{}, width] {} on cpu, got {} {}", x.shape[0], x.dtype, out.dtype,
@@ -175,11 +193,12 @@ def packed_gated_linear_eager(
     out: torch.Tensor,  # [m, width], x's dtype
     x: torch.Tensor,  # [m, k] bf16 or fp32
     packed: torch.Tensor,  # GateUpLinear.pack()'s buffer
+    amx_from_rows: int = 0,  # as packed_linear's
 ) -> None:
     """out = silu(x W_gate^T) * (x W_up^T): packed_gated_linear's body."""
-    _check_gated(out, x, packed)
+    _check_gated(out, x, packed, amx_from_rows)
     width = out.shape[1]
-    _run(out, x, packed, None, None, _core.gated_rows(width), width)
+    _run(out, x, packed, None, None, _core.gated_rows(width), width, amx_from_rows)
 
 
 packed_gated_linear = NativeOp.declare(

@@ -23,8 +23,6 @@ from pagedserve.core.models.linear_dispatch import (
 )
 from pagedserve.core.ops.cpu_features import cpu_features
 from pagedserve.core.ops.linear import native_linear_available
-from tests.tiny_models import write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe
 
 needs_native = pytest.mark.skipif(
     not native_linear_available(), reason="the native linear kernel needs AVX512-BF16"
@@ -71,24 +69,15 @@ def test_calibration_rows_follow_the_token_budget() -> None:
     assert linear_dispatch.calibration_rows(512) == [16, 64, 256, 512]
     assert linear_dispatch.calibration_rows(16) == [16]
     assert linear_dispatch.calibration_rows(8192) == [16, 64, 256, 1024]
+    assert linear_dispatch.calibration_rows(512, amx=True) == [1, 16, 64, 256, 512]
 
 
 def test_config_checks_cpu_linear() -> None:
     with pytest.raises(ValueError, match="cpu_linear must be one of"):
-        ModelConfig(cpu_linear="amx")
+        ModelConfig(cpu_linear="tiles")
     with pytest.raises(ValueError, match="cpu_linear 'torch' is not batch-invariant"):
         ModelConfig(cpu_linear="torch")
     assert ModelConfig(cpu_linear="torch", deterministic=False).cpu_linear == "torch"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("dispatch") / "model"
-    write_tiny_bpe(folder)
-    write_hf_model(folder, "llama", seed=3, vocab_size=len(AutoTokenizer.from_pretrained(folder)))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +163,7 @@ def prefer_torch(monkeypatch: pytest.MonkeyPatch, from_rows: int) -> list[list[i
     counts each calibration was asked for."""
     asked: list[list[int]] = []
 
-    def measure(shapes, rows, dtype, threads):
+    def measure(shapes, rows, dtype, threads, amx=False):
         asked.append(list(rows))
         return [Timing(r, 4.0, 1.0 if r >= from_rows else 8.0) for r in rows]
 

@@ -1,0 +1,189 @@
+"""The native bf16 kernel's AMX tiles as the engine uses them (cpp/src/linear_cpu_amx.hpp,
+models/linear_dispatch.py): the choice on given timings, with --deterministic and without; the
+op on tiles against its AVX512-BF16 path; a whole engine on tiles (cpu_linear amx). On a CPU
+without AMX the tiles are the kernel's software emulation of the SDM's pseudo-code (same
+blocking, tails and epilogue); where the CPU has AMX the op tests run on its tiles too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.core.models import linear_dispatch
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.linear_dispatch import (
+    DispatchInputs,
+    Timing,
+    amx_agrees_with_avx512,
+    amx_from_rows,
+    plan_dispatch,
+)
+from pagedserve.core.models.registry import read_arch
+from pagedserve.core.models.resolve import resolve_model
+from pagedserve.core.ops.linear import (
+    amx_available,
+    native_linear_available,
+    pack_gated_weight,
+    pack_weight,
+    packed_gated_linear,
+    packed_linear,
+)
+from pagedserve.core.ops.native import core
+
+pytestmark = pytest.mark.skipif(
+    not native_linear_available(), reason="the native linear kernel needs AVX512-BF16"
+)
+HARDWARE = amx_available()  # before any test turns the emulation on
+PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture
+def emulated() -> Iterator[None]:
+    core.linear_amx_emulation(True)
+    amx_agrees_with_avx512.cache_clear()
+    try:
+        yield
+    finally:
+        core.linear_amx_emulation(False)
+        amx_agrees_with_avx512.cache_clear()
+
+
+@pytest.fixture(params=["emulated", "hardware"])
+def tiles(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each kind of tile this machine has: the emulation everywhere, the CPU's own with AMX."""
+    if request.param == "hardware":
+        if not HARDWARE:
+            pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant them)")
+        yield "hardware"
+        return
+    core.linear_amx_emulation(True)
+    try:
+        yield "emulated"
+    finally:
+        core.linear_amx_emulation(False)
+
+
+@pytest.fixture(scope="module")
+def arch(tiny_model: Path) -> ArchConfig:
+    return read_arch(resolve_model(str(tiny_model)))
+
+
+def test_amx_from_rows_on_given_timings() -> None:
+    def t(rows: int, native: float, amx: float | None) -> Timing:
+        return Timing(rows, native, 100.0, amx)
+
+    assert amx_from_rows([t(16, 1, None), t(64, 4, None)]) is None  # not measured
+    assert amx_from_rows([t(1, 1, 2), t(16, 2, 1.5), t(64, 4, 1)]) == 16
+    assert amx_from_rows([t(1, 1, 2), t(16, 2, 1.9), t(64, 4, 1)]) == 64  # inside the margin
+    assert amx_from_rows([t(1, 1, 0.5), t(64, 4, 1)]) == 1
+    assert amx_from_rows([t(64, 4, 1), t(256, 8, 9)]) is None  # must hold up to the largest
+    # torch is measured against the faster native path.
+    assert Timing(64, 4.0, 2.0, 1.0).torch_speedup == 0.5
+
+
+def _dispatch(
+    monkeypatch: pytest.MonkeyPatch,
+    arch: ArchConfig,
+    deterministic: bool,
+    one_row_amx_s: float,
+    agrees: bool,
+) -> linear_dispatch.LinearDispatch:
+    """plan_dispatch on timings where the tiles are 3x faster from 64 rows, torch never."""
+
+    def measure(shapes, rows, dtype, threads, amx):
+        assert amx and 1 in rows
+        return [
+            Timing(r, 3.0 * r, 10.0 * r, one_row_amx_s if r == 1 else (1.0 if r >= 64 else 4.0) * r)
+            for r in rows
+        ]
+
+    monkeypatch.setattr(linear_dispatch, "measure_layer", measure)
+    monkeypatch.setattr(linear_dispatch, "amx_available", lambda: True)
+    monkeypatch.setattr(linear_dispatch, "amx_agrees_with_avx512", lambda: agrees)
+    return plan_dispatch("auto", deterministic, DispatchInputs(arch, torch.bfloat16, 256))
+
+
+def test_amx_choice_with_and_without_determinism(
+    monkeypatch: pytest.MonkeyPatch, arch: ArchConfig
+) -> None:
+    fast, slow = 2.9, 4.0  # one row on tiles vs AVX512-BF16's 3.0
+    free = _dispatch(monkeypatch, arch, False, slow, agrees=False)
+    assert free.amx_from == 64 and "AMX tiles from 64 rows (up to 3.00x" in free.summary
+    # Deterministic: a threshold only where tiles and AVX512-BF16 agree bit for bit ...
+    assert _dispatch(monkeypatch, arch, True, slow, agrees=True).amx_from == 64
+    # ... else every call on tiles where one row pays no more than the slack ...
+    every = _dispatch(monkeypatch, arch, True, fast, agrees=False)
+    assert every.amx_from == 1 and "AMX tiles at every row count (deterministic" in every.summary
+    # ... or none, saying what --no-deterministic would take.
+    none = _dispatch(monkeypatch, arch, True, slow, agrees=False)
+    assert none.amx_from == 0
+    assert "AMX tiles would be up to 3.00x faster from 64 rows" in none.summary
+    assert none.torch_from is None and free.torch_from is None
+
+
+def test_cpu_linear_amx_needs_tiles(monkeypatch: pytest.MonkeyPatch, arch: ArchConfig) -> None:
+    monkeypatch.setattr(linear_dispatch, "amx_available", lambda: False)
+    with pytest.raises(ValueError, match="cpu_linear 'amx' needs bfloat16 weights and a CPU"):
+        plan_dispatch("amx", True, DispatchInputs(arch, torch.bfloat16, 256))
+    monkeypatch.setattr(linear_dispatch, "amx_available", lambda: True)
+    with pytest.raises(ValueError, match="cpu_linear 'amx' needs bfloat16"):
+        plan_dispatch("amx", True, DispatchInputs(arch, torch.float32, 256))
+    assert plan_dispatch("amx", True, DispatchInputs(arch, torch.bfloat16, 256)).amx_from == 1
+
+
+def test_packed_linear_on_tiles_against_avx512(tiles: str) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(45, 200, generator=gen).to(torch.bfloat16)  # a 32- and a 13-row block
+    weight = torch.randn(70, 200, generator=gen).to(torch.bfloat16)  # k: 6 steps + 8 features
+    bias = torch.randn(70, generator=gen).to(torch.bfloat16)
+    packed = pack_weight(weight)
+    want = x.float() @ weight.float().t() + bias.float()
+    outs = {}
+    for amx_from in (0, 1, 46):
+        before = core.linear_amx_items()
+        outs[amx_from] = torch.empty(45, 70)
+        packed_linear(outs[amx_from], x, packed, bias, None, amx_from)
+        assert (core.linear_amx_items() > before) == (amx_from == 1)
+    torch.testing.assert_close(outs[1], want, rtol=1e-4, atol=1e-3)
+    assert torch.equal(outs[46], outs[0])  # 45 rows < 46: the AVX512-BF16 path
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    # Gated, bf16 out: silu(gate) * up.
+    gate_up = torch.randn(2 * 40, 200, generator=gen).to(torch.bfloat16)
+    out = torch.empty(45, 40, dtype=torch.bfloat16)
+    packed_gated_linear(out, x, pack_gated_weight(gate_up, 40), 1)
+    both = x.float() @ gate_up.float().t()
+    want = torch.nn.functional.silu(both[:, :40]) * both[:, 40:]
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="amx_from_rows must be >= 0"):
+        packed_linear(outs[0], x, packed, bias, None, -1)
+
+
+def test_emulated_tiles_round_unlike_avx512(emulated: None) -> None:
+    """The SDM's TDPBF16PS adds a pair's products even feature first, VDPBF16PS odd first:
+    the probe that lets --deterministic keep a threshold says no for the emulation."""
+    assert amx_available() and not amx_agrees_with_avx512()
+
+
+def test_engine_on_tiles_is_batch_invariant(emulated: None, tiny_model: Path) -> None:
+    """cpu_linear amx: every bf16 product (the decoder stack's, lm_head's) on tiles, each
+    prompt's greedy tokens the same alone as in a batch."""
+    llm = LLM(str(tiny_model), dtype="bfloat16", cpu_linear="amx", num_pages=64, page_size=8,
+              max_num_batched_tokens=32)  # fmt: skip
+    try:
+        model, info = llm.engine.model_runner.model, llm.engine.model_info
+        assert model.amx_from == 1 and model.lm_head.amx_from == 1
+        assert model.stack is not None and model.stack.amx_from_rows == 1
+        assert "native on AMX tiles at every row count" in info.weights
+        assert info.batch_invariant
+        before = core.linear_amx_items()
+        batched = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        assert core.linear_amx_items() > before
+        alone = [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    finally:
+        llm.close()
+    assert batched == alone
