@@ -1,4 +1,4 @@
-"""--cpu-linear native vs torch vs auto, side by side, through LLM.generate (issue 12).
+"""--cpu-linear native vs torch vs auto (and amx), side by side, through LLM.generate (issue 12).
 
     python bench/cpu_linear.py --repeats 3 [--threads 2]
 
@@ -8,7 +8,9 @@ all three modes run without it, and auto may take torch): 64 prompts of 32 token
 tokens (offline tok/s), the prefill of one 1,000-token prompt (tok/s, one output token, median
 of 3) and one request decoding 64 tokens alone (tok/s). The modes alternate in a rotating order,
 repeat by repeat, so machine noise falls on all; medians are reported, every run in a comment.
-Prints the CPU model and features, and the load average.
+Where the CPU has AMX-BF16 tiles two more modes run: amx (the native kernel on tiles at every
+row count) and auto-det (auto with --deterministic: tiles at every row count or none, unless
+they round as AVX512-BF16 does). Prints the CPU model and features, and the load average.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 MODES = ("native", "torch", "auto")
+AMX_MODES = ("amx", "auto-det")
 FIGURES = ("offline_64x128_tok_s", "prefill_1k_tok_s", "decode_c1_tok_s")
 
 
@@ -32,8 +35,10 @@ def worker(mode: str, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    llm = LLM(quantization="none", dtype="bfloat16", deterministic=False, cpu_linear=mode,
-              max_num_seqs=64, max_model_len=2048, enable_prefix_caching=False)  # fmt: skip
+    deterministic, cpu_linear = mode == "auto-det", mode.removesuffix("-det")
+    llm = LLM(quantization="none", dtype="bfloat16", deterministic=deterministic,
+              cpu_linear=cpu_linear, max_num_seqs=64, max_model_len=2048,
+              enable_prefix_caching=False)  # fmt: skip
     load_s = time.perf_counter() - start
     text = llm.tokenizer.encode("The engine batched every request it could and paged it. " * 150)
     greedy = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
@@ -57,6 +62,7 @@ def worker(mode: str, threads: int) -> dict:
         "decode_c1_tok_s": decode,
         "start_s": load_s,
         "torch_from": model.torch_from,
+        "amx_from": model.amx_from,
         "steps": dict(model.linear_steps),
     }
 
@@ -71,29 +77,34 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=MODES + AMX_MODES, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker, a.threads)))
         return 0
     from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
+    from pagedserve.core.ops.linear import amx_available
 
     print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()}); threads "
           f"{a.threads}; load average at start {os.getloadavg()}")  # fmt: skip
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    modes = MODES + (AMX_MODES if amx_available() else ())
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for i in range(a.repeats):
-        for j in range(len(MODES)):
-            mode = MODES[(i + j) % len(MODES)]
+        for j in range(len(modes)):
+            mode = modes[(i + j) % len(modes)]
             runs[mode].append(run(mode, a.threads))
-    print("| figure | " + " | ".join(MODES) + " | torch vs native | auto vs native |")
-    print("|---|" + "---:|" * (len(MODES) + 2))
+    others = [m for m in modes if m != "native"]
+    print("| figure | " + " | ".join(modes) + " | "
+          + " | ".join(f"{m} vs native" for m in others) + " |")  # fmt: skip
+    print("|---|" + "---:|" * (len(modes) + len(others)))
     for key in FIGURES:
-        med = {mode: statistics.median(r[key] for r in runs[mode]) for mode in MODES}
-        print(f"| {key} | " + " | ".join(f"{med[m]:.1f}" for m in MODES)
-              + f" | {med['torch'] / med['native']:.2f}x | {med['auto'] / med['native']:.2f}x |")  # fmt: skip
+        med = {mode: statistics.median(r[key] for r in runs[mode]) for mode in modes}
+        print(f"| {key} | " + " | ".join(f"{med[m]:.1f}" for m in modes) + " | "
+              + " | ".join(f"{med[m] / med['native']:.2f}x" for m in others) + " |")  # fmt: skip
         each = {mode: [round(r[key], 1) for r in rs] for mode, rs in runs.items()}
         print(f"<!-- {key} runs: {each} -->")
-    print(f"<!-- auto chose torch_from {[r['torch_from'] for r in runs['auto']]}; start-up s "
+    chose = {m: [(r["torch_from"], r["amx_from"]) for r in runs[m]] for m in modes if "auto" in m}
+    print(f"<!-- auto chose (torch_from, amx_from) {chose}; start-up s "
           f"{ {m: [round(r['start_s'], 1) for r in rs] for m, rs in runs.items()} }; "
           f"steps {[r['steps'] for r in runs['auto']]} -->")  # fmt: skip
     print(f"load average at end {os.getloadavg()}")

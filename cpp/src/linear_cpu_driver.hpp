@@ -13,6 +13,8 @@
 // element type), `tile_elements(k)` (packed elements per 32-column tile), the template
 // `product<R>(args, row0, tile weights, Prefetch, acc)`, `load(p, mask)` (16 lanes of a bias or
 // residual row as fp32) and `store_row(args, row, col, v, mask)` (16 fp32 lanes into out).
+// run_linear's `Item` computes one item (rows x a panel of tiles): MicroTiles, the 8-row
+// micro-tiles above, unless the call runs on AMX tiles (linear_cpu_amx.hpp's AmxItems).
 #pragma once
 
 #include <immintrin.h>
