@@ -48,6 +48,7 @@ __all__: list[str] = [
     "paged_attention",
     "quant_block_features",
     "quant_linear",
+    "quant_linear_amx_supported",
     "quant_linear_path",
     "quant_row_bytes",
     "quant_type_supported",
@@ -446,6 +447,7 @@ class DecoderStack:
         max_seq_len: typing.SupportsInt | typing.SupportsIndex,
         num_threads: typing.SupportsInt | typing.SupportsIndex,
         amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
+        amx_int8_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
@@ -563,7 +565,9 @@ def quant_linear(
     num_threads: typing.SupportsInt | typing.SupportsIndex,
     force_portable: bool = False,
     dequant_bf16: bool = False,
+    amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
 ) -> None: ...
+def quant_linear_amx_supported() -> bool: ...
 def quant_linear_path() -> str: ...
 def quant_row_bytes(
     ggml_type: typing.SupportsInt | typing.SupportsIndex,

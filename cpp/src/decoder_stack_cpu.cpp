@@ -24,7 +24,7 @@ void check(bool ok, const char* message) {
 // weight (linear.hpp), else the ggml type of a weight kept quantized (linear_quant.hpp).
 void project(int type, const std::uint16_t* x, std::int64_t k, const std::uint16_t* packed,
              const std::uint16_t* bias, std::uint16_t* residual, std::uint16_t* out,
-             std::int64_t n, std::int64_t m, std::int64_t gated_width, std::int64_t amx_from_rows,
+             std::int64_t n, std::int64_t m, std::int64_t gated_width, const DecoderStep& step,
              int num_threads) {
     const std::int64_t out_stride = gated_width > 0 ? gated_width : n;
     const std::int64_t rows = gated_width > 0 ? gated_rows(gated_width) : n;
@@ -34,14 +34,14 @@ void project(int type, const std::uint16_t* x, std::int64_t k, const std::uint16
         a.packed = reinterpret_cast<const std::uint8_t*>(packed), a.bias = bias;
         a.residual = residual, a.residual_stride = n;
         a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
-        a.gated_width = gated_width;
+        a.gated_width = gated_width, a.amx_from_rows = step.amx_int8_from_rows;
         return quant_linear(a, num_threads);
     }
     LinearArgs a;
     a.x = x, a.x_stride = k, a.packed = packed, a.bias = bias;
     a.residual = residual, a.residual_stride = n;
     a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
-    a.gated_width = gated_width, a.amx_from_rows = amx_from_rows;
+    a.gated_width = gated_width, a.amx_from_rows = step.amx_from_rows;
     linear_bf16(a, num_threads);
 }
 
@@ -101,9 +101,8 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     };
 
     rms_norm_cpu(norm_args(w.input_norm), num_threads);
-    const std::int64_t amx = step.amx_from_rows;
     project(w.qkv_type, x_.data(), hidden, w.qkv, w.qkv_bias, nullptr, qkv_.data(), qkv_size, n,
-            0, amx, num_threads);
+            0, step, num_threads);
 
     // q and k side by side: one rotary call over heads + kv_heads.
     RotaryArgs rotary;
@@ -137,11 +136,11 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
     attend.sliding_window = w.sliding_window, attend.logit_softcap = w.logit_softcap;
     paged_attention_cpu(attend, num_threads);
 
-    project(w.o_type, attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, 0, amx, num_threads);
+    project(w.o_type, attn_.data(), q_size, w.o, nullptr, h, h, hidden, n, 0, step, num_threads);
     rms_norm_cpu(norm_args(w.post_norm), num_threads);
     project(w.gate_up_type, x_.data(), hidden, w.gate_up, nullptr, nullptr, mlp_.data(), 0, n,
-            inter, amx, num_threads);
-    project(w.down_type, mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, 0, amx,
+            inter, step, num_threads);
+    project(w.down_type, mlp_.data(), inter, w.down, nullptr, h, h, hidden, n, 0, step,
             num_threads);
 }
 

@@ -2,13 +2,11 @@
 // linear_cpu_driver.hpp: per pair of input features, 2 weight loads feed 16 dot-product
 // instructions of an 8 x 32 micro-tile; bias, residual and output rows are bf16 (fp32 logits
 // optional).
-#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
 #include "linear_cpu_amx.hpp"
 #include "linear_cpu_driver.hpp"
-#include "pagedserve/cpu_features.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {
@@ -83,16 +81,6 @@ struct Bf16Kernel {
     }
 };
 
-std::atomic<bool> emulate_amx{false};  // linear_amx_emulation()
-
-bool amx_hardware() {
-    static const bool usable = [] {
-        const CpuFeatures& f = cpu_features();
-        return f.amx_tile && f.amx_bf16 && f.amx_permitted;
-    }();
-    return usable;
-}
-
 }  // namespace
 
 std::int64_t packed_linear_elements(std::int64_t n, std::int64_t k) {
@@ -135,17 +123,16 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
     const int threads = std::max(1, num_threads);
     if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
         return run_linear<Bf16Kernel>(args, threads);
-    if (emulate_amx.load(std::memory_order_relaxed))
+    if (amx_emulated.load(std::memory_order_relaxed))
         return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
     run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
 }
 
 bool linear_amx_supported() {
-    return linear_bf16_supported() &&
-           (emulate_amx.load(std::memory_order_relaxed) || amx_hardware());
+    return linear_bf16_supported() && amx_usable(false);
 }
 
-void linear_amx_emulation(bool on) { emulate_amx.store(on, std::memory_order_relaxed); }
+void linear_amx_emulation(bool on) { amx_emulated.store(on, std::memory_order_relaxed); }
 
 std::int64_t linear_amx_items() { return amx_items_run.load(std::memory_order_relaxed); }
 

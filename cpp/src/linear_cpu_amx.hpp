@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "linear_cpu_driver.hpp"
+#include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::linear_detail {
 
@@ -48,6 +49,15 @@ inline constexpr std::int64_t kTilePairs = 16;     // feature pairs per A / B ti
 inline constexpr std::int64_t kBlockRows = 2 * kTileRows;
 
 inline std::atomic<std::int64_t> amx_items_run{0};  // see linear_amx_items()
+inline std::atomic<bool> amx_emulated{false};          // see linear_amx_emulation()
+
+// Whether a call may run on tiles: emulated, or the CPU's (with AMX-INT8 for int8 products) once
+// Linux granted this process tile data. The caller checks AVX512-BF16 (and VNNI) itself.
+inline bool amx_usable(bool int8) {
+    if (amx_emulated.load(std::memory_order_relaxed)) return true;
+    const CpuFeatures& f = cpu_features();
+    return f.amx_tile && f.amx_permitted && (int8 ? f.amx_int8 : f.amx_bf16);
+}
 
 // Registers: C[i][j] = 2i + j accumulates rows 16i.. x columns 16j..; A[i] = 4 + i; B[j] = 6 + j.
 inline constexpr int kA0 = 4, kB0 = 6;
@@ -68,7 +78,8 @@ inline TileConfig block_config(std::int64_t rows) {
     return c;
 }
 
-// The AMX instructions (Linux must have granted this process tile data: cpu_features()).
+// The AMX instructions (Linux must have granted this process tile data: cpu_features()):
+// TDPBF16PS for the bf16 kernel, TDPBSUD for the quantized one (linear_quant_amx.hpp).
 // Inline assembly rather than the intrinsics: GCC 12's take the register as a macro token, not
 // a template argument.
 struct HardwareTiles {
@@ -85,16 +96,20 @@ struct HardwareTiles {
     void zero() {
         asm volatile("tilezero %%tmm%c0" ::"i"(T));
     }
-    template <int C, int A, int B>  // C += A B
+    template <int C, int A, int B>  // C += A B, bf16 pairs into fp32
     void dot() {
         asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+    }
+    template <int C, int A, int B>  // C += A B, signed A bytes x unsigned B bytes into int32
+    void dot_int8() {
+        asm volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
     }
     void release() { asm volatile("tilerelease" ::); }
 };
 
 // The same instructions in plain C++, after the SDM's pseudo-code: loads zero what the
 // configuration leaves out, products are fp32 with bf16 inputs' denormals read as zero, each
-// add rounds to nearest even and flushes a denormal sum to zero.
+// add rounds to nearest even and flushes a denormal sum to zero; int8 products sum in int32.
 class SoftwareTiles {
 public:
     void configure(const TileConfig& c) {
@@ -129,6 +144,23 @@ public:
             }
         }
     }
+    template <int C, int A, int B>
+    void dot_int8() {
+        for (int m = 0; m < config_.rows[C]; ++m) {
+            for (int k = 0; k < config_.colsb[A] / 4; ++k) {
+                for (int n = 0; n < config_.colsb[C] / 4; ++n) {
+                    std::int32_t c;
+                    std::memcpy(&c, tiles_[C][m] + 4 * n, sizeof(c));
+                    for (int j = 0; j < 4; ++j) {  // int32 sums wrap (they never reach 2^31)
+                        const auto a = static_cast<std::int8_t>(tiles_[A][m][4 * k + j]);
+                        c = static_cast<std::int32_t>(static_cast<std::uint32_t>(c) +
+                                                      static_cast<std::uint32_t>(a * tiles_[B][k][4 * n + j]));
+                    }
+                    std::memcpy(tiles_[C][m] + 4 * n, &c, sizeof(c));
+                }
+            }
+        }
+    }
     void release() {}
 
 private:
@@ -158,6 +190,66 @@ private:
     alignas(64) std::uint8_t tiles_[8][kTileRows][kTileBytes];
 };
 
+// Runs an item (rows x tiles [tile0, tile_end)) in blocks of up to kBlockRows rows across its
+// tiles: `config(rows)` configures the tiles when the block height changes, then
+// Item::block<halves>(tiles, args, row0, rows, tile, prefetch) computes one block x tile with
+// one A tile (up to 16 rows) or two. The next panel is prefetched a part per block, as the
+// micro-tiles do.
+template <typename K, typename Tiles, typename Item, typename Config>
+void run_blocks(const typename K::Args& a, std::int64_t row0, std::int64_t rows,
+                std::int64_t tile0, std::int64_t tile_end, std::int64_t next0,
+                std::int64_t next_end, Config config) {
+    Tiles tiles;
+    const std::int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+    const PanelPrefetch prefetch =
+        panel_prefetch<K>(a, next0, next_end, blocks * (tile_end - tile0));
+    std::int64_t part = 0, configured = 0;
+    for (std::int64_t r = row0; r < row0 + rows; r += kBlockRows) {
+        const std::int64_t block_rows = std::min(kBlockRows, row0 + rows - r);
+        if (block_rows != configured) tiles.configure(config(configured = block_rows));
+        for (std::int64_t t = tile0; t < tile_end; ++t) {
+            if (block_rows > kTileRows)
+                Item::template block<2>(tiles, a, r, block_rows, t, prefetch.part(part++));
+            else
+                Item::template block<1>(tiles, a, r, block_rows, t, prefetch.part(part++));
+        }
+    }
+    tiles.release();
+    amx_items_run.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Nothing to add to a block's sums before the epilogue (see store_block).
+struct NothingMore {
+    template <int R>
+    PAGEDSERVE_LINEAR_TARGET void add(__m512 (&)[R][2], std::int64_t) const {}
+};
+
+// The driver's epilogue (bias, residual, SiLU-and-mul, rounding into out) on a block's fp32
+// sums, 8 rows at a time, after more.add<R>(acc, first row) adds what the tiles left out.
+template <typename K, int R, typename More>
+PAGEDSERVE_LINEAR_TARGET void store_rows(const typename K::Args& a, std::int64_t row0,
+                                         std::int64_t r, std::int64_t t,
+                                         const float (&sums)[kBlockRows][kLinearTileN],
+                                         const More& more) {
+    __m512 acc[R][2];
+    for (int i = 0; i < R; ++i) {
+        acc[i][0] = _mm512_load_ps(&sums[r + i][0]);
+        acc[i][1] = _mm512_load_ps(&sums[r + i][kTileRows]);
+    }
+    more.template add<R>(acc, r);
+    store_tile<K, R>(a, row0 + r, t, acc);
+}
+
+template <typename K, typename More>
+void store_block(const typename K::Args& a, std::int64_t row0, std::int64_t rows, std::int64_t t,
+                 const float (&sums)[kBlockRows][kLinearTileN], const More& more) {
+    std::int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows) store_rows<K, kRows>(a, row0, r, t, sums, more);
+    with_rows(rows - r, [&](auto count) {
+        store_rows<K, decltype(count)::value>(a, row0, r, t, sums, more);
+    });
+}
+
 // The driver's Item (see MicroTiles) for kernel K (linear_cpu.cpp's Bf16Kernel) on Tiles.
 template <typename K, typename Tiles>
 struct AmxItems {
@@ -165,26 +257,10 @@ struct AmxItems {
 
     static void run(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t tile0,
                     std::int64_t tile_end, std::int64_t next0, std::int64_t next_end) {
-        Tiles tiles;
-        const std::int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
-        const PanelPrefetch prefetch =
-            panel_prefetch<K>(a, next0, next_end, blocks * (tile_end - tile0));
-        std::int64_t part = 0, configured = 0;
-        for (std::int64_t r = row0; r < row0 + rows; r += kBlockRows) {
-            const std::int64_t block_rows = std::min(kBlockRows, row0 + rows - r);
-            if (block_rows != configured) tiles.configure(block_config(configured = block_rows));
-            for (std::int64_t t = tile0; t < tile_end; ++t) {
-                if (block_rows > kTileRows)
-                    block<2>(tiles, a, r, block_rows, t, prefetch.part(part++));
-                else
-                    block<1>(tiles, a, r, block_rows, t, prefetch.part(part++));
-            }
-        }
-        tiles.release();
-        amx_items_run.fetch_add(1, std::memory_order_relaxed);
+        run_blocks<K, Tiles, AmxItems>(a, row0, rows, tile0, tile_end, next0, next_end,
+                                       block_config);
     }
 
-private:
     // Rows [row0, row0 + rows) x weight tile t, with `halves` A tiles (rows > 16: 2).
     template <int halves>
     static void block(Tiles& tiles, const Args& a, std::int64_t row0, std::int64_t rows,
@@ -225,39 +301,21 @@ private:
             tiles.template store<2>(&sums[kTileRows][0], row_bytes);
             tiles.template store<3>(&sums[kTileRows][kTileRows], row_bytes);
         }
-        finish(a, row0, rows, t, steps * kTilePairs, sums);
+        store_block<K>(a, row0, rows, t, sums, TailPairs{a, row0, t, steps * kTilePairs});
     }
 
-    // The pairs from `first` on and the epilogue, 8 rows at a time, on the tiles' sums.
-    static void finish(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t t,
-                       std::int64_t first, const float (&sums)[kBlockRows][kLinearTileN]) {
-        std::int64_t r = 0;
-        for (; r + kRows <= rows; r += kRows) finish_rows<kRows>(a, row0, r, t, first, sums);
-        switch (rows - r) {
-            case 7: return finish_rows<7>(a, row0, r, t, first, sums);
-            case 6: return finish_rows<6>(a, row0, r, t, first, sums);
-            case 5: return finish_rows<5>(a, row0, r, t, first, sums);
-            case 4: return finish_rows<4>(a, row0, r, t, first, sums);
-            case 3: return finish_rows<3>(a, row0, r, t, first, sums);
-            case 2: return finish_rows<2>(a, row0, r, t, first, sums);
-            case 1: return finish_rows<1>(a, row0, r, t, first, sums);
-            default: return;
-        }
-    }
+private:
+    // The feature pairs from `first` on (past the last whole 32), on AVX512-BF16.
+    struct TailPairs {
+        const Args& a;
+        std::int64_t row0, tile, first;
 
-    template <int R>
-    PAGEDSERVE_LINEAR_TARGET static void finish_rows(const Args& a, std::int64_t row0,
-                                                     std::int64_t r, std::int64_t t,
-                                                     std::int64_t first,
-                                                     const float (&sums)[kBlockRows][kLinearTileN]) {
-        __m512 acc[R][2];
-        for (int i = 0; i < R; ++i) {
-            acc[i][0] = _mm512_load_ps(&sums[r + i][0]);
-            acc[i][1] = _mm512_load_ps(&sums[r + i][kTileRows]);
+        template <int R>
+        PAGEDSERVE_LINEAR_TARGET void add(__m512 (&acc)[R][2], std::int64_t r) const {
+            K::template accumulate<R>(a, row0 + r, tile_weights<K>(a, tile), first, Prefetch{},
+                                      acc);
         }
-        K::template accumulate<R>(a, row0 + r, tile_weights<K>(a, t), first, Prefetch{}, acc);
-        store_tile<K, R>(a, row0 + r, t, acc);
-    }
+    };
 };
 
 }  // namespace pagedserve::linear_detail

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pagedserve/linear.hpp"
@@ -137,6 +138,22 @@ PAGEDSERVE_LINEAR_TARGET void row_block(const typename K::Args& a, std::int64_t 
 // Meanwhile the thread's next panel, tiles [next0, next_end), is fetched into L2 a line at a
 // time: without it each panel's first sweep waits on memory (~10% of a decode step's products,
 // whose weights never fit in the L3).
+// f(std::integral_constant<int, count>{}) for a count of 1 .. kRows - 1 known only at run time
+// (micro-tile heights are template arguments); nothing for 0.
+template <typename F>
+void with_rows(std::int64_t count, F f) {
+    switch (count) {
+        case 7: return f(std::integral_constant<int, 7>{});
+        case 6: return f(std::integral_constant<int, 6>{});
+        case 5: return f(std::integral_constant<int, 5>{});
+        case 4: return f(std::integral_constant<int, 4>{});
+        case 3: return f(std::integral_constant<int, 3>{});
+        case 2: return f(std::integral_constant<int, 2>{});
+        case 1: return f(std::integral_constant<int, 1>{});
+        default: return;
+    }
+}
+
 template <typename K>
 PanelPrefetch panel_prefetch(const typename K::Args& a, std::int64_t next0, std::int64_t next_end,
                              std::int64_t parts) {
@@ -158,16 +175,9 @@ PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t r
     for (; r + kRows <= row0 + rows; r += kRows) {
         row_block<K, kRows>(a, r, tile0, tile_end, prefetch, part);
     }
-    switch (row0 + rows - r) {  // the last rows of the chunk, fewer than kRows
-        case 7: return row_block<K, 7>(a, r, tile0, tile_end, prefetch, part);
-        case 6: return row_block<K, 6>(a, r, tile0, tile_end, prefetch, part);
-        case 5: return row_block<K, 5>(a, r, tile0, tile_end, prefetch, part);
-        case 4: return row_block<K, 4>(a, r, tile0, tile_end, prefetch, part);
-        case 3: return row_block<K, 3>(a, r, tile0, tile_end, prefetch, part);
-        case 2: return row_block<K, 2>(a, r, tile0, tile_end, prefetch, part);
-        case 1: return row_block<K, 1>(a, r, tile0, tile_end, prefetch, part);
-        default: return;
-    }
+    with_rows(row0 + rows - r, [&](auto count) {  // the last rows of the chunk, fewer than kRows
+        row_block<K, decltype(count)::value>(a, r, tile0, tile_end, prefetch, part);
+    });
 }
 
 // How an item's rows x tiles are computed: MicroTiles, 8 rows at a time in vector registers

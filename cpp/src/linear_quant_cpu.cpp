@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "linear_cpu_driver.hpp"
+#include "linear_quant_amx.hpp"
 #include "linear_quant_layout.hpp"
 #include "linear_quant_portable.hpp"
 #include "pagedserve/linear_quant.hpp"
@@ -238,14 +239,29 @@ QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int6
     return t;
 }
 
+// Kernel K on the VNNI micro-tiles, or on AMX-INT8 tiles (same bits: linear_quant_amx.hpp).
+template <typename K>
+void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
+    if (!tiles) return run_linear<K>(a, num_threads);
+    if (amx_emulated.load(std::memory_order_relaxed))
+        return run_linear<K, AmxQuantItems<K, SoftwareTiles>>(a, num_threads);
+    run_linear<K, AmxQuantItems<K, HardwareTiles>>(a, num_threads);
+}
+
 template <typename T, bool kBf16 = false>
 void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
               int num_threads) {
     const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
     const Format f = quant_detail::format_of(a.ggml_type);
-    if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32, kBf16>>(t, num_threads);
-    if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32, kBf16>>(t, num_threads);
-    run_linear<QuantKernel<T, 8, 16, kBf16>>(t, num_threads);
+    if constexpr (kBf16) {
+        if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32, true>>(t, num_threads);
+        if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32, true>>(t, num_threads);
+        return run_linear<QuantKernel<T, 8, 16, true>>(t, num_threads);
+    }
+    const bool tiles = a.amx_from_rows > 0 && a.m >= a.amx_from_rows && amx_usable(true);
+    if (f.bits == 4) return run_kernel<QuantKernel<T, 4, 32>>(t, num_threads, tiles);
+    if (f.group_size == 32) return run_kernel<QuantKernel<T, 8, 32>>(t, num_threads, tiles);
+    run_kernel<QuantKernel<T, 8, 16>>(t, num_threads, tiles);
 }
 
 // Per row, the fp32 sum of each 16 bf16 features, in order (dequant_bf16's min terms).
@@ -271,12 +287,15 @@ void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_byte
 
 const char* quant_linear_path() { return vnni_supported() ? "avx512-vnni" : "portable"; }
 
+bool quant_linear_amx_supported() { return vnni_supported() && amx_usable(true); }
+
 void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     check_linear(quant_type_supported(args.ggml_type),
                  "quant_linear: no kernel for ggml type " + std::to_string(args.ggml_type));
     check_linear(args.k > 0 && args.k % quant_block_features(args.ggml_type) == 0,
                  "quant_linear: k must be a multiple of the type's block size");
     if (!check_linear_args(args, "quant_linear")) return;
+    check_linear(args.amx_from_rows >= 0, "quant_linear: amx_from_rows must be >= 0");
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
     // Per calling thread, grown to the largest call seen: a step calls this several times per
     // layer, so the int8 rows are not allocated each time.

@@ -3,15 +3,20 @@
 // 32 features as the kernel does); every type (K-quants from random blocks) on the VNNI path
 // equal to the portable path bit for bit, around tile edges, threaded, past a 256-row chunk,
 // with bias, an in-place residual, fp32 / bf16 output and the gated epilogue; argument checks.
-// Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+// The AMX-INT8 path equal to the VNNI path bit for bit for every type, on the emulated tiles
+// everywhere and on the CPU's where it has AMX. Run under ASan/UBSan by
+// tests/native/test_cpp_sanitized.py.
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <vector>
 
 #include "check.hpp"
+#include "pagedserve/linear.hpp"
 #include "pagedserve/linear_quant.hpp"
 
 using namespace pagedserve;
@@ -113,10 +118,13 @@ bool matches_oracle(int type, std::int64_t m, std::int64_t n, std::int64_t k, st
     return true;
 }
 
-// One product on both paths; plain products must agree bit for bit, gated ones closely (the
-// VNNI epilogue's exp is a polynomial, the portable one std::exp).
-bool paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool extras,
-                 std::int64_t gated_width, std::mt19937& rng) {
+// One product run twice on the same inputs (bias and an in-place residual with `extras`), the
+// second run's arguments and path changed by `second(args)`, which returns whether it runs the
+// portable path. Both outputs.
+template <typename Second>
+std::array<std::vector<float>, 2> run_twice(int type, std::int64_t m, std::int64_t n,
+                                            std::int64_t k, bool extras, std::int64_t gated_width,
+                                            std::mt19937& rng, Second second) {
     std::vector<double> w;
     const auto rows = make_rows(type, n, k, rng, w);
     const auto packed = pack(type, rows, n, k);
@@ -124,20 +132,39 @@ bool paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool 
     std::vector<float> x(m * k), bias(n), start(m * n);
     for (auto* v : {&x, &bias, &start})
         for (auto& e : *v) e = dist(rng);
-    std::vector<float> outs[2] = {start, start};
+    std::array<std::vector<float>, 2> outs = {start, start};
     for (int p = 0; p < 2; ++p) {
         QuantLinearArgs a = args_for(type, x, packed, outs[p], m, n, k);
         a.gated_width = gated_width;
         if (gated_width) a.out_stride = gated_width;
         if (extras && !gated_width) a.bias = bias.data(), a.residual = outs[p].data(), a.residual_stride = n;
-        quant_linear(a, 1 + p, p == 1);
+        const bool portable = p == 1 && second(a);
+        quant_linear(a, 1 + p, portable);
     }
-    const std::int64_t cols = gated_width ? gated_width : n;
-    for (std::int64_t i = 0; i < m * cols; ++i) {
+    return outs;
+}
+
+// The VNNI and portable paths: plain products agree bit for bit, gated ones closely (the VNNI
+// epilogue's exp is a polynomial, the portable one std::exp).
+bool paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool extras,
+                 std::int64_t gated_width, std::mt19937& rng) {
+    const auto outs = run_twice(type, m, n, k, extras, gated_width, rng,
+                                [](QuantLinearArgs&) { return true; });
+    for (std::size_t i = 0; i < outs[0].size(); ++i) {
         const float a = outs[0][i], b = outs[1][i];
         if (gated_width ? std::fabs(a - b) > 1e-5f * (1 + std::fabs(b)) : a != b) return false;
     }
     return true;
+}
+
+// The VNNI path and AMX-INT8 tiles (amx_from_rows 1): equal bit for bit, gated too.
+bool tiles_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool extras,
+                 std::int64_t gated_width, std::mt19937& rng) {
+    const auto outs = run_twice(type, m, n, k, extras, gated_width, rng, [](QuantLinearArgs& a) {
+        a.amx_from_rows = 1;
+        return false;
+    });
+    return outs[0] == outs[1];
 }
 
 constexpr int kTypes[] = {kGgmlQ4_0, kGgmlQ4_1, kGgmlQ8_0, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K};
@@ -210,6 +237,37 @@ TEST(quant_refuses_bad_arguments) {
     QuantLinearArgs empty = a;
     empty.m = 0, empty.x = nullptr, empty.out = nullptr;
     quant_linear(empty, 1);
+}
+
+TEST(quant_amx_tiles_equal_vnni_for_every_type) {
+    if (std::strcmp(quant_linear_path(), "portable") == 0) return;  // the tiles fold as VNNI does
+    const auto each = [&](const char* tiles) {
+        std::mt19937 rng(23);
+        const std::int64_t before = linear_amx_items();
+        for (int type : kTypes) {
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
+            for (std::int64_t m : {1, 15, 17, 32, 50}) {
+                for (std::int64_t n : {31, 64}) {
+                    const bool ok = tiles_agree(type, m, n, k, (m + n) % 2, 0, rng);
+                    if (!ok) std::fprintf(stderr, "  %s tiles: type %d m %lld n %lld\n", tiles, type,
+                                          static_cast<long long>(m), static_cast<long long>(n));
+                    CHECK(ok);
+                }
+            }
+            CHECK(tiles_agree(type, 37, 64, k, false, 20, rng));  // gated
+            CHECK(tiles_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk
+        }
+        CHECK(linear_amx_items() > before);  // the tiles ran
+    };
+    linear_amx_emulation(true);
+    CHECK(quant_linear_amx_supported());
+    each("emulated");
+    linear_amx_emulation(false);
+    if (!quant_linear_amx_supported()) {
+        std::fprintf(stderr, "  (no AMX-INT8 on this CPU, or not granted: hardware tiles skipped)\n");
+        return;
+    }
+    each("hardware");
 }
 
 int main() { return check::run_all_tests(); }

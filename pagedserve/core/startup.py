@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,9 @@ from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.linear_dispatch import (
     DispatchInputs,
     amx_agrees_with_avx512,
+    calibration_rows,
     plan_dispatch,
+    quantized_amx_choice,
 )
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
@@ -215,7 +217,15 @@ def pack_for_dispatch(
     dispatch = plan_dispatch(mc.cpu_linear, mc.deterministic, inputs)
     model.pack_weights(keep_unpacked=dispatch.keeps_weights)
     kept = model.route_linears(dispatch.torch_from)
-    model.use_amx(dispatch.amx_from)
+    layers = model.decoder_layers()
+    int8_from, int8_note = quantized_amx_choice(
+        list(layers[0].modules()) if layers and model.quantization else [],
+        calibration_rows(config.scheduler.max_num_batched_tokens),
+        dtype,
+    )
+    model.use_amx(dispatch.amx_from, int8_from)
+    if int8_note:
+        dispatch = replace(dispatch, summary=f"{dispatch.summary}; quantized kernel: {int8_note}")
     logger.info(
         "%s (decided in %.2f s)%s",
         dispatch.summary,

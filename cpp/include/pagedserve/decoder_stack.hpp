@@ -57,7 +57,8 @@ struct DecoderStep {
     std::int64_t num_tokens = 0;
     std::int64_t max_query_len = 0;
     std::int64_t max_seq_len = 0;
-    std::int64_t amx_from_rows = 0;  // LinearArgs::amx_from_rows of every bf16 projection
+    std::int64_t amx_from_rows = 0;       // LinearArgs::amx_from_rows of every bf16 projection
+    std::int64_t amx_int8_from_rows = 0;  // QuantLinearArgs::amx_from_rows of the quantized
 };
 
 class DecoderStack {

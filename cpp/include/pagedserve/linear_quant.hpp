@@ -57,10 +57,18 @@ struct QuantLinearArgs {
     // The measured alternative (bench/linear.py; slower, so no layer uses it): bf16 x times the
     // weights converted to bf16 in registers, AVX512-BF16 dot products; bf16 x only.
     bool dequant_bf16 = false;
+    // A call of at least this many rows runs on AMX-INT8 tiles where
+    // quant_linear_amx_supported() (0: never). Same bits as AVX512-VNNI (exact int32 sums per
+    // group, folded in the same order), so any threshold keeps batch invariance.
+    std::int64_t amx_from_rows = 0;
 };
 
 // Which path quant_linear runs on this CPU: "avx512-vnni" or "portable".
 const char* quant_linear_path();
+
+// True when quant_linear may take AMX-INT8 tiles (with AVX512-VNNI, whose epilogue they share):
+// the CPU has them and Linux granted them, or linear_amx_emulation (linear.hpp) is on.
+bool quant_linear_amx_supported();
 
 // out = x W^T (+ bias) (+ residual). force_portable runs the portable path (tests, benches).
 void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable = false);

@@ -43,6 +43,7 @@ import torch
 
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.cpu_features import cpu_features
 from pagedserve.core.ops.linear import (
@@ -52,6 +53,7 @@ from pagedserve.core.ops.linear import (
     pack_weight,
     packed_linear,
 )
+from pagedserve.core.ops.linear_quant import quant_amx_available
 
 logger = logging.getLogger(__name__)
 
@@ -329,6 +331,42 @@ def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> Lin
     amx_from, amx_note = _amx_choice(timings, deterministic)
     dispatch = _decide(torch_from_rows(timings), timings, deterministic, amx_note)
     return replace(dispatch, amx_from=amx_from)
+
+
+@torch.inference_mode()
+def quantized_amx_choice(
+    layers: Sequence[torch.nn.Module], rows: Sequence[int], dtype: torch.dtype
+) -> tuple[int, str]:
+    """For projections kept quantized: from which row count their kernel takes AMX-INT8 tiles,
+    measured on `layers` (one decoder layer's own quantized projections) run back to back with
+    the VNNI path and on tiles, alternating, at each row count (the tiles give the VNNI path's
+    bits, so only speed decides, with or without --deterministic). (amx_from, what the summary
+    says) -- (0, "") where the tiles are not available or nothing is quantized."""
+    quantized = [m for m in layers if isinstance(m, QuantizedLinear | QuantizedGateUpLinear)]
+    if not quantized or not quant_amx_available():
+        return 0, ""
+    timings = []
+    for m in sorted(set(rows)):
+        xs = [torch.randn(m, layer.in_features).to(dtype) for layer in quantized]
+
+        def run(from_rows: int, xs: list[torch.Tensor] = xs) -> None:
+            for layer, x in zip(quantized, xs, strict=True):
+                layer.use_amx(from_rows)
+                layer(x)
+
+        vnni_s, tiles_s = _medians([lambda: run(0), lambda: run(1)], REPS)
+        timings.append(Timing(m, vnni_s, float("inf"), tiles_s))
+    for layer in quantized:
+        layer.use_amx(0)
+    logger.info("quantized kernel calibration, one layer's projections, VNNI vs AMX-INT8: %s",
+                "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.amx_s * 1e3:.3f} ms"
+                          for t in timings if t.amx_s is not None))  # fmt: skip
+    start = amx_from_rows(timings)
+    if start is None:
+        best = max(t.amx_speedup for t in timings)
+        return 0, f"AMX-INT8 tiles not taken (at best {best:.2f}x of VNNI)"
+    gain = max(t.amx_speedup for t in timings if t.rows >= start)
+    return start, f"AMX-INT8 tiles from {start} rows (up to {gain:.2f}x VNNI, same bits)"
 
 
 def _fixed(reason: str, amx_from: int = 0) -> LinearDispatch:

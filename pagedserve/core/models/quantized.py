@@ -51,6 +51,13 @@ class Segment:
     packed: torch.Tensor
 
 
+def _use_amx(layer: QuantizedLinear | QuantizedGateUpLinear, from_rows: int) -> None:
+    """Products of at least `from_rows` rows on AMX-INT8 tiles where the CPU grants them: the
+    VNNI path's bits, so only speed decides (models/linear_dispatch.py; 0: never)."""
+    require(from_rows >= 0, "use_amx: from_rows must be >= 0, got {}", from_rows)
+    layer.amx_from = from_rows
+
+
 class QuantizedLinear(nn.Module):
     """Linear's forward (x [m, in] -> [m, out], fused residual, fp32 logits) over packed GGUF
     blocks, one native call per segment of columns."""
@@ -63,6 +70,10 @@ class QuantizedLinear(nn.Module):
         self.bias: nn.Parameter | None = (
             nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
         )
+        self.amx_from = 0
+        """Rows from which the kernel runs on AMX-INT8 tiles (0: never; use_amx())."""
+
+    use_amx = _use_amx
 
     def weight_bytes(self) -> int:
         return sum(s.packed.numel() for s in self.segments)
@@ -89,7 +100,7 @@ class QuantizedLinear(nn.Module):
             quant_linear(out if whole else out[:, cols], x, s.packed, s.ggml_type,
                          None if self.bias is None else self.bias[cols],
                          residual if whole or residual is None else residual[:, cols],
-                         0)  # fmt: skip
+                         0, self.amx_from)  # fmt: skip
             col += s.width
         return out
 
@@ -105,6 +116,9 @@ class QuantizedGateUpLinear(nn.Module):
         super().__init__()
         self.in_features, self.width = in_features, width
         self.ggml_type, self.packed = ggml_type, packed
+        self.amx_from = 0
+
+    use_amx = _use_amx
 
     def weight_bytes(self) -> int:
         return self.packed.numel()
@@ -116,7 +130,7 @@ class QuantizedGateUpLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
         x = _rows(x, self.in_features)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
-        quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width)
+        quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from)
         return out
 
 

@@ -55,6 +55,8 @@ class NativeDecoderStack:
         self.amx_from_rows = 0
         """Steps of at least this many tokens run the bf16 projections on AMX tiles (0: never;
         ops/linear.py's packed_linear)."""
+        self.amx_int8_from_rows = 0
+        """Likewise the quantized projections on AMX-INT8 tiles (ops/linear_quant.py)."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
@@ -88,6 +90,7 @@ class NativeDecoderStack:
             max_seq_len=meta.max_seq_len,
             num_threads=torch.get_num_threads(),
             amx_from_rows=self.amx_from_rows,
+            amx_int8_from_rows=self.amx_int8_from_rows,
         )
         return hidden
 

@@ -5,9 +5,11 @@ products where the CPU has them (a portable path elsewhere, chosen at run time).
     packed = pack_quant_weight(ggml_type, rows, k)     GGUF rows (addresses) -> kernel tiles
     quant_linear(out, x, packed, ggml_type, bias, residual, gated_width)
         out = x W^T (+ bias) (+ residual), or silu(x W_gate^T) * (x W_up^T) when gated_width
+    quant_linear(..., amx_from_rows=64)                calls of >= 64 rows on AMX-INT8 tiles
 
 Batch-invariant like the bf16 kernel: each output is the same operations in the same order
-whatever the number of rows. models/quantized.py holds the layers that use it.
+whatever the number of rows; the AMX-INT8 tiles give the VNNI path's bits (exact int32 sums),
+so a row threshold keeps that. models/quantized.py holds the layers that use it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ _DTYPES = (torch.bfloat16, torch.float32)
 def quant_linear_path() -> str:
     """The path this CPU runs: "avx512-vnni" or "portable"."""
     return str(_core.quant_linear_path())
+
+
+def quant_amx_available() -> bool:
+    """quant_linear's amx_from_rows takes effect: the CPU has AMX-INT8 tiles Linux granted (or
+    _core.linear_amx_emulation is on: tests). Same bits as the VNNI path at any threshold."""
+    return bool(_core.quant_linear_amx_supported())
 
 
 def quant_row_bytes(ggml_type: int, k: int) -> int:
@@ -62,6 +70,7 @@ def _check(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     gated_width: int,
+    amx_from_rows: int = 0,
 ) -> None:
     """x [m, k] bf16 or fp32 on the CPU; out [m, n] in x's dtype or fp32 ([m, gated_width] for a
     gated product); bias [n] and residual [m, n] in x's dtype; rows contiguous in the last dim."""
@@ -73,6 +82,7 @@ def _check(
              "out must be [{}, n] {} or float32 on cpu, got {} {}", x.shape[0], x.dtype,
              out.dtype, tuple(out.shape))  # fmt: skip
     require(ggml_type in QUANT_TYPES, "no quantized kernel for ggml type {}", ggml_type)
+    require(amx_from_rows >= 0, "amx_from_rows must be >= 0 (0: never), got {}", amx_from_rows)
     m, k = x.shape
     n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
     require(gated_width <= 0 or out.shape[1] == gated_width,
@@ -96,9 +106,10 @@ def quant_linear_eager(
     bias: torch.Tensor | None,  # [n], x's dtype
     residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
     gated_width: int,
+    amx_from_rows: int = 0,  # calls of at least this many rows on AMX-INT8 tiles (0: never)
 ) -> None:
     """quant_linear's body."""
-    _check(out, x, packed, ggml_type, bias, residual, gated_width)
+    _check(out, x, packed, ggml_type, bias, residual, gated_width, amx_from_rows)
     m, k = x.shape
     n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
     res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
@@ -106,7 +117,7 @@ def quant_linear_eager(
                        packed.data_ptr(), 0 if bias is None else bias.data_ptr(), res_ptr,
                        res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
                        m, n, k, max(gated_width, 0), torch.get_num_threads(),
-                       False)  # fmt: skip
+                       False, False, amx_from_rows)  # fmt: skip
 
 
 quant_linear = NativeOp.declare("quant_linear", quant_linear_eager, _check, mutates=("out",))

@@ -1,8 +1,10 @@
-"""The native bf16 kernel's AMX tiles as the engine uses them (cpp/src/linear_cpu_amx.hpp,
-models/linear_dispatch.py): the choice on given timings, with --deterministic and without; the
-op on tiles against its AVX512-BF16 path; a whole engine on tiles (cpu_linear amx). On a CPU
-without AMX the tiles are the kernel's software emulation of the SDM's pseudo-code (same
-blocking, tails and epilogue); where the CPU has AMX the op tests run on its tiles too."""
+"""The native kernels' AMX tiles as the engine uses them (cpp/src/linear_cpu_amx.hpp,
+linear_quant_amx.hpp, models/linear_dispatch.py): the bf16 choice on given timings, with
+--deterministic and without; the bf16 op on tiles against its AVX512-BF16 path; a whole engine
+on tiles (cpu_linear amx); the quantized kernel on AMX-INT8 tiles giving the VNNI path's bits,
+in the op and in the decoder stack, and its start-up choice. On a CPU without AMX the tiles are
+the kernels' software emulation of the SDM's pseudo-code (same blocking, tails and epilogue);
+where the CPU has AMX the op tests run on its tiles too."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from pagedserve import LLM, SamplingParams
-from pagedserve.core.models import linear_dispatch
+from pagedserve.core.attention.native import NativeAttentionBackend
+from pagedserve.core.models import linear_dispatch, load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear_dispatch import (
     DispatchInputs,
@@ -21,6 +25,7 @@ from pagedserve.core.models.linear_dispatch import (
     amx_agrees_with_avx512,
     amx_from_rows,
     plan_dispatch,
+    quantized_amx_choice,
 )
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import resolve_model
@@ -32,12 +37,17 @@ from pagedserve.core.ops.linear import (
     packed_gated_linear,
     packed_linear,
 )
+from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_amx_available, quant_linear
 from pagedserve.core.ops.native import core
+from tests.core.models.test_decoder_stack import hidden_states
+from tests.quant_blocks import gguf_rows, row_addresses
+from tests.tiny_models import write_gguf_model
 
 pytestmark = pytest.mark.skipif(
     not native_linear_available(), reason="the native linear kernel needs AVX512-BF16"
 )
 HARDWARE = amx_available()  # before any test turns the emulation on
+QUANT_HARDWARE = quant_amx_available()
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
@@ -187,3 +197,49 @@ def test_engine_on_tiles_is_batch_invariant(emulated: None, tiny_model: Path) ->
     finally:
         llm.close()
     assert batched == alone
+
+
+# --- the quantized kernel on AMX-INT8 tiles ------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
+def test_quant_linear_on_tiles_is_the_vnni_path_bit_for_bit(tiles: str, qtype: Q) -> None:
+    if tiles == "hardware" and not QUANT_HARDWARE:
+        pytest.skip("this CPU has no AMX-INT8 tiles (or Linux did not grant them)")
+    n, k = 70, 256
+    rows = gguf_rows(qtype, n, k, seed=2)
+    packed = pack_quant_weight(int(qtype), row_addresses(rows), k)
+    x = torch.randn(45, k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    outs = []
+    for amx_from in (0, 1):
+        before = core.linear_amx_items()
+        out = torch.empty(45, n)
+        quant_linear(out, x, packed, int(qtype), None, None, 0, amx_from)
+        assert (core.linear_amx_items() > before) == (amx_from == 1)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_stack_runs_quantized_projections_on_tiles(emulated: None, tmp_path: Path) -> None:
+    """bf16 with the native attention: the decoder stack passes the int8 threshold to every
+    quantized projection; the hidden states are the VNNI run's bit for bit."""
+    path = tmp_path / "m.gguf"
+    write_gguf_model(path, "llama", qtype="Q4_1")
+    model, arch = load_model(resolve_model(str(path)), dtype=torch.bfloat16,
+                             device=torch.device("cpu"), attention=NativeAttentionBackend(),
+                             progress=False, quantization="auto")  # fmt: skip
+    assert model.stack is not None
+    vnni = hidden_states(model, arch)
+    model.use_amx(0, 1)
+    assert model.stack.amx_int8_from_rows == 1 and model.layers[0].qkv_proj.amx_from == 1
+    before = core.linear_amx_items()
+    tiles = hidden_states(model, arch)
+    assert core.linear_amx_items() > before
+    for got, want in zip(tiles, vnni, strict=True):
+        assert torch.equal(got, want)
+    # The start-up choice measures the layer's own projections; emulated tiles are slow, so
+    # they are not taken, and the summary says so.
+    start, note = quantized_amx_choice(list(model.layers[0].modules()), [16, 64], torch.bfloat16)
+    assert start == 0 and note.startswith("AMX-INT8 tiles not taken (at best")
+    assert all(m.amx_from == 0 for m in model.layers[0].modules() if hasattr(m, "amx_from"))
+    assert quantized_amx_choice([], [16], torch.bfloat16) == (0, "")

@@ -1,0 +1,136 @@
+// AMX-INT8 tiles for the quantized linear kernel (linear_quant_cpu.cpp), on the shared driver
+// (linear_cpu_driver.hpp) and the tiles of linear_cpu_amx.hpp: an item's rows go 32 at a time
+// through a 2 x 2 block of 16 x 16 int32 accumulator tiles per 32-column weight tile.
+//
+// The packed weight is TDPBSUD's B operand as it is: a block's step s (4 features) of half tile
+// h is 16 columns x 4 unsigned bytes, one 64-byte row, and steps are 128 bytes apart (the two
+// halves side by side), so a group of 32 (16) features is a B tile of 8 (4) rows; 4-bit blocks
+// are spread to one value per byte first (1 KB per block). A is 16 rows of a group's int8
+// activations, read in place from the quantized rows.
+//
+// Same bits as the VNNI path: a group's int32 sums are exact however they are added (at most
+// 32 x 255 x 127 in magnitude), and they are folded into the fp32 accumulators with the VNNI
+// path's own operations in its order (scale * d, then the two FMAs, group after group). So
+// any row threshold between the two keeps batch invariance. The fp32 accumulators of a block
+// live in memory between groups (a group's int32 tiles are stored, converted and folded).
+#pragma once
+
+#include <cstdint>
+
+#include "linear_cpu_amx.hpp"
+#include "linear_quant_layout.hpp"
+
+namespace pagedserve::linear_detail {
+
+// A block of `rows` (1 .. 32) rows of groups of `group` features: A tiles `group` bytes wide,
+// B tiles group / 4 rows of 64 bytes, C tiles 16 int32 wide.
+inline TileConfig int8_block_config(std::int64_t rows, std::int64_t group) {
+    TileConfig c = block_config(rows);
+    c.colsb[kA0] = static_cast<std::uint16_t>(group);
+    if (c.rows[kA0 + 1] > 0) c.colsb[kA0 + 1] = static_cast<std::uint16_t>(group);
+    c.rows[kB0] = c.rows[kB0 + 1] = static_cast<std::uint8_t>(group / 4);
+    return c;
+}
+
+// The driver's Item for quantized kernel K (linear_quant_cpu.cpp's QuantKernel) on Tiles.
+template <typename K, typename Tiles>
+struct AmxQuantItems {
+    using Args = typename K::Args;
+    static constexpr quant_detail::Format kFormat = K::kFormat;
+    static constexpr std::int64_t kSteps = quant_detail::kBlockK / 4;  // 4-feature steps per block
+    static constexpr std::int64_t kStepBytes = 2 * kTileBytes;          // both half tiles
+
+    static void run(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t tile0,
+                    std::int64_t tile_end, std::int64_t next0, std::int64_t next_end) {
+        run_blocks<K, Tiles, AmxQuantItems>(
+            a, row0, rows, tile0, tile_end, next0, next_end,
+            [](std::int64_t block_rows) { return int8_block_config(block_rows, kFormat.group_size); });
+    }
+
+    // Rows [row0, row0 + rows) x weight tile t, with `halves` A tiles (rows > 16: 2).
+    template <int halves>
+    static void block(Tiles& tiles, const Args& a, std::int64_t row0, std::int64_t rows,
+                      std::int64_t t, Prefetch prefetch) {
+        const std::uint8_t* w = tile_weights<K>(a, t);
+        const std::int64_t blocks = a.k / quant_detail::kBlockK;
+        const std::int64_t block_bytes = kFormat.block_bytes();
+        alignas(64) float acc[kBlockRows][kLinearTileN] = {};
+        alignas(64) std::int32_t sums[kBlockRows][kLinearTileN];
+        alignas(64) std::uint8_t spread[kSteps * kStepBytes];  // a 4-bit block, a value a byte
+        std::int64_t line = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) {
+            for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
+                _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+            const std::uint8_t* quants = w + b * block_bytes;
+            const std::uint8_t* values = quants;
+            if constexpr (kFormat.bits == 4) values = spread_nibbles(quants, spread);
+            for (std::int64_t g = 0; g < kFormat.groups(); ++g) {
+                const std::uint8_t* x =
+                    a.acts + row0 * a.act_row_bytes + quant_detail::kBlockK * b + kFormat.group_size * g;
+                const std::uint8_t* v = values + g * (kFormat.group_size / 4) * kStepBytes;
+                tiles.template zero<0>();
+                tiles.template zero<1>();
+                tiles.template load<kB0>(v, kStepBytes);
+                tiles.template load<kB0 + 1>(v + kTileBytes, kStepBytes);
+                tiles.template load<kA0>(x, a.act_row_bytes);
+                tiles.template dot_int8<0, kA0, kB0>();
+                tiles.template dot_int8<1, kA0, kB0 + 1>();
+                constexpr std::int64_t row_bytes = sizeof(sums[0]);
+                tiles.template store<0>(&sums[0][0], row_bytes);
+                tiles.template store<1>(&sums[0][kTileRows], row_bytes);
+                if constexpr (halves == 2) {
+                    tiles.template zero<2>();
+                    tiles.template zero<3>();
+                    tiles.template load<kA0 + 1>(x + kTileRows * a.act_row_bytes, a.act_row_bytes);
+                    tiles.template dot_int8<2, kA0 + 1, kB0>();
+                    tiles.template dot_int8<3, kA0 + 1, kB0 + 1>();
+                    tiles.template store<2>(&sums[kTileRows][0], row_bytes);
+                    tiles.template store<3>(&sums[kTileRows][kTileRows], row_bytes);
+                }
+                fold(a, row0, rows, b, g, quants, sums, acc);
+            }
+        }
+        store_block<K>(a, row0, rows, t, acc, NothingMore{});
+    }
+
+private:
+    // A 4-bit block's steps s < 4 (low nibbles) and s + 4 (high nibbles) as one byte each, in
+    // the 8-bit layout.
+    PAGEDSERVE_LINEAR_TARGET static const std::uint8_t* spread_nibbles(const std::uint8_t* quants,
+                                                                       std::uint8_t* out) {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (std::int64_t i = 0; i < kSteps; ++i) {  // row i = 2 s + h holds steps s and s + 4
+            const __m512i v = _mm512_loadu_si512(quants + i * kTileBytes);
+            _mm512_store_si512(out + i * kTileBytes, _mm512_and_si512(v, low));
+            _mm512_store_si512(out + (i + kSteps) * kTileBytes,
+                               _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+        }
+        return out;
+    }
+
+    // acc[r] += float(sums[r]) * (scale * d) + min * group_sum, as the VNNI path's group().
+    PAGEDSERVE_LINEAR_TARGET static void fold(const Args& a, std::int64_t row0, std::int64_t rows,
+                                              std::int64_t b, std::int64_t g,
+                                              const std::uint8_t* quants,
+                                              const std::int32_t (&sums)[kBlockRows][kLinearTileN],
+                                              float (&acc)[kBlockRows][kLinearTileN]) {
+        const auto* scales = reinterpret_cast<const float*>(quants + kFormat.quant_bytes());
+        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        for (int h = 0; h < 2; ++h) {
+            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
+            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            for (std::int64_t r = 0; r < rows; ++r) {
+                const quant_detail::ActivationRow row(a.acts + (row0 + r) * a.act_row_bytes, a.k);
+                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
+                __m512 out = _mm512_load_ps(&acc[r][16 * h]);
+                const __m512i isum = _mm512_load_si512(&sums[r][16 * h]);
+                out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sd, out);
+                out = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)), out);
+                _mm512_store_ps(&acc[r][16 * h], out);
+            }
+        }
+    }
+
+};
+
+}  // namespace pagedserve::linear_detail
