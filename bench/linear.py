@@ -5,7 +5,9 @@
 
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
 --quantized times the GGUF kernels (ops/linear_quant.py; int8 activations, AVX512-VNNI or the
-portable path) beside the native bf16 kernel and torch on the same layers at each of --rows: GB/s of (packed) weights at one row, GFLOP/s at more. --dequant-bf16 adds, per type, the
+portable path) beside the native bf16 kernel and torch on the same layers at each of --rows: GB/s
+of (packed) weights at one row, GFLOP/s at more; where the CPU has AMX-INT8 tiles, each type
+again on them ('/amx'). --dequant-bf16 adds, per type, the
 alternative the kernel was chosen against (weights converted to bf16 in registers, AVX512-BF16
 dot products with unrounded bf16 activations).
 
@@ -46,7 +48,12 @@ from pagedserve.core.models.linear_dispatch import (
 )
 from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
 from pagedserve.core.ops.linear import amx_available, native_linear_available
-from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
+from pagedserve.core.ops.linear_quant import (
+    pack_quant_weight,
+    quant_amx_available,
+    quant_linear,
+    quant_linear_path,
+)
 from pagedserve.core.ops.native import core
 
 # (name, in_features, out_features, residual add, fp32 output)
@@ -97,8 +104,10 @@ def dequant_bf16_call(
 def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequant: bool) -> None:
     """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel
     (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
+    tiles = quant_amx_available()
     print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
-          "each kernel reads (packed)")  # fmt: skip
+          "each kernel reads (packed); "
+          + ("'/amx': the same kernel on AMX-INT8 tiles" if tiles else "no AMX-INT8 tiles here"))  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(torch.bfloat16)
         w = (torch.randn(n, k) * k**-0.5).bfloat16()
@@ -113,7 +122,8 @@ def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequa
             addresses = rows.ctypes.data + np.arange(n, dtype=np.int64) * rows.strides[0]
             packs.append((int(qtype), pack_quant_weight(int(qtype), addresses, k)))
         names = [GGMLQuantizationType(q).name for q, _ in packs]
-        names += [f"{t}/bf16" for t in names] if dequant else []
+        extra = (["bf16"] if dequant else []) + (["amx"] if tiles else [])
+        names += [f"{t}/{e}" for e in extra for t in names]
         print(f"{name} [k={k}, n={n}]: median us of torch, bf16, " + ", ".join(names)
               + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
         for m in row_counts:
@@ -128,9 +138,12 @@ def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequa
             calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0) for q, p in packs]
             if dequant:
                 calls += [dequant_bf16_call(out, x, p, q, res) for q, p in packs]
+            if tiles:  # every call on AMX-INT8 tiles
+                calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0, 1)
+                          for q, p in packs]  # fmt: skip
             times = timed_all(calls, repeats)
             sizes = [n * k * 2, layer.weight_bytes()] + [p.numel() for _, p in packs] * (
-                1 + dequant
+                1 + len(extra)
             )
             rates = [f"{s / t / 1e9:.0f}GB/s" if m == 1 else f"{2 * m * n * k / t / 1e9:.0f}GF/s"
                      for s, t in zip(sizes, times, strict=True)]  # fmt: skip
