@@ -45,6 +45,7 @@ static_assert(sizeof(TileConfig) == 64);
 
 inline constexpr std::int64_t kTileRows = 16;      // rows of an A or C tile
 inline constexpr std::int64_t kTileBytes = 64;     // bytes of a tile row
+inline constexpr std::int64_t kTileCols = 16;      // columns of a B or C tile (32-bit elements)
 inline constexpr std::int64_t kTilePairs = 16;     // feature pairs per A / B tile (32 features)
 inline constexpr std::int64_t kBlockRows = 2 * kTileRows;
 
@@ -234,7 +235,7 @@ PAGEDSERVE_LINEAR_TARGET void store_rows(const typename K::Args& a, std::int64_t
     __m512 acc[R][2];
     for (int i = 0; i < R; ++i) {
         acc[i][0] = _mm512_load_ps(&sums[r + i][0]);
-        acc[i][1] = _mm512_load_ps(&sums[r + i][kTileRows]);
+        acc[i][1] = _mm512_load_ps(&sums[r + i][kTileCols]);
     }
     more.template add<R>(acc, r);
     store_tile<K, R>(a, row0 + r, t, acc);
@@ -283,7 +284,7 @@ struct AmxItems {
             const auto* b = w + s * kTilePairs * 2 * kLinearTileN;
             const auto* x = a.x + row0 * a.x_stride + s * 2 * kTilePairs;
             tiles.template load<kB0>(b, pair_bytes);
-            tiles.template load<kB0 + 1>(b + kTileRows * 2, pair_bytes);
+            tiles.template load<kB0 + 1>(b + 2 * kTileCols, pair_bytes);
             tiles.template load<kA0>(x, x_bytes);
             tiles.template dot<0, kA0, kB0>();
             tiles.template dot<1, kA0, kB0 + 1>();
@@ -296,10 +297,10 @@ struct AmxItems {
         alignas(64) float sums[kBlockRows][kLinearTileN];
         constexpr std::int64_t row_bytes = sizeof(sums[0]);
         tiles.template store<0>(&sums[0][0], row_bytes);
-        tiles.template store<1>(&sums[0][kTileRows], row_bytes);
+        tiles.template store<1>(&sums[0][kTileCols], row_bytes);
         if constexpr (halves == 2) {
             tiles.template store<2>(&sums[kTileRows][0], row_bytes);
-            tiles.template store<3>(&sums[kTileRows][kTileRows], row_bytes);
+            tiles.template store<3>(&sums[kTileRows][kTileCols], row_bytes);
         }
         store_block<K>(a, row0, rows, t, sums, TailPairs{a, row0, t, steps * kTilePairs});
     }

@@ -77,7 +77,7 @@ struct AmxQuantItems {
                 tiles.template dot_int8<1, kA0, kB0 + 1>();
                 constexpr std::int64_t row_bytes = sizeof(sums[0]);
                 tiles.template store<0>(&sums[0][0], row_bytes);
-                tiles.template store<1>(&sums[0][kTileRows], row_bytes);
+                tiles.template store<1>(&sums[0][kTileCols], row_bytes);
                 if constexpr (halves == 2) {
                     tiles.template zero<2>();
                     tiles.template zero<3>();
@@ -85,7 +85,7 @@ struct AmxQuantItems {
                     tiles.template dot_int8<2, kA0 + 1, kB0>();
                     tiles.template dot_int8<3, kA0 + 1, kB0 + 1>();
                     tiles.template store<2>(&sums[kTileRows][0], row_bytes);
-                    tiles.template store<3>(&sums[kTileRows][kTileRows], row_bytes);
+                    tiles.template store<3>(&sums[kTileRows][kTileCols], row_bytes);
                 }
                 fold(a, row0, rows, b, g, quants, sums, acc);
             }
