@@ -41,9 +41,10 @@ class Server:
                 samples[name] = float(value)
         return samples
 
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples over its labels."""
-        samples = self.metrics()
+    def metric(self, name: str, samples: dict[str, float] | None = None) -> float:
+        """Sum of a metric's samples over its labels, from `samples` (one metrics() scrape,
+        for gauges that must be read at one moment) or a new scrape."""
+        samples = self.metrics() if samples is None else samples
         return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 

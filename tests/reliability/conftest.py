@@ -105,8 +105,9 @@ def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
     """Poll /metrics until no page is used and nothing runs or waits (or the timeout)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        samples = server.metrics()  # one scrape: the three gauges of one moment
         busy = {
-            name: server.metric(name)
+            name: server.metric(name, samples)
             for name in (
                 "pagedserve:kv_pages_used",
                 "vllm:num_requests_running",
