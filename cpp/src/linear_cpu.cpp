@@ -26,6 +26,13 @@ PAGEDSERVE_LINEAR_TARGET inline __m512bh broadcast_pair(const std::uint16_t* x, 
     return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
 }
 
+inline float bf16_to_float(std::uint16_t b) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
 struct Bf16Kernel {
     using Args = LinearArgs;
     using Weight = std::uint16_t;
@@ -37,11 +44,12 @@ struct Bf16Kernel {
                                                  const std::uint16_t* w, Prefetch prefetch,
                                                  __m512 (&acc)[R][2]) {
         for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        if (a.tile_order) return accumulate_in_tile_order<R>(a, row0, w, 0, prefetch, acc);
         accumulate<R>(a, row0, w, 0, prefetch, acc);
     }
 
     // acc += rows [row0, row0 + R) of x times the tile's columns, over the feature pairs from
-    // `first` on, in order (the AMX path runs the pairs its tiles do not: linear_cpu_amx.hpp).
+    // `first` on, in order: VDPBF16PS, which adds a pair's odd feature first.
     template <int R>
     PAGEDSERVE_LINEAR_TARGET static void accumulate(const LinearArgs& a, std::int64_t row0,
                                                     const std::uint16_t* w, std::int64_t first,
@@ -60,6 +68,40 @@ struct Bf16Kernel {
                 const __m512bh xr = broadcast_pair(x + r * a.x_stride + 2 * p, whole);
                 acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
                 acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+            }
+        }
+    }
+
+    // The same sums in the order of the SDM's TDPBF16PS (LinearArgs::tile_order): per pair the
+    // even feature's product first, each added by an fp32 FMA (a bf16 x bf16 product is exact,
+    // so one rounding per add, as the tiles'); the caller sets MXCSR's FTZ and DAZ (TileOrder),
+    // as the tiles flush denormals. Weights widen to fp32 lanes: even = low half << 16, odd =
+    // high half. The AMX path's features past its last whole 32 run here too.
+    template <int R>
+    PAGEDSERVE_LINEAR_TARGET static void accumulate_in_tile_order(
+        const LinearArgs& a, std::int64_t row0, const std::uint16_t* w, std::int64_t first,
+        Prefetch prefetch, __m512 (&acc)[R][2]) {
+        const std::uint16_t* x = a.x + row0 * a.x_stride;
+        const std::int64_t pairs = num_pairs(a.k);
+        const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+        for (std::int64_t p = first; p < pairs; ++p) {
+            const std::int64_t line = p - first;
+            if (line < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+            const bool whole = 2 * p + 1 < a.k;
+            __m512 even[2], odd[2];
+            for (int h = 0; h < 2; ++h) {
+                const __m512i v = _mm512_loadu_si512(w + p * kPairRow + 32 * h);
+                even[h] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                odd[h] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+            }
+            for (int r = 0; r < R; ++r) {
+                const std::uint16_t* xp = x + r * a.x_stride + 2 * p;
+                const __m512 x0 = _mm512_set1_ps(bf16_to_float(xp[0]));
+                const __m512 x1 = _mm512_set1_ps(whole ? bf16_to_float(xp[1]) : 0.0f);
+                for (int h = 0; h < 2; ++h) {
+                    acc[r][h] = _mm512_fmadd_ps(x0, even[h], acc[r][h]);
+                    acc[r][h] = _mm512_fmadd_ps(x1, odd[h], acc[r][h]);
+                }
             }
         }
     }
@@ -121,11 +163,15 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
     if (!check_linear_args(args, "linear_bf16")) return;
     check_linear(args.amx_from_rows >= 0, "linear_bf16: amx_from_rows must be >= 0");
     const int threads = std::max(1, num_threads);
-    if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
+    if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported()) {
+        if (args.tile_order)
+            return run_linear<Bf16Kernel, TileOrder<MicroTiles<Bf16Kernel>>>(args, threads);
         return run_linear<Bf16Kernel>(args, threads);
+    }
     if (amx_emulated.load(std::memory_order_relaxed))
-        return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
-    run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
+        return run_linear<Bf16Kernel, TileOrder<AmxItems<Bf16Kernel, SoftwareTiles>>>(args,
+                                                                                      threads);
+    run_linear<Bf16Kernel, TileOrder<AmxItems<Bf16Kernel, HardwareTiles>>>(args, threads);
 }
 
 bool linear_amx_supported() {

@@ -52,8 +52,13 @@ struct LinearArgs {
     std::int64_t gated_width = 0;
     // A call of at least this many rows runs on AMX-BF16 tiles where linear_amx_supported()
     // (0: never; 1: every call). Tiles and AVX512-BF16 may round a row differently (see
-    // linear_cpu_amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction.
+    // linear_cpu_amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction ...
     std::int64_t amx_from_rows = 0;
+    // ... or, with tile_order, the calls below it sum in the order of the SDM's TDPBF16PS
+    // (AVX-512 fp32 FMAs, a pair's even feature first, denormals flushed): bit for bit the
+    // tiles where the CPU's follow the SDM (the emulated ones do). Slower than VDPBF16PS from a
+    // few rows on (two FMAs per pair and row), as fast for a row or two (memory-bound).
+    bool tile_order = false;
 };
 
 // True when this CPU has AVX512-BF16 (checked at run time; the kernel is compiled for it with a
