@@ -448,6 +448,7 @@ class DecoderStack:
         num_threads: typing.SupportsInt | typing.SupportsIndex,
         amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
         amx_int8_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
+        amx_tile_order: bool = False,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
@@ -477,6 +478,7 @@ def linear_bf16(
     gated_width: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
     amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
+    tile_order: bool = False,
 ) -> None: ...
 def linear_bf16_supported() -> bool: ...
 def linear_f32(

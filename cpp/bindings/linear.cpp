@@ -19,7 +19,7 @@ using pagedserve::bindings::Ptr;
 void linear(Ptr x, std::int64_t x_stride, Ptr packed, Ptr bias, Ptr residual,
             std::int64_t residual_stride, Ptr out, std::int64_t out_stride, bool out_float32,
             std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t gated_width,
-            int num_threads, std::int64_t amx_from_rows) {
+            int num_threads, std::int64_t amx_from_rows, bool tile_order) {
     pagedserve::LinearArgs a;
     a.x = pointer<const std::uint16_t>(x), a.x_stride = x_stride;
     a.packed = pointer<const std::uint16_t>(packed);
@@ -27,6 +27,7 @@ void linear(Ptr x, std::int64_t x_stride, Ptr packed, Ptr bias, Ptr residual,
     a.residual = pointer<const std::uint16_t>(residual), a.residual_stride = residual_stride;
     a.out = pointer<void>(out), a.out_stride = out_stride, a.out_float32 = out_float32;
     a.m = m, a.n = n, a.k = k, a.gated_width = gated_width, a.amx_from_rows = amx_from_rows;
+    a.tile_order = tile_order;
     pagedserve::linear_bf16(a, num_threads);
 }
 
@@ -82,7 +83,7 @@ void bind_linear(py::module_& m) {
           py::arg("bias"), py::arg("residual"), py::arg("residual_stride"), py::arg("out"),
           py::arg("out_stride"), py::arg("out_float32"), py::arg("m"), py::arg("n"), py::arg("k"),
           py::arg("gated_width"), py::arg("num_threads"), py::arg("amx_from_rows") = 0,
-          py::call_guard<py::gil_scoped_release>());
+          py::arg("tile_order") = false, py::call_guard<py::gil_scoped_release>());
     // fp32 (the float32 model; batch-invariant where torch's matmul is not).
     m.def("packed_linear_elements_f32", &pagedserve::packed_linear_elements_f32, py::arg("n"),
           py::arg("k"));

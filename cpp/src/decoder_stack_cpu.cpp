@@ -42,6 +42,7 @@ void project(int type, const std::uint16_t* x, std::int64_t k, const std::uint16
     a.residual = residual, a.residual_stride = n;
     a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
     a.gated_width = gated_width, a.amx_from_rows = step.amx_from_rows;
+    a.tile_order = step.amx_tile_order;
     linear_bf16(a, num_threads);
 }
 

@@ -27,10 +27,10 @@ from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import PackableLinear
 from pagedserve.core.models.linear_dispatch import (
     DispatchInputs,
-    amx_agrees_with_avx512,
     calibration_rows,
     plan_dispatch,
     quantized_amx_choice,
+    tiles_agree_with_avx512,
 )
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
@@ -223,7 +223,7 @@ def pack_for_dispatch(
         calibration_rows(config.scheduler.max_num_batched_tokens),
         dtype,
     )
-    model.use_amx(dispatch.amx_from, int8_from)
+    model.use_amx(dispatch.amx_from, int8_from, dispatch.amx_tile_order)
     if int8_note:
         dispatch = replace(dispatch, summary=f"{dispatch.summary}; quantized kernel: {int8_note}")
     logger.info(
@@ -269,16 +269,17 @@ def is_batch_invariant(
     with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
     without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
     kernels (whose decode splits long contexts) are not. The native kernel's AMX tiles keep it
-    at every row count or none, or from a row count where they round as AVX512-BF16 does."""
+    at every row count or none, or from a row count where the rows below round as they do
+    (AVX512-BF16 itself, or summing in the tiles' order)."""
     linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
-    thresholds = [m.amx_from for m in linears if m.amx_from > 1]
+    orders = {m.tile_order for m in linears if m.amx_from > 1}  # thresholds, by their order
     quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
     return (
         device.type == "cpu"
         and attention.batch_invariant
         and (bool(linears) or quantized)
         and all(m.packed is not None and m.torch_from is None for m in linears)
-        and (not thresholds or not amx_available() or amx_agrees_with_avx512())
+        and (not amx_available() or all(tiles_agree_with_avx512(order) for order in orders))
     )
 
 

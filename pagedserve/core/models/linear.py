@@ -55,6 +55,8 @@ class PackableLinear(nn.Module):
         """Rows from which a packed layer runs torch's matmul on its kept weight (route())."""
         self.amx_from = 0
         """Rows from which the native bf16 kernel runs on AMX tiles (0: never; use_amx())."""
+        self.tile_order = False
+        """Fewer rows sum in the tiles' order (use_amx())."""
 
     def weight_bytes(self) -> int:
         """Bytes one product reads from the weights (the packed copy once packed)."""
@@ -66,7 +68,7 @@ class PackableLinear(nn.Module):
         if self.packed is not None and self.torch_from is not None:
             kind += f", torch from {self.torch_from} rows"
         if self.packed is not None and self.amx_from:
-            kind += f", amx from {self.amx_from} rows"
+            kind += f", amx from {self.amx_from} rows" + (" (tile order below)" * self.tile_order)
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, {kind}"
 
     def route(self, torch_from: int | None) -> None:
@@ -76,11 +78,12 @@ class PackableLinear(nn.Module):
                  "route: torch_from {} needs the weight kept at pack()", torch_from)  # fmt: skip
         self.torch_from = torch_from
 
-    def use_amx(self, from_rows: int) -> None:
+    def use_amx(self, from_rows: int, tile_order: bool = False) -> None:
         """Native bf16 products of at least `from_rows` rows run on AMX tiles where the CPU
-        grants them (ops/linear.py's packed_linear; 0: never, 1: every call)."""
+        grants them (ops/linear.py's packed_linear; 0: never, 1: every call); with tile_order
+        fewer rows sum in the tiles' order."""
         require(from_rows >= 0, "use_amx: from_rows must be >= 0, got {}", from_rows)
-        self.amx_from = from_rows
+        self.amx_from, self.tile_order = from_rows, tile_order
 
     def _runs_native(self, x: torch.Tensor) -> bool:
         return self.packed is not None and (self.torch_from is None or x.shape[0] < self.torch_from)
@@ -139,7 +142,7 @@ class Linear(PackableLinear):
         if residual is not None and residual.dim() == 2 and residual.stride(1) != 1:
             residual = residual.contiguous()
         out = torch.empty((x.shape[0], self.out_features), dtype=out_dtype, device=x.device)
-        packed_linear(out, x, self.packed, self.bias, residual, self.amx_from)
+        packed_linear(out, x, self.packed, self.bias, residual, self.amx_from, self.tile_order)
         return out
 
 
@@ -171,7 +174,7 @@ class GateUpLinear(PackableLinear):
             return layer_ops.silu_and_mul(F.linear(x, self.weight))
         x = self._check_features(x)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype, device=x.device)
-        packed_gated_linear(out, x, self.packed, self.amx_from)
+        packed_gated_linear(out, x, self.packed, self.amx_from, self.tile_order)
         return out
 
     def _plain_product(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
@@ -180,5 +183,5 @@ class GateUpLinear(PackableLinear):
             return F.linear(x, self.weight)
         x = self._check_features(x)
         out = torch.empty((x.shape[0], 2 * self.width), dtype=x.dtype, device=x.device)
-        packed_linear(out, x, self.packed, None, None, self.amx_from)
+        packed_linear(out, x, self.packed, None, None, self.amx_from, self.tile_order)
         return out

@@ -23,11 +23,13 @@ says what torch would have gained. Figures: bench/linear.py and bench/RESULTS.md
 native wins at every row count; on Intel AMX CPUs oneDNN is 4-10x faster from 64 rows).
 
 Where the native kernel may use AMX tiles (ops/linear.py's amx_available), the calibration
-times it on them too (amx_s), one row included, and the AMX path is taken from the least row
-count from which it beats AVX512-BF16 by AMX_MARGIN at every larger count. Tiles and AVX512-BF16
-may round a sum differently (linear_cpu_amx.hpp), so with --deterministic a threshold is kept
-only where amx_agrees_with_avx512() on this CPU; otherwise every call runs on tiles (threshold 1)
-if they cost one row at most AMX_ONE_ROW_SLACK more, else none does.
+times it on them too (amx_s) and on AVX-512 summing in the tiles' order (tile_order_s), one row
+included, and the AMX path is taken from the least row count from which it beats AVX512-BF16 by
+AMX_MARGIN at every larger count. Tiles and AVX512-BF16 may round a sum differently
+(linear_cpu_amx.hpp), so with --deterministic a threshold is kept only where the rows below it
+round as the tiles do on this CPU (tiles_agree_with_avx512(): AVX512-BF16 itself, or the tiles'
+order on AVX-512, which the SDM's tiles match bit for bit); otherwise every call runs on tiles
+(threshold 1) if they cost one row at most AMX_ONE_ROW_SLACK more, else none does.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class Timing:
     torch_s: float
     amx_s: float | None = None
     """The native kernel on AMX tiles (None: not measured, no AMX here)."""
+    tile_order_s: float | None = None
+    """The native kernel on AVX-512 summing in the tiles' order (measured with amx_s)."""
 
     @property
     def best_native_s(self) -> float:
@@ -145,10 +149,11 @@ def _wins_from(timings: Sequence[Timing], wins: Callable[[Timing], bool]) -> int
 
 
 @cache
-def amx_agrees_with_avx512() -> bool:
+def tiles_agree_with_avx512(tile_order: bool = False) -> bool:
     """Whether the native kernel's AMX tiles give every sum of a [64, 576] x [576, 256] product
-    (random bf16, fp32 out) bit for bit as its AVX512-BF16 path does on this CPU: then a row
-    threshold between them keeps batch invariance. False where there are no tiles."""
+    (random bf16, fp32 out) bit for bit as its AVX-512 path does on this CPU (summing in the
+    tiles' order with tile_order): then a row threshold between them keeps batch invariance.
+    False where there are no tiles."""
     if not amx_available():
         return False
     gen = torch.Generator().manual_seed(0)
@@ -156,18 +161,18 @@ def amx_agrees_with_avx512() -> bool:
     packed = pack_weight(torch.randn(256, 576, generator=gen).to(torch.bfloat16))
     outs = [torch.empty(64, 256) for _ in range(2)]
     for out, amx_from in zip(outs, (0, 1), strict=True):
-        packed_linear(out, x, packed, None, None, amx_from)
+        packed_linear(out, x, packed, None, None, amx_from, tile_order)
     return torch.equal(outs[0], outs[1])
 
 
 def _layers(shape: LayerShape, dtype: torch.dtype, amx: bool) -> list[PackableLinear] | None:
-    """[native, torch] layers of this shape on one random weight, and native on AMX tiles if
-    `amx`; None where it cannot pack."""
+    """[native, torch] layers of this shape on one random weight, and if `amx` native on AMX
+    tiles and native in the tiles' order; None where it cannot pack."""
     layers: list[PackableLinear] = [
         GateUpLinear(shape.in_features, shape.out_features)
         if shape.gated
         else Linear(shape.in_features, shape.out_features)
-        for _ in range(3 if amx else 2)
+        for _ in range(4 if amx else 2)
     ]
     weight = torch.randn(layers[0].out_features, shape.in_features).mul_(0.05).to(dtype)
     for layer in layers:  # all share the one tensor
@@ -175,8 +180,10 @@ def _layers(shape: LayerShape, dtype: torch.dtype, amx: bool) -> list[PackableLi
     if not layers[0].pack():
         return None
     if amx:
-        layers[2].pack()
+        for layer in layers[2:]:
+            layer.pack()
         layers[2].use_amx(1)
+        layers[3].use_amx(0, tile_order=True)
     return layers
 
 
@@ -224,10 +231,10 @@ def calibrate(
     budget_s: float = BUDGET_S,
     amx: bool = False,
 ) -> list[Timing]:
-    """Native vs torch (and native on AMX tiles if `amx`) over one layer's projections run
-    back to back, at each row count (ascending); row counts after the budget is spent are
-    skipped (the log names what was measured). Empty where the native kernel does not take
-    `dtype` on this CPU."""
+    """Native vs torch (and native on AMX tiles and in the tiles' order if `amx`) over one
+    layer's projections run back to back, at each row count (ascending); row counts after the
+    budget is spent are skipped (the log names what was measured). Empty where the native
+    kernel does not take `dtype` on this CPU."""
     layers = [_layers(shape, dtype, amx) for shape in shapes]
     if any(ls is None for ls in layers):
         return []
@@ -235,14 +242,14 @@ def calibrate(
     for m in sorted(set(rows)):
         if timings and time.perf_counter() - start > budget_s:
             break
-        runs: list[list[Callable[[], object]]] = [[] for _ in range(3 if amx else 2)]
+        runs: list[list[Callable[[], object]]] = [[] for _ in range(4 if amx else 2)]
         for shape, shape_layers in zip(shapes, layers, strict=True):
             assert shape_layers is not None
             x = torch.randn(m, shape.in_features).to(dtype)
             for path, layer in zip(runs, shape_layers, strict=True):
                 path.append(_runner(layer, shape, x))
-        native_s, torch_s, *amx_s = _medians([_layer(r) for r in runs], reps)
-        timings.append(Timing(m, native_s, torch_s, amx_s[0] if amx_s else None))
+        native_s, torch_s, *tiles = _medians([_layer(r) for r in runs], reps)
+        timings.append(Timing(m, native_s, torch_s, *tiles))
     return timings
 
 
@@ -275,6 +282,8 @@ class LinearDispatch:
     timings: tuple[Timing, ...] = ()
     amx_from: int = 0
     """Rows from which the native bf16 kernel runs on AMX tiles (0: never; 1: every call)."""
+    amx_tile_order: bool = False
+    """Fewer rows sum in the tiles' order (bit for bit the tiles: --deterministic's threshold)."""
 
     @property
     def keeps_weights(self) -> bool:
@@ -328,9 +337,9 @@ def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> Lin
                 "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.torch_s * 1e3:.3f}"
                           + (f" vs {t.amx_s * 1e3:.3f}" if t.amx_s is not None else "") + " ms"
                           for t in timings))  # fmt: skip
-    amx_from, amx_note = _amx_choice(timings, deterministic)
+    amx_from, tile_order, amx_note = _amx_choice(timings, deterministic)
     dispatch = _decide(torch_from_rows(timings), timings, deterministic, amx_note)
-    return replace(dispatch, amx_from=amx_from)
+    return replace(dispatch, amx_from=amx_from, amx_tile_order=tile_order)
 
 
 @torch.inference_mode()
@@ -373,25 +382,43 @@ def _fixed(reason: str, amx_from: int = 0) -> LinearDispatch:
     return LinearDispatch(None, f"{reason}; cpu: {cpu_features().describe()}", amx_from=amx_from)
 
 
-def _amx_choice(timings: Sequence[Timing], deterministic: bool) -> tuple[int, str]:
-    """(amx_from, what the summary says of it; "" where the tiles were not measured)."""
+def _amx_choice(timings: Sequence[Timing], deterministic: bool) -> tuple[int, bool, str]:
+    """(amx_from, tile_order, what the summary says of it; "" where the tiles were not
+    measured). Without --deterministic: tiles from where they beat AVX512-BF16. With it, a
+    threshold needs the rows below it to round as the tiles do: AVX512-BF16 itself where the CPU
+    agrees, else the tiles' order on AVX-512 where that agrees and costs one row at most
+    AMX_ONE_ROW_SLACK more; failing both, tiles at every row count if one row on them costs no
+    more than that, else none."""
     measured = [t for t in timings if t.amx_s is not None]
     if not measured:
-        return 0, ""
+        return 0, False, ""
     start = amx_from_rows(measured)
     if start is None:
         best = max(t.amx_speedup for t in measured)
-        return 0, f"AMX tiles not taken (at best {best:.2f}x of AVX512-BF16)"
+        return 0, False, f"AMX tiles not taken (at best {best:.2f}x of AVX512-BF16)"
     gain = max(t.amx_speedup for t in measured if t.rows >= start)
-    if start == 1 or not deterministic or amx_agrees_with_avx512():
-        return start, f"AMX tiles from {start} rows (up to {gain:.2f}x AVX512-BF16)"
+    taken = f"AMX tiles from {start} rows (up to {gain:.2f}x AVX512-BF16)"
+    if start == 1 or not deterministic or tiles_agree_with_avx512():
+        return start, False, taken
     one = next((t for t in measured if t.rows == 1), None)
     if one is not None and one.amx_s is not None:
+        ordered = _wins_from(measured, lambda t: t.tile_order_s is not None
+                             and t.amx_s is not None
+                             and t.amx_s * (1 + AMX_MARGIN) < t.tile_order_s)  # fmt: skip
+        cheap = one.tile_order_s is not None and one.tile_order_s <= one.native_s * (
+            1 + AMX_ONE_ROW_SLACK
+        )
+        if ordered is not None and ordered > 1 and cheap and tiles_agree_with_avx512(True):
+            return ordered, True, (f"AMX tiles from {ordered} rows, fewer rows summed in the "
+                                   f"tiles' order (deterministic; up to {gain:.2f}x "
+                                   f"AVX512-BF16)")  # fmt: skip
         if one.amx_s <= one.native_s * (1 + AMX_ONE_ROW_SLACK):
-            return 1, (f"AMX tiles at every row count (deterministic: they round unlike "
-                       f"AVX512-BF16; up to {gain:.2f}x it, one row {one.amx_speedup:.2f}x)")  # fmt: skip
-    return 0, (f"AVX512-BF16 at every row count (deterministic: AMX tiles would be up to "
-               f"{gain:.2f}x faster from {start} rows, --no-deterministic takes them)")  # fmt: skip
+            return 1, False, (f"AMX tiles at every row count (deterministic: they round unlike "
+                              f"AVX512-BF16; up to {gain:.2f}x it, one row "
+                              f"{one.amx_speedup:.2f}x)")  # fmt: skip
+    return 0, False, (f"AVX512-BF16 at every row count (deterministic: AMX tiles would be up "
+                      f"to {gain:.2f}x faster from {start} rows, --no-deterministic takes "
+                      f"them)")  # fmt: skip
 
 
 def _decide(

@@ -188,6 +188,7 @@ class LlamaForCausalLM(nn.Module):
         self.torch_from: int | None = None  # route_linears(): rows from which torch runs them
         self.amx_from = 0  # use_amx(): rows from which the native bf16 kernel takes AMX tiles
         self.amx_int8_from = 0  # and the quantized kernel AMX-INT8 tiles
+        self.amx_tile_order = False  # bf16 steps below amx_from sum in the tiles' order
         self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
 
     def tie_weights(self) -> None:
@@ -204,23 +205,25 @@ class LlamaForCausalLM(nn.Module):
         packed = sum(m.pack(keep_weight=id(m) in kept) for m in self.modules()
                       if isinstance(m, PackableLinear))  # fmt: skip
         self.stack = DecoderStack.build(self.decoder_layers())
-        self.use_amx(self.amx_from, self.amx_int8_from)
+        self.use_amx(self.amx_from, self.amx_int8_from, self.amx_tile_order)
         return packed
 
-    def use_amx(self, from_rows: int, int8_from_rows: int = 0) -> None:
+    def use_amx(self, from_rows: int, int8_from_rows: int = 0, tile_order: bool = False) -> None:
         """Native bf16 products of at least `from_rows` rows (0: never, 1: every one) run on
-        AMX-BF16 tiles, quantized ones of at least `int8_from_rows` on AMX-INT8 tiles, where the
-        CPU grants them: every layer's, lm_head's and the decoder stack's (models/
-        linear_dispatch.py decides)."""
+        AMX-BF16 tiles (fewer rows in the tiles' order with tile_order), quantized ones of at
+        least `int8_from_rows` on AMX-INT8 tiles, where the CPU grants them: every layer's,
+        lm_head's and the decoder stack's (models/linear_dispatch.py decides)."""
         for m in self.modules():
             if isinstance(m, PackableLinear):
-                m.use_amx(from_rows)
+                m.use_amx(from_rows, tile_order)
             elif isinstance(m, QuantizedLinear | QuantizedGateUpLinear):
                 m.use_amx(int8_from_rows)
         if self.stack is not None:
             self.stack.amx_from_rows = from_rows
             self.stack.amx_int8_from_rows = int8_from_rows
+            self.stack.amx_tile_order = tile_order
         self.amx_from, self.amx_int8_from = from_rows, int8_from_rows
+        self.amx_tile_order = tile_order
 
     def dense_projections(self) -> list[PackableLinear]:
         """Every decoder layer's dense projections (qkv, o, gate_up, down); [] unless every

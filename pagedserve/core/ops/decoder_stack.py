@@ -57,6 +57,8 @@ class NativeDecoderStack:
         ops/linear.py's packed_linear)."""
         self.amx_int8_from_rows = 0
         """Likewise the quantized projections on AMX-INT8 tiles (ops/linear_quant.py)."""
+        self.amx_tile_order = False
+        """Steps below amx_from_rows sum the bf16 projections in the tiles' order."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
@@ -91,6 +93,7 @@ class NativeDecoderStack:
             num_threads=torch.get_num_threads(),
             amx_from_rows=self.amx_from_rows,
             amx_int8_from_rows=self.amx_int8_from_rows,
+            amx_tile_order=self.amx_tile_order,
         )
         return hidden
 

@@ -6,6 +6,7 @@ and their fp32 twin (a fixed order of summation over k whatever the rows: batch-
     packed = pack_gated_weight(weight, width)       gate/up [2 width, k], interleaved by 16
     packed_gated_linear(out, x, packed)             out = silu(x W_gate^T) * (x W_up^T)
     packed_linear(..., amx_from_rows=64)            bf16 calls of >= 64 rows on AMX tiles
+    packed_linear(..., 64, tile_order=True)         ... fewer summed in the tiles' order
 
 Both products are NativeOps (ops/base.py). models/linear.py holds the layers that use them.
 """
@@ -111,6 +112,7 @@ def _check(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     amx_from_rows: int = 0,
+    tile_order: bool = False,
 ) -> None:
     """x [m, k] in packed's dtype (bf16 or fp32), CPU; out [m, n] bf16 or fp32 (fp32 only for
     an fp32 weight); rows contiguous in their last dim."""
@@ -139,6 +141,7 @@ def _run(
     n: int,
     gated_width: int,
     amx_from_rows: int,
+    tile_order: bool,
 ) -> None:
     bias_ptr = 0 if bias is None else bias.data_ptr()
     res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
@@ -150,7 +153,7 @@ def _run(
     else:
         _core.linear_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), bias_ptr, res_ptr,
                           res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
-                          m, n, k, gated_width, threads, amx_from_rows)  # fmt: skip
+                          m, n, k, gated_width, threads, amx_from_rows, tile_order)  # fmt: skip
 
 
 def packed_linear_eager(
@@ -160,17 +163,22 @@ def packed_linear_eager(
     bias: torch.Tensor | None,  # [n], x's dtype
     residual: torch.Tensor | None,  # [m, n], x's dtype, may be out itself
     amx_from_rows: int = 0,  # bf16: calls of at least this many rows on AMX tiles (0: never)
+    tile_order: bool = False,  # bf16: fewer rows sum in the tiles' order (bit for bit them)
 ) -> None:
     """out = x W^T (+ bias) (+ residual): packed_linear's body."""
-    _check(out, x, packed, bias, residual, amx_from_rows)
-    _run(out, x, packed, bias, residual, out.shape[1], 0, amx_from_rows)
+    _check(out, x, packed, bias, residual, amx_from_rows, tile_order)
+    _run(out, x, packed, bias, residual, out.shape[1], 0, amx_from_rows, tile_order)
 
 
 packed_linear = NativeOp.declare("packed_linear", packed_linear_eager, _check, mutates=("out",))
 
 
 def _check_gated(
-    out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, amx_from_rows: int = 0
+    out: torch.Tensor,
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    amx_from_rows: int = 0,
+    tile_order: bool = False,
 ) -> None:
     """x [m, k] CPU in packed's dtype; out [m, width] likewise; packed: GateUpLinear's buffer."""
     _check_x(x, packed)
@@ -194,11 +202,12 @@ def packed_gated_linear_eager(
     x: torch.Tensor,  # [m, k] bf16 or fp32
     packed: torch.Tensor,  # GateUpLinear.pack()'s buffer
     amx_from_rows: int = 0,  # as packed_linear's
+    tile_order: bool = False,
 ) -> None:
     """out = silu(x W_gate^T) * (x W_up^T): packed_gated_linear's body."""
-    _check_gated(out, x, packed, amx_from_rows)
+    _check_gated(out, x, packed, amx_from_rows, tile_order)
     width = out.shape[1]
-    _run(out, x, packed, None, None, _core.gated_rows(width), width, amx_from_rows)
+    _run(out, x, packed, None, None, _core.gated_rows(width), width, amx_from_rows, tile_order)
 
 
 packed_gated_linear = NativeOp.declare(

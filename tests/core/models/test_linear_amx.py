@@ -22,10 +22,10 @@ from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear_dispatch import (
     DispatchInputs,
     Timing,
-    amx_agrees_with_avx512,
     amx_from_rows,
     plan_dispatch,
     quantized_amx_choice,
+    tiles_agree_with_avx512,
 )
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import resolve_model
@@ -39,6 +39,7 @@ from pagedserve.core.ops.linear import (
 )
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_amx_available, quant_linear
 from pagedserve.core.ops.native import core
+from pagedserve.core.startup import is_batch_invariant
 from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import gguf_rows, row_addresses
 from tests.tiny_models import write_gguf_model
@@ -55,12 +56,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 @pytest.fixture
 def emulated() -> Iterator[None]:
     core.linear_amx_emulation(True)
-    amx_agrees_with_avx512.cache_clear()
+    tiles_agree_with_avx512.cache_clear()
     try:
         yield
     finally:
         core.linear_amx_emulation(False)
-        amx_agrees_with_avx512.cache_clear()
+        tiles_agree_with_avx512.cache_clear()
 
 
 @pytest.fixture(params=["emulated", "hardware"])
@@ -101,36 +102,56 @@ def _dispatch(
     arch: ArchConfig,
     deterministic: bool,
     one_row_amx_s: float,
-    agrees: bool,
+    agrees: tuple[bool, ...] = (),
+    one_row_tile_order_s: float = 3.0,
 ) -> linear_dispatch.LinearDispatch:
-    """plan_dispatch on timings where the tiles are 3x faster from 64 rows, torch never."""
+    """plan_dispatch on timings where the tiles are 3x faster than AVX512-BF16 from 64 rows
+    (4/3 slower below), AVX-512 in the tiles' order twice as slow as AVX512-BF16 from 16 rows,
+    torch never; `agrees`: the orders (False: AVX512-BF16's, True: the tiles') whose rows the
+    CPU's tiles give bit for bit."""
 
     def measure(shapes, rows, dtype, threads, amx):
         assert amx and 1 in rows
         return [
-            Timing(r, 3.0 * r, 10.0 * r, one_row_amx_s if r == 1 else (1.0 if r >= 64 else 4.0) * r)
+            Timing(
+                r,
+                3.0 * r,
+                10.0 * r,
+                one_row_amx_s if r == 1 else (1.0 if r >= 64 else 4.0) * r,
+                one_row_tile_order_s if r == 1 else 6.0 * r,
+            )  # fmt: skip
             for r in rows
         ]
 
     monkeypatch.setattr(linear_dispatch, "measure_layer", measure)
     monkeypatch.setattr(linear_dispatch, "amx_available", lambda: True)
-    monkeypatch.setattr(linear_dispatch, "amx_agrees_with_avx512", lambda: agrees)
+    monkeypatch.setattr(
+        linear_dispatch, "tiles_agree_with_avx512", lambda tile_order=False: tile_order in agrees
+    )
     return plan_dispatch("auto", deterministic, DispatchInputs(arch, torch.bfloat16, 256))
 
 
 def test_amx_choice_with_and_without_determinism(
     monkeypatch: pytest.MonkeyPatch, arch: ArchConfig
 ) -> None:
-    fast, slow = 2.9, 4.0  # one row on tiles vs AVX512-BF16's 3.0
-    free = _dispatch(monkeypatch, arch, False, slow, agrees=False)
-    assert free.amx_from == 64 and "AMX tiles from 64 rows (up to 3.00x" in free.summary
-    # Deterministic: a threshold only where tiles and AVX512-BF16 agree bit for bit ...
-    assert _dispatch(monkeypatch, arch, True, slow, agrees=True).amx_from == 64
+    fast, slow = 2.9, 4.0  # one row on tiles (or in their order) vs AVX512-BF16's 3.0
+    free = _dispatch(monkeypatch, arch, False, slow)
+    assert free.amx_from == 64 and not free.amx_tile_order
+    assert "AMX tiles from 64 rows (up to 3.00x" in free.summary
+    # Deterministic: a threshold where the tiles round as AVX512-BF16 ...
+    plain = _dispatch(monkeypatch, arch, True, slow, agrees=(False,))
+    assert (plain.amx_from, plain.amx_tile_order) == (64, False)
+    # ... or as AVX-512 summing in their order, cheap at one row: the rows below it take that
+    # order, and the tiles beat it from 16 rows (4 vs 6 per row) ...
+    ordered = _dispatch(monkeypatch, arch, True, slow, agrees=(True,))
+    assert (ordered.amx_from, ordered.amx_tile_order) == (16, True)
+    assert "fewer rows summed in the tiles' order" in ordered.summary
     # ... else every call on tiles where one row pays no more than the slack ...
-    every = _dispatch(monkeypatch, arch, True, fast, agrees=False)
-    assert every.amx_from == 1 and "AMX tiles at every row count (deterministic" in every.summary
+    every = _dispatch(monkeypatch, arch, True, fast, agrees=(True,), one_row_tile_order_s=slow)
+    assert (every.amx_from, every.amx_tile_order) == (1, False)
+    assert "AMX tiles at every row count (deterministic" in every.summary
     # ... or none, saying what --no-deterministic would take.
-    none = _dispatch(monkeypatch, arch, True, slow, agrees=False)
+    none = _dispatch(monkeypatch, arch, True, slow)
     assert none.amx_from == 0
     assert "AMX tiles would be up to 3.00x faster from 64 rows" in none.summary
     assert none.torch_from is None and free.torch_from is None
@@ -173,15 +194,18 @@ def test_packed_linear_on_tiles_against_avx512(tiles: str) -> None:
         packed_linear(outs[0], x, packed, bias, None, -1)
 
 
-def test_emulated_tiles_round_unlike_avx512(emulated: None) -> None:
+def test_emulated_tiles_round_as_the_tile_order_not_as_avx512(emulated: None) -> None:
     """The SDM's TDPBF16PS adds a pair's products even feature first, VDPBF16PS odd first:
-    the probe that lets --deterministic keep a threshold says no for the emulation."""
-    assert amx_available() and not amx_agrees_with_avx512()
+    the probe that lets --deterministic keep a threshold says no for AVX512-BF16's order and
+    yes for the tiles' order on AVX-512 (fp32 FMAs, even first, denormals flushed)."""
+    assert amx_available() and not tiles_agree_with_avx512()
+    assert tiles_agree_with_avx512(True)
 
 
 def test_engine_on_tiles_is_batch_invariant(emulated: None, tiny_model: Path) -> None:
     """cpu_linear amx: every bf16 product (the decoder stack's, lm_head's) on tiles, each
-    prompt's greedy tokens the same alone as in a batch."""
+    prompt's greedy tokens the same alone as in a batch. Then a threshold of 8 rows with the
+    rows below it in the tiles' order: the very same tokens (the two paths agree bit for bit)."""
     llm = LLM(str(tiny_model), dtype="bfloat16", cpu_linear="amx", num_pages=64, page_size=8,
               max_num_batched_tokens=32)  # fmt: skip
     try:
@@ -194,12 +218,13 @@ def test_engine_on_tiles_is_batch_invariant(emulated: None, tiny_model: Path) ->
         batched = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
         assert core.linear_amx_items() > before
         alone = [llm.generate([p], GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+        model.use_amx(8, tile_order=True)
+        assert model.stack.amx_tile_order and model.layers[0].qkv_proj.tile_order
+        assert is_batch_invariant(model, model.layers[0].attention, torch.device("cpu"))
+        mixed = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     finally:
         llm.close()
-    assert batched == alone
-
-
-# --- the quantized kernel on AMX-INT8 tiles ------------------------------------------------------
+    assert batched == alone == mixed
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
