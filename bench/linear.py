@@ -17,8 +17,10 @@ steps, prefill chunks), the median wall time of torch (F.linear / addmm, as llam
 models.linear.Linear after pack(), interleaved in one run, their ratio, and the achieved
 GFLOP/s (or GB/s of weights for one row). Then the start-up calibration of --cpu-linear auto
 (models/linear_dispatch.py) on the same model's layer at these row counts, and from which row
-count it would run torch. Where the CPU has AMX-BF16 tiles (and Linux grants them), an `amx`
-column times the same native kernel with every call on tiles, and the calibration too. Prints
+count it would run torch. bf16 also times the native kernel summing in the AMX tiles' order on
+AVX-512 ('order': what --deterministic runs below a tile threshold), and where the CPU has
+AMX-BF16 tiles (and Linux grants them) an `amx` column times it with every call on tiles; the
+calibration too. Prints
 the CPU model, its features (CPUID: AVX512-BF16, VNNI, AMX)
 and the load average: on a shared machine compare the ratios, not the absolute figures.
 """
@@ -165,11 +167,17 @@ def timed_all(calls: list[Callable[[], object]], repeats: int) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
-def on_tiles(
-    layer: Linear, x: torch.Tensor, res: torch.Tensor | None, out_dtype: torch.dtype | None
+def native_on(
+    amx_from: int,
+    tile_order: bool,
+    layer: Linear,
+    x: torch.Tensor,
+    res: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
 ) -> torch.Tensor:
-    """The layer's product with every call on AMX tiles (use_amx(1)), then back to none."""
-    layer.use_amx(1)
+    """The layer's product with use_amx(amx_from, tile_order) (1: every call on AMX tiles; 0
+    with tile_order: on AVX-512 summing in the tiles' order), then back to plain AVX512-BF16."""
+    layer.use_amx(amx_from, tile_order)
     try:
         return layer(x, res, out_dtype=out_dtype)
     finally:
@@ -198,9 +206,11 @@ def main() -> None:
         print(f"load average after: {os.getloadavg()}")
         return
     amx = dtype == torch.bfloat16 and amx_available()
+    order = dtype == torch.bfloat16  # the tiles' order on AVX-512 runs on any AVX512-BF16 CPU
     print("AMX tiles: the native kernel's 'amx' column" if amx else
           "AMX tiles: none here (no amx_bf16 in CPUID, not granted, or float32): no amx column")  # fmt: skip
     print(f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}"
+          + (f" {'order us':>9s} {'order/nat':>9s}" if order else "")
           + (f" {'amx us':>9s} {'amx/native':>10s}" if amx else "") + "  native")  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(dtype)
@@ -213,18 +223,20 @@ def main() -> None:
             out_dtype = torch.float32 if fp32 else None
             ours = functools.partial(layer, x, res, out_dtype=out_dtype)
             calls = [torch_call(x, w, res, fp32), ours]
+            if order:
+                calls.append(functools.partial(native_on, 0, True, layer, x, res, out_dtype))
             if amx:
-                calls.append(functools.partial(on_tiles, layer, x, res, out_dtype))
+                calls.append(functools.partial(native_on, 1, False, layer, x, res, out_dtype))
             repeats = args.repeats if rows * n * k < 2**28 else max(5, args.repeats // 10)
-            theirs, mine, *tiles = timed_all(calls, repeats)
+            theirs, mine, *others = timed_all(calls, repeats)
             rate = (
                 f"{n * k * w.element_size() / mine / 1e9:.1f} GB/s of weights"
                 if rows == 1
                 else f"{2 * rows * n * k / mine / 1e9:.0f} GFLOP/s"
             )
-            amx_cols = f" {tiles[0] * 1e6:9.0f} {mine / tiles[0]:9.2f}x" if tiles else ""
+            extra = "".join(f" {t * 1e6:9.0f} {mine / t:9.2f}x" for t in others)
             print(f"{name:15s} {rows:5d} {theirs * 1e6:9.0f} {mine * 1e6:10.0f} "
-                  f"{theirs / mine:7.2f}x{amx_cols}  {rate}")  # fmt: skip
+                  f"{theirs / mine:7.2f}x{extra}  {rate}")  # fmt: skip
     dispatch_table(row_counts, dtype)
     print(f"load average after: {os.getloadavg()}")
 
@@ -238,7 +250,8 @@ def dispatch_table(row_counts: list[int], dtype: torch.dtype) -> None:
     timings = calibrate(shapes, row_counts, dtype, budget_s=float("inf"), amx=amx)
     print("calibration (--cpu-linear auto), one layer's qkv+o+gate_up+down:")
     for t in timings:
-        tiles = f"  amx {t.amx_s * 1e6:9.0f} us ({t.amx_speedup:.2f}x native)" if t.amx_s else ""
+        tiles = (f"  amx {t.amx_s * 1e6:9.0f} us ({t.amx_speedup:.2f}x native), tile order "
+                 f"{(t.tile_order_s or 0) * 1e6:9.0f} us" if t.amx_s else "")  # fmt: skip
         print(f"  {t.rows:5d} rows  native {t.native_s * 1e6:9.0f} us  torch "
               f"{t.torch_s * 1e6:9.0f} us  native vs torch {t.torch_s / t.native_s:6.2f}x{tiles}")  # fmt: skip
     start, tiles_from = torch_from_rows(timings), amx_from_rows(timings)

@@ -26,13 +26,6 @@ PAGEDSERVE_LINEAR_TARGET inline __m512bh broadcast_pair(const std::uint16_t* x, 
     return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
 }
 
-inline float bf16_to_float(std::uint16_t b) {
-    const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-
 struct Bf16Kernel {
     using Args = LinearArgs;
     using Weight = std::uint16_t;
@@ -73,35 +66,33 @@ struct Bf16Kernel {
     }
 
     // The same sums in the order of the SDM's TDPBF16PS (LinearArgs::tile_order): per pair the
-    // even feature's product first, each added by an fp32 FMA (a bf16 x bf16 product is exact,
-    // so one rounding per add, as the tiles'); the caller sets MXCSR's FTZ and DAZ (TileOrder),
-    // as the tiles flush denormals. Weights widen to fp32 lanes: even = low half << 16, odd =
-    // high half. The AMX path's features past its last whole 32 run here too.
+    // even feature's product first. Two VDPBF16PS per pair, each with one feature of x and a
+    // zero: the first adds 0 * w_odd (no change) then x_even * w_even, the second x_odd * w_odd
+    // then 0 * w_even, each add rounded once with denormals flushed, as the tiles do (finite
+    // weights: 0 * inf would be NaN). The AMX path's features past its last whole 32 run here.
     template <int R>
     PAGEDSERVE_LINEAR_TARGET static void accumulate_in_tile_order(
         const LinearArgs& a, std::int64_t row0, const std::uint16_t* w, std::int64_t first,
         Prefetch prefetch, __m512 (&acc)[R][2]) {
         const std::uint16_t* x = a.x + row0 * a.x_stride;
         const std::int64_t pairs = num_pairs(a.k);
-        const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+        const __m512i low = _mm512_set1_epi32(0xFFFF), high = _mm512_set1_epi32(~0xFFFF);
         for (std::int64_t p = first; p < pairs; ++p) {
             const std::int64_t line = p - first;
             if (line < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
             const bool whole = 2 * p + 1 < a.k;
-            __m512 even[2], odd[2];
-            for (int h = 0; h < 2; ++h) {
-                const __m512i v = _mm512_loadu_si512(w + p * kPairRow + 32 * h);
-                even[h] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                odd[h] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-            }
+            const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow));
+            const __m512bh w1 =
+                reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow + 32));
             for (int r = 0; r < R; ++r) {
-                const std::uint16_t* xp = x + r * a.x_stride + 2 * p;
-                const __m512 x0 = _mm512_set1_ps(bf16_to_float(xp[0]));
-                const __m512 x1 = _mm512_set1_ps(whole ? bf16_to_float(xp[1]) : 0.0f);
-                for (int h = 0; h < 2; ++h) {
-                    acc[r][h] = _mm512_fmadd_ps(x0, even[h], acc[r][h]);
-                    acc[r][h] = _mm512_fmadd_ps(x1, odd[h], acc[r][h]);
-                }
+                const __m512i xr = reinterpret_cast<__m512i>(
+                    broadcast_pair(x + r * a.x_stride + 2 * p, whole));
+                const __m512bh even = reinterpret_cast<__m512bh>(_mm512_and_si512(xr, low));
+                const __m512bh odd = reinterpret_cast<__m512bh>(_mm512_and_si512(xr, high));
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], even, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], even, w1);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], odd, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], odd, w1);
             }
         }
     }
@@ -163,15 +154,11 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
     if (!check_linear_args(args, "linear_bf16")) return;
     check_linear(args.amx_from_rows >= 0, "linear_bf16: amx_from_rows must be >= 0");
     const int threads = std::max(1, num_threads);
-    if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported()) {
-        if (args.tile_order)
-            return run_linear<Bf16Kernel, TileOrder<MicroTiles<Bf16Kernel>>>(args, threads);
+    if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
         return run_linear<Bf16Kernel>(args, threads);
-    }
     if (amx_emulated.load(std::memory_order_relaxed))
-        return run_linear<Bf16Kernel, TileOrder<AmxItems<Bf16Kernel, SoftwareTiles>>>(args,
-                                                                                      threads);
-    run_linear<Bf16Kernel, TileOrder<AmxItems<Bf16Kernel, HardwareTiles>>>(args, threads);
+        return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
+    run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
 }
 
 bool linear_amx_supported() {

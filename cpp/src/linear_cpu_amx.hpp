@@ -16,7 +16,7 @@
 // depend on how many rows share a call (rows are independent in a tile, the blocks' rows are
 // only configured shorter), so a call that always takes AMX (amx_from_rows = 1) stays
 // batch-invariant. A row threshold does where the rows below it sum in the tiles' order
-// (LinearArgs::tile_order: fp32 FMAs, even feature first, FTZ and DAZ, bit for bit the
+// (LinearArgs::tile_order: a pair's even feature first, on AVX512-BF16; bit for bit the
 // emulation) and the CPU's tiles do what the SDM says (core/models/linear_dispatch.py checks on
 // the hardware). The features past the last whole 32 run in that order too, so a tile product
 // is the SDM's order throughout.
@@ -222,22 +222,6 @@ void run_blocks(const typename K::Args& a, std::int64_t row0, std::int64_t rows,
     amx_items_run.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Item, with MXCSR's flush-to-zero and denormals-are-zero set on the running thread (restored
-// after): what the tiles do to denormals, for the AVX-512 FMAs that sum in their order and for
-// the epilogue, so that both paths of a tile-order product round alike.
-template <typename Item>
-struct TileOrder {
-    template <typename Args>
-    static void run(const Args& a, std::int64_t row0, std::int64_t rows, std::int64_t tile0,
-                    std::int64_t tile_end, std::int64_t next0, std::int64_t next_end) {
-        constexpr unsigned kFtzDaz = 0x8040;  // MXCSR bits 15 (FTZ) and 6 (DAZ)
-        const unsigned saved = _mm_getcsr();
-        _mm_setcsr(saved | kFtzDaz);
-        Item::run(a, row0, rows, tile0, tile_end, next0, next_end);
-        _mm_setcsr(saved);
-    }
-};
-
 // Nothing to add to a block's sums before the epilogue (see store_block).
 struct NothingMore {
     template <int R>
@@ -325,8 +309,8 @@ struct AmxItems {
     }
 
 private:
-    // The feature pairs from `first` on (past the last whole 32), in the tiles' order (FMAs
-    // on AVX-512, under TileOrder's MXCSR).
+    // The feature pairs from `first` on (past the last whole 32), in the tiles' order on
+    // AVX512-BF16.
     struct TailPairs {
         const Args& a;
         std::int64_t row0, tile, first;

@@ -335,7 +335,7 @@ TEST(linear_tile_order_equals_the_emulated_tiles) {
         }
         CHECK(outs[0] == outs[1]);
     }
-    {  // denormals: bf16 inputs below 2^-126 read as zero, sums below it flushed (MXCSR)
+    {  // denormals: bf16 inputs below 2^-126 read as zero, sums below it flushed
         const std::int64_t m = 2, n = 32, k = 64;
         std::vector<std::uint16_t> x(m * k, to_bf16(1e-20f)), w(n * k, to_bf16(1e-20f));
         x[1] = 0x0003, w[1] = 0x3f80, x[k + 5] = to_bf16(1.0f), w[5] = to_bf16(2e-38f);

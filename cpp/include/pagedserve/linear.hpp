@@ -54,10 +54,10 @@ struct LinearArgs {
     // (0: never; 1: every call). Tiles and AVX512-BF16 may round a row differently (see
     // linear_cpu_amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction ...
     std::int64_t amx_from_rows = 0;
-    // ... or, with tile_order, the calls below it sum in the order of the SDM's TDPBF16PS
-    // (AVX-512 fp32 FMAs, a pair's even feature first, denormals flushed): bit for bit the
-    // tiles where the CPU's follow the SDM (the emulated ones do). Slower than VDPBF16PS from a
-    // few rows on (two FMAs per pair and row), as fast for a row or two (memory-bound).
+    // ... or, with tile_order, the calls below it sum in the order of the SDM's TDPBF16PS (a
+    // pair's even feature first: two VDPBF16PS per pair, each with one feature of x): bit for
+    // bit the tiles where the CPU's follow the SDM (the emulated ones do), at twice the dot
+    // products of the plain path (bench/linear.py's 'order' column).
     bool tile_order = false;
 };
 
