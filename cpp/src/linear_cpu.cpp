@@ -37,18 +37,24 @@ struct Bf16Kernel {
                                                  const std::uint16_t* w, Prefetch prefetch,
                                                  __m512 (&acc)[R][2]) {
         for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        if (a.tile_order) return accumulate_in_tile_order<R>(a, row0, w, 0, prefetch, acc);
+        if (a.tile_order) return accumulate<R, true>(a, row0, w, 0, prefetch, acc);
         accumulate<R>(a, row0, w, 0, prefetch, acc);
     }
 
     // acc += rows [row0, row0 + R) of x times the tile's columns, over the feature pairs from
-    // `first` on, in order: VDPBF16PS, which adds a pair's odd feature first.
-    template <int R>
+    // `first` on, in order. A pair's two products are added in VDPBF16PS's order (odd feature
+    // first) or, kTileOrder (LinearArgs::tile_order), in the SDM's TDPBF16PS order (even
+    // first): two VDPBF16PS each with one feature of x, the other zero, so the first adds
+    // 0 * w_odd (no change) then x_even * w_even, the second x_odd * w_odd then 0 * w_even,
+    // each add rounded once with denormals flushed, as the tiles do (finite weights: 0 * inf
+    // would be NaN). The AMX path's features past its last whole 32 run here in that order.
+    template <int R, bool kTileOrder = false>
     PAGEDSERVE_LINEAR_TARGET static void accumulate(const LinearArgs& a, std::int64_t row0,
                                                     const std::uint16_t* w, std::int64_t first,
                                                     Prefetch prefetch, __m512 (&acc)[R][2]) {
         const std::uint16_t* x = a.x + row0 * a.x_stride;
         const std::int64_t pairs = num_pairs(a.k);
+        const __m512i low = _mm512_set1_epi32(0xFFFF), high = _mm512_set1_epi32(~0xFFFF);
         for (std::int64_t p = first; p < pairs; ++p) {
             // One line per feature pair (16 dot products) keeps the requests spread out.
             const std::int64_t line = p - first;
@@ -59,40 +65,17 @@ struct Bf16Kernel {
                 reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow + 32));
             for (int r = 0; r < R; ++r) {
                 const __m512bh xr = broadcast_pair(x + r * a.x_stride + 2 * p, whole);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
-            }
-        }
-    }
-
-    // The same sums in the order of the SDM's TDPBF16PS (LinearArgs::tile_order): per pair the
-    // even feature's product first. Two VDPBF16PS per pair, each with one feature of x and a
-    // zero: the first adds 0 * w_odd (no change) then x_even * w_even, the second x_odd * w_odd
-    // then 0 * w_even, each add rounded once with denormals flushed, as the tiles do (finite
-    // weights: 0 * inf would be NaN). The AMX path's features past its last whole 32 run here.
-    template <int R>
-    PAGEDSERVE_LINEAR_TARGET static void accumulate_in_tile_order(
-        const LinearArgs& a, std::int64_t row0, const std::uint16_t* w, std::int64_t first,
-        Prefetch prefetch, __m512 (&acc)[R][2]) {
-        const std::uint16_t* x = a.x + row0 * a.x_stride;
-        const std::int64_t pairs = num_pairs(a.k);
-        const __m512i low = _mm512_set1_epi32(0xFFFF), high = _mm512_set1_epi32(~0xFFFF);
-        for (std::int64_t p = first; p < pairs; ++p) {
-            const std::int64_t line = p - first;
-            if (line < prefetch.lines) _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
-            const bool whole = 2 * p + 1 < a.k;
-            const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow));
-            const __m512bh w1 =
-                reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + p * kPairRow + 32));
-            for (int r = 0; r < R; ++r) {
-                const __m512i xr = reinterpret_cast<__m512i>(
-                    broadcast_pair(x + r * a.x_stride + 2 * p, whole));
-                const __m512bh even = reinterpret_cast<__m512bh>(_mm512_and_si512(xr, low));
-                const __m512bh odd = reinterpret_cast<__m512bh>(_mm512_and_si512(xr, high));
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], even, w0);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], even, w1);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], odd, w0);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], odd, w1);
+                if constexpr (kTileOrder) {
+                    const __m512i both = reinterpret_cast<__m512i>(xr);
+                    for (const __m512i half : {low, high}) {
+                        const auto one = reinterpret_cast<__m512bh>(_mm512_and_si512(both, half));
+                        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], one, w0);
+                        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], one, w1);
+                    }
+                } else {
+                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
+                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+                }
             }
         }
     }

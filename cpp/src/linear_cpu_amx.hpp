@@ -317,8 +317,8 @@ private:
 
         template <int R>
         PAGEDSERVE_LINEAR_TARGET void add(__m512 (&acc)[R][2], std::int64_t r) const {
-            K::template accumulate_in_tile_order<R>(a, row0 + r, tile_weights<K>(a, tile), first,
-                                                    Prefetch{}, acc);
+            K::template accumulate<R, true>(a, row0 + r, tile_weights<K>(a, tile), first,
+                                            Prefetch{}, acc);
         }
     };
 };
