@@ -7,8 +7,8 @@
 // for its 32 columns. So B tile j (columns 16j .. 16j + 15) of feature pairs 16s .. 16s + 15 is
 // 16 rows of 64 bytes, 128 bytes apart, at pair 16s; A is 16 rows x 32 features of x read in
 // place at x_stride. Features past the last whole 32 (k % 32) are added after the tiles with
-// AVX512-BF16 (the kernel's own `accumulate`), then bias, residual and SiLU-and-mul run the
-// micro-tile path's epilogue (store_tile) on the fp32 sums.
+// AVX512-BF16 (the kernel's own `accumulate`, in the tiles' order), then bias, residual and
+// SiLU-and-mul run the micro-tile path's epilogue (store_tile) on the fp32 sums.
 //
 // Arithmetic: the Intel SDM's TDPBF16PS adds a pair's products even feature first, VDPBF16PS
 // odd feature first (both round after each add; Zen 4's VDPBF16PS matches its pseudo-code bit
