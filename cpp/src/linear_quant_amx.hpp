@@ -114,11 +114,13 @@ private:
                                               const std::uint8_t* quants,
                                               const std::int32_t (&sums)[kBlockRows][kLinearTileN],
                                               float (&acc)[kBlockRows][kLinearTileN]) {
-        const auto* scales = reinterpret_cast<const float*>(quants + kFormat.quant_bytes());
-        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
+        constexpr bool kHalf = kFormat.half_scales;
         for (int h = 0; h < 2; ++h) {
-            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
-            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            const std::int64_t half = 16 * h * kFormat.scale_bytes();
+            const __m512 scale =
+                quant_detail::load_scales<kHalf>(quants + kFormat.scales_at(0, g) + half);
+            const __m512 min =
+                quant_detail::load_scales<kHalf>(quants + kFormat.scales_at(1, g) + half);
             for (std::int64_t r = 0; r < rows; ++r) {
                 const quant_detail::ActivationRow row(a.acts + (row0 + r) * a.act_row_bytes, a.k);
                 const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));

@@ -13,6 +13,10 @@
 
 #define PAGEDSERVE_QUANT_TARGET \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+// The sweep and its groups must inline into the micro-tile (their accumulators stay in
+// registers): with five formats x two dtypes GCC's unit-growth limit left some out of line, and
+// a batched Q4_1 product ran 5-27 % slower through memory.
+#define PAGEDSERVE_QUANT_INLINE inline __attribute__((always_inline))
 
 namespace pagedserve {
 namespace {
@@ -54,7 +58,7 @@ PAGEDSERVE_QUANT_TARGET inline __m512i step_values(const std::uint8_t* block, st
 // block (prefetching a block's worth of the next panel) and group, G::group over up to 4 rows at
 // a time (so that each activation broadcast feeds both half tiles within the 32 registers).
 template <typename G, int R, typename Args>
-PAGEDSERVE_QUANT_TARGET void sweep(const Args& a, std::int64_t row0, const std::uint8_t* w,
+PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE void sweep(const Args& a, std::int64_t row0, const std::uint8_t* w,
                                    Prefetch prefetch, __m512 (&acc)[R][2]) {
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     const std::int64_t blocks = a.k / kBlockK, block_bytes = G::kFormat.block_bytes();
@@ -77,9 +81,9 @@ PAGEDSERVE_QUANT_TARGET void sweep(const Args& a, std::int64_t row0, const std::
 // The measured alternative to int8 activations (bench/linear.py --quantized ... dequant-bf16):
 // weights converted to bf16 in registers (exact: u < 256), AVX512-BF16 dot products with the bf16
 // activations, then scale * dot + min * sum(x) per group. bf16 x only.
-template <int kBits, int kGroup>
+template <int kBits, int kGroup, bool kHalf>
 struct QuantBf16 {
-    static constexpr Format kFormat{kBits, kGroup};
+    static constexpr Format kFormat{kBits, kGroup, kHalf};
 
     // bf16 pairs of features (4s, 4s + 1) -> lo and (4s + 2, 4s + 3) -> hi of 16 columns, from
     // the u8 operand of one vpdpbusd step: u as float by the 2^23 trick, then its top half.
@@ -100,7 +104,7 @@ struct QuantBf16 {
     }
 
     template <int Q, int R, typename Args>
-    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+    PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE static void group(const Args& a, std::int64_t row0, int r0,
                                               std::int64_t b, std::int64_t g,
                                               const std::uint8_t* block, __m512 (&acc)[R][2]) {
         __m512 dot[Q][2];
@@ -121,11 +125,12 @@ struct QuantBf16 {
                 }
             }
         }
-        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
-        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
         for (int h = 0; h < 2; ++h) {
-            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
-            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            const std::int64_t half = 16 * h * kFormat.scale_bytes();
+            const __m512 scale =
+                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(0, g) + half);
+            const __m512 min =
+                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(1, g) + half);
             for (int r = 0; r < Q; ++r) {
                 const auto* sums = reinterpret_cast<const float*>(
                     a.acts + (row0 + r0 + r) * a.act_row_bytes);  // per 16 features
@@ -138,11 +143,12 @@ struct QuantBf16 {
     }
 };
 
-template <typename T, int kBits, int kGroup, bool kDequantBf16 = false>
+template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false>
 struct QuantKernel {
     using Args = QuantArgs<T>;
     using Weight = std::uint8_t;
-    static constexpr Format kFormat{kBits, kGroup};
+    static constexpr Format kFormat{kBits, kGroup, kHalf};
+    static constexpr bool kDequant = kDequantBf16;
     static constexpr std::int64_t kSteps = kGroup / 4;  // vpdpbusd steps per group
 
     static std::int64_t tile_elements(std::int64_t k) {
@@ -157,7 +163,7 @@ struct QuantKernel {
                                                 const std::uint8_t* w, Prefetch prefetch,
                                                 __m512 (&acc)[R][2]) {
         if constexpr (kDequantBf16) {
-            sweep<QuantBf16<kBits, kGroup>, R>(a, row0, w, prefetch, acc);
+            sweep<QuantBf16<kBits, kGroup, kHalf>, R>(a, row0, w, prefetch, acc);
         } else {
             sweep<QuantKernel, R>(a, row0, w, prefetch, acc);
         }
@@ -166,7 +172,7 @@ struct QuantKernel {
     // acc[r] += scale * d * sum(u q) + min * d * sum(q) over group g of block b, for rows
     // r0 .. r0 + Q - 1 of the micro-tile, both half tiles.
     template <int Q, int R>
-    PAGEDSERVE_QUANT_TARGET static void group(const Args& a, std::int64_t row0, int r0,
+    PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE static void group(const Args& a, std::int64_t row0, int r0,
                                               std::int64_t b, std::int64_t g,
                                               const std::uint8_t* block, __m512 (&acc)[R][2]) {
         const std::uint8_t* act[Q];
@@ -184,11 +190,12 @@ struct QuantKernel {
                 isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], w1, xv);
             }
         }
-        const auto* scales = reinterpret_cast<const float*>(block + kFormat.quant_bytes());
-        const float* mins = scales + kFormat.groups() * quant_detail::kTileN;
         for (int h = 0; h < 2; ++h) {
-            const __m512 scale = _mm512_loadu_ps(scales + g * 32 + 16 * h);
-            const __m512 min = _mm512_loadu_ps(mins + g * 32 + 16 * h);
+            const std::int64_t half = 16 * h * kFormat.scale_bytes();
+            const __m512 scale =
+                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(0, g) + half);
+            const __m512 min =
+                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(1, g) + half);
             for (int r = 0; r < Q; ++r) {
                 const ActivationRow row(act[r], a.k);
                 const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
@@ -243,9 +250,11 @@ QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int6
 template <typename K>
 void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
     if (!tiles) return run_linear<K>(a, num_threads);
-    if (amx_emulated.load(std::memory_order_relaxed))
-        return run_linear<K, AmxQuantItems<K, SoftwareTiles>>(a, num_threads);
-    run_linear<K, AmxQuantItems<K, HardwareTiles>>(a, num_threads);
+    if constexpr (!K::kDequant) {
+        if (amx_emulated.load(std::memory_order_relaxed))
+            return run_linear<K, AmxQuantItems<K, SoftwareTiles>>(a, num_threads);
+        run_linear<K, AmxQuantItems<K, HardwareTiles>>(a, num_threads);
+    }
 }
 
 template <typename T, bool kBf16 = false>
@@ -253,15 +262,16 @@ void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t r
               int num_threads) {
     const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
     const Format f = quant_detail::format_of(a.ggml_type);
-    if constexpr (kBf16) {
-        if (f.bits == 4) return run_linear<QuantKernel<T, 4, 32, true>>(t, num_threads);
-        if (f.group_size == 32) return run_linear<QuantKernel<T, 8, 32, true>>(t, num_threads);
-        return run_linear<QuantKernel<T, 8, 16, true>>(t, num_threads);
-    }
-    const bool tiles = a.amx_from_rows > 0 && a.m >= a.amx_from_rows && amx_usable(true);
-    if (f.bits == 4) return run_kernel<QuantKernel<T, 4, 32>>(t, num_threads, tiles);
-    if (f.group_size == 32) return run_kernel<QuantKernel<T, 8, 32>>(t, num_threads, tiles);
-    run_kernel<QuantKernel<T, 8, 16>>(t, num_threads, tiles);
+    const bool tiles = !kBf16 && a.amx_from_rows > 0 && a.m >= a.amx_from_rows && amx_usable(true);
+    if (f.bits == 4 && f.half_scales)  // Q4_0, Q4_1
+        return run_kernel<QuantKernel<T, 4, 32, true, kBf16>>(t, num_threads, tiles);
+    if (f.bits == 4)  // Q4_K
+        return run_kernel<QuantKernel<T, 4, 32, false, kBf16>>(t, num_threads, tiles);
+    if (f.half_scales)  // Q8_0
+        return run_kernel<QuantKernel<T, 8, 32, true, kBf16>>(t, num_threads, tiles);
+    if (f.group_size == 32)  // Q5_K
+        return run_kernel<QuantKernel<T, 8, 32, false, kBf16>>(t, num_threads, tiles);
+    run_kernel<QuantKernel<T, 8, 16, false, kBf16>>(t, num_threads, tiles);  // Q6_K
 }
 
 // Per row, the fp32 sum of each 16 bf16 features, in order (dequant_bf16's min terms).

@@ -6,11 +6,16 @@
 //          one 64-byte vector per (step of 4 features, half tile) is vpdpbusd's u8 operand.
 //   4-bit: byte [s][h][c][j] = u(.., 4 s + j) | u(.., 4 (s + 4) + j) << 4, s < 4: the low
 //          nibbles are step s, the high ones step s + 4.
-//   scales / mins: fp32 [group][32 columns], 32 / group_size groups per block.
+//   scales / mins: [group][32 columns], 32 / group_size groups per block: fp16 where the GGUF
+//          format's own scales are fp16 and the packed ones equal them exactly (Q4_0: d and
+//          -8 d, Q4_1: d and m, Q8_0: d and -128 d), else fp32 (the K-quants' d * sub-scale).
 // Activations, per row: int8 q[k], then fp32 d[k / 32], sum32[k / 32] = d * sum(q over the
 // block), sum16[k / 16] = d * sum(q over 16 features); the row is activation_row_bytes(k) long.
 #pragma once
 
+#include <immintrin.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -20,13 +25,61 @@ inline constexpr std::int64_t kTileN = 32;   // columns per tile
 inline constexpr std::int64_t kBlockK = 32;  // features per packed block
 
 struct Format {
-    int bits = 8;         // 4: two values per byte, 8: one
-    int group_size = 32;  // features sharing one scale and min (16 or 32)
+    int bits = 8;              // 4: two values per byte, 8: one
+    int group_size = 32;       // features sharing one scale and min (16 or 32)
+    bool half_scales = false;  // scales and mins in fp16 (exact), else fp32
 
-    std::int64_t groups() const { return kBlockK / group_size; }
-    std::int64_t quant_bytes() const { return kTileN * kBlockK * bits / 8; }
-    std::int64_t block_bytes() const { return quant_bytes() + 2 * groups() * kTileN * 4; }
+    constexpr std::int64_t groups() const { return kBlockK / group_size; }
+    constexpr std::int64_t quant_bytes() const { return kTileN * kBlockK * bits / 8; }
+    constexpr std::int64_t scale_bytes() const { return half_scales ? 2 : 4; }
+    constexpr std::int64_t block_bytes() const {
+        return quant_bytes() + 2 * groups() * kTileN * scale_bytes();
+    }
+    // Byte offset in a block of the 32 scales (which = 0) or mins (1) of group g.
+    constexpr std::int64_t scales_at(int which, std::int64_t g) const {
+        return quant_bytes() + (which * groups() + g) * kTileN * scale_bytes();
+    }
 };
+
+// IEEE binary16 bits -> float, exactly (subnormals included).
+inline float half_to_float(std::uint16_t h) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    const std::uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0) {  // zero or subnormal: mant * 2^-24
+        const float f = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -f : f;
+    }
+    const std::uint32_t bits =
+        exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+// The 16 scales or mins of a half tile at `at` (block + scales_at(which, g) + 16 h scale_bytes)
+// as fp32 lanes, for the AVX-512 kernels.
+template <bool kHalf>
+__attribute__((target("avx512f"))) inline __m512 load_scales(const std::uint8_t* at) {
+    if constexpr (kHalf) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+    } else {
+        return _mm512_loadu_ps(reinterpret_cast<const float*>(at));
+    }
+}
+
+// Scale (which = 0) or min (1) of column c, group g of a packed block.
+inline float block_scale(const Format& f, const std::uint8_t* block, int which, std::int64_t g,
+                         std::int64_t c) {
+    const std::uint8_t* at = block + f.scales_at(which, g) + c * f.scale_bytes();
+    if (f.half_scales) {
+        std::uint16_t h;
+        std::memcpy(&h, at, sizeof(h));
+        return half_to_float(h);
+    }
+    float v;
+    std::memcpy(&v, at, sizeof(v));
+    return v;
+}
 
 Format format_of(int ggml_type);  // throws std::invalid_argument for a type without a kernel
 

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -14,22 +15,28 @@ namespace pagedserve {
 namespace quant_detail {
 namespace {
 
-float half_to_float(const std::uint8_t* p) {  // IEEE binary16, little-endian
-    const std::uint32_t h = p[0] | (static_cast<std::uint32_t>(p[1]) << 8);
-    const std::uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    float f;
-    if (exp == 0) {  // zero or subnormal: mant * 2^-24
-        f = std::ldexp(static_cast<float>(mant), -24);
-        std::uint32_t bits;
-        std::memcpy(&bits, &f, sizeof(bits));
-        bits |= sign;
-        std::memcpy(&f, &bits, sizeof(f));
-        return f;
+float half_at(const std::uint8_t* p) {  // IEEE binary16, little-endian
+    return half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+}
+
+// float -> IEEE binary16 bits, for a value that binary16 holds exactly (a format's own scale, or
+// -8 / -128 times one); false otherwise (a scale past binary16's range).
+bool exact_half(float v, std::uint16_t& out) {
+    const std::uint16_t sign = std::signbit(v) ? 0x8000u : 0u;
+    const float a = std::fabs(v);
+    std::uint16_t h = 0;
+    if (a != 0.0f) {
+        int e = 0;
+        const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): biased exponent e + 14
+        if (e + 14 >= 1) {
+            const auto fraction = static_cast<std::uint32_t>(std::ldexp(m, 11)) & 0x3ffu;
+            h = static_cast<std::uint16_t>(((e + 14) << 10) | fraction);
+        } else {  // subnormal: a / 2^-24
+            h = static_cast<std::uint16_t>(std::ldexp(a, 24));
+        }
     }
-    const std::uint32_t bits =
-        exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
+    out = static_cast<std::uint16_t>(h | sign);
+    return half_to_float(out) == v;
 }
 
 // One packed block's source: 32 unsigned values and the scale/min of each 16-feature half.
@@ -57,16 +64,16 @@ void set_both(Block32& out, float scale, float min) {
 void read_small(int type, const std::uint8_t* row, std::int64_t b, Block32& out) {
     if (type == kGgmlQ8_0) {
         const std::uint8_t* p = row + 34 * b;
-        const float d = half_to_float(p);
+        const float d = half_at(p);
         for (int i = 0; i < 32; ++i) out.u[i] = static_cast<std::uint8_t>(p[2 + i] ^ 0x80u);
         return set_both(out, d, -128.0f * d);  // u = q + 128
     }
     const bool has_min = type == kGgmlQ4_1;
     const std::uint8_t* p = row + (has_min ? 20 : 18) * b;
-    const float d = half_to_float(p);
+    const float d = half_at(p);
     const std::uint8_t* qs = p + (has_min ? 4 : 2);
     for (int i = 0; i < 16; ++i) out.u[i] = qs[i] & 0xF, out.u[i + 16] = qs[i] >> 4;
-    set_both(out, d, has_min ? half_to_float(p + 2) : -8.0f * d);
+    set_both(out, d, has_min ? half_at(p + 2) : -8.0f * d);
 }
 
 // Block b of a row in a K-quant (256-feature super-blocks).
@@ -77,7 +84,7 @@ void read_k(int type, const std::uint8_t* row, std::int64_t b, Block32& out) {
         const std::uint8_t* ql = p + 64 * (jb / 4);
         const std::uint8_t* qh = p + 128 + 32 * (jb / 4);
         const int quarter = static_cast<int>(jb % 4);
-        const float d = half_to_float(p + 208);
+        const float d = half_at(p + 208);
         for (int l = 0; l < 32; ++l) {
             const std::uint8_t low = quarter & 1 ? ql[l + 32] : ql[l];
             const int lo = quarter < 2 ? (low & 0xF) : (low >> 4);
@@ -91,7 +98,7 @@ void read_k(int type, const std::uint8_t* row, std::int64_t b, Block32& out) {
     }
     const bool five = type == kGgmlQ5_K;  // half d, half dmin, scales[12], (qh[32]), qs[128]
     const std::uint8_t* p = row + (five ? 176 : 144) * (b / 8);
-    const float d = half_to_float(p), dmin = half_to_float(p + 2);
+    const float d = half_at(p), dmin = half_at(p + 2);
     const std::uint8_t* qs = p + (five ? 48 : 16) + 32 * (jb / 2);
     int sc = 0, m = 0;
     scale_min_k4(static_cast<int>(jb), p + 4, sc, m);
@@ -112,8 +119,10 @@ void read_block(int type, const std::uint8_t* row, std::int64_t b, Block32& out)
     read_k(type, row, b, out);
 }
 
-// Writes the tile's block b: src[c] is column c's block.
-void write_block(const Format& f, const Block32 (&src)[kTileN], std::uint8_t* dst) {
+// Writes the tile's block b: src[c] is column c's block. False where a scale or min has no
+// exact fp16 for a format that stores them so.
+bool write_block(const Format& f, const Block32 (&src)[kTileN], std::uint8_t* dst) {
+    bool exact = true;
     for (std::int64_t c = 0; c < kTileN; ++c) {
         const std::int64_t h = c / 16, lane = c % 16;
         for (std::int64_t e = 0; e < kBlockK; ++e) {
@@ -126,23 +135,33 @@ void write_block(const Format& f, const Block32 (&src)[kTileN], std::uint8_t* ds
             }
         }
     }
-    float* scales = reinterpret_cast<float*>(dst + f.quant_bytes());
-    float* mins = scales + f.groups() * kTileN;
-    for (std::int64_t g = 0; g < f.groups(); ++g) {
-        for (std::int64_t c = 0; c < kTileN; ++c) {
-            scales[g * kTileN + c] = src[c].scale[g];  // 32-feature groups: both halves agree
-            mins[g * kTileN + c] = src[c].min[g];
+    for (std::int64_t g = 0; g < f.groups(); ++g) {  // 32-feature groups: both halves agree
+        for (int which = 0; which < 2; ++which) {
+            std::uint8_t* at = dst + f.scales_at(which, g);
+            for (std::int64_t c = 0; c < kTileN; ++c) {
+                const float v = which == 0 ? src[c].scale[g] : src[c].min[g];
+                if (f.half_scales) {
+                    std::uint16_t h = 0;
+                    exact = exact_half(v, h) && exact;
+                    std::memcpy(at + 2 * c, &h, sizeof(h));
+                } else {
+                    std::memcpy(at + 4 * c, &v, sizeof(v));
+                }
+            }
         }
     }
+    return exact;
 }
 
 }  // namespace
 
 Format format_of(int ggml_type) {
     switch (ggml_type) {
-        case kGgmlQ4_0: case kGgmlQ4_1: case kGgmlQ4_K: return {4, 32};
-        case kGgmlQ8_0: case kGgmlQ5_K: return {8, 32};
-        case kGgmlQ6_K: return {8, 16};
+        case kGgmlQ4_0: case kGgmlQ4_1: return {4, 32, true};
+        case kGgmlQ4_K: return {4, 32, false};
+        case kGgmlQ8_0: return {8, 32, true};
+        case kGgmlQ5_K: return {8, 32, false};
+        case kGgmlQ6_K: return {8, 16, false};
         default: throw std::invalid_argument("no quantized kernel for ggml type " +
                                              std::to_string(ggml_type));
     }
@@ -189,6 +208,7 @@ void pack_quant_weight(int ggml_type, const std::int64_t* rows, std::int64_t n, 
                                     "of the type's block size");
     if (!rows || !packed) throw std::invalid_argument("pack_quant_weight: null rows or packed");
     const std::int64_t tiles = num_tiles(n), blocks = k / kBlockK;
+    std::atomic<bool> exact{true};  // no exception may leave the parallel loop
 #pragma omp parallel for num_threads(std::max(1, num_threads)) schedule(static)
     for (std::int64_t t = 0; t < tiles; ++t) {
         Block32 src[kTileN];
@@ -201,9 +221,12 @@ void pack_quant_weight(int ggml_type, const std::int64_t* rows, std::int64_t n, 
             }
             std::uint8_t* dst = packed + t * tile_bytes(f, k) + b * f.block_bytes();
             std::memset(dst, 0, f.quant_bytes());
-            write_block(f, src, dst);
+            if (!write_block(f, src, dst)) exact.store(false, std::memory_order_relaxed);
         }
     }
+    if (!exact.load())
+        throw std::invalid_argument("pack_quant_weight: a block scale (or -8 / -128 times it) is "
+                                    "not exact in fp16: the file's scales are out of range");
 }
 
 }  // namespace pagedserve

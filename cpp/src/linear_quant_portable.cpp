@@ -30,15 +30,13 @@ float dot(const Format& f, const std::uint8_t* tile, std::int64_t c, const std::
     const std::int64_t per_group = f.group_size;
     for (std::int64_t b = 0; b < k / kBlockK; ++b) {
         const std::uint8_t* block = tile + b * f.block_bytes();
-        const auto* scales = reinterpret_cast<const float*>(block + f.quant_bytes());
-        const float* mins = scales + f.groups() * kTileN;
         for (std::int64_t g = 0; g < f.groups(); ++g) {
             std::int32_t isum = 0;
             for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e)
                 isum += unsigned_value(f, block, c, e) * row.q[kBlockK * b + e];
-            const float sd = scales[g * kTileN + c] * row.d[b];
+            const float sd = block_scale(f, block, 0, g, c) * row.d[b];
             acc = std::fma(static_cast<float>(isum), sd, acc);
-            acc = std::fma(mins[g * kTileN + c], row.group_sum(f, b, g), acc);
+            acc = std::fma(block_scale(f, block, 1, g, c), row.group_sum(f, b, g), acc);
         }
     }
     return acc;

@@ -195,6 +195,16 @@ TEST(quant_vnni_equals_portable_for_every_type) {
     }
 }
 
+// Q4_0 / Q4_1 / Q8_0 keep the file's fp16 scales (exact), the K-quants fp32 (d x sub-scale):
+// bytes per 32 columns x 32 features.
+TEST(quant_packed_sizes) {
+    CHECK(packed_quant_bytes(kGgmlQ4_1, 32, 32) == 512 + 2 * 32 * 2);
+    CHECK(packed_quant_bytes(kGgmlQ4_0, 32, 32) == 512 + 2 * 32 * 2);
+    CHECK(packed_quant_bytes(kGgmlQ8_0, 32, 32) == 1024 + 2 * 32 * 2);
+    CHECK(packed_quant_bytes(kGgmlQ4_K, 32, 256) == 8 * (512 + 2 * 32 * 4));
+    CHECK(packed_quant_bytes(kGgmlQ6_K, 32, 256) == 8 * (1024 + 2 * 2 * 32 * 4));
+}
+
 TEST(quant_bf16_activations_and_output) {
     std::mt19937 rng(9);
     std::vector<double> w;
@@ -234,6 +244,12 @@ TEST(quant_refuses_bad_arguments) {
     std::int64_t table[4] = {0, 0, 0, 0};
     std::vector<std::uint8_t> dst(packed_quant_bytes(kGgmlQ4_K, 4, 256));
     CHECK_THROWS(std::invalid_argument, pack_quant_weight(kGgmlQ4_K, table, 4, 96, dst.data(), 1));
+    // Q8_0's packed min is -128 d in fp16: a d of 1024 has none (-131072 > 65504).
+    std::vector<std::uint8_t> q8(quant_row_bytes(kGgmlQ8_0, 32), 1);
+    put_half(q8.data(), 0x6400);  // 1024
+    const std::int64_t q8_row[1] = {static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(q8.data()))};
+    std::vector<std::uint8_t> q8_dst(packed_quant_bytes(kGgmlQ8_0, 1, 32));
+    CHECK_THROWS(std::invalid_argument, pack_quant_weight(kGgmlQ8_0, q8_row, 1, 32, q8_dst.data(), 1));
     QuantLinearArgs empty = a;
     empty.m = 0, empty.x = nullptr, empty.out = nullptr;
     quant_linear(empty, 1);

@@ -1,8 +1,10 @@
 // Linear layers over GGUF quantized weights kept quantized (issue 12): Q4_0, Q4_1, Q8_0, Q4_K,
 // Q5_K and Q6_K rows are repacked once, at load, into 32-column tiles of unsigned integers with
-// an fp32 scale and min per (column, group of 16 or 32 features), w = scale * u + min, which
-// every one of these formats is exactly (Q4_0: min = -8 scale, Q8_0: u = q + 128, min = -128
-// scale, K-quants: scale = d * sub-scale, min = -dmin * sub-min, all exact in fp32).
+// a scale and min per (column, group of 16 or 32 features), w = scale * u + min, which every one
+// of these formats is exactly (Q4_0: min = -8 scale, Q8_0: u = q + 128, min = -128 scale,
+// K-quants: scale = d * sub-scale, min = -dmin * sub-min, all exact in fp32), kept in fp16 where
+// they are exact in it (Q4_0, Q4_1, Q8_0: the file's own; packing refuses a file whose scale
+// times 8 or 128 leaves fp16's range), else in fp32.
 //
 // A product quantizes each activation row to int8 in blocks of 32 features (fp32 scale, as
 // llama.cpp's Q8 activations: d = max|x| / 127, q = round(x / d)) and sums u * q with
