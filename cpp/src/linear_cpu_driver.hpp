@@ -133,11 +133,6 @@ PAGEDSERVE_LINEAR_TARGET void row_block(const typename K::Args& a, std::int64_t 
     }
 }
 
-// Rows [row0, row0 + rows) x tiles [tile0, tile_end): 8 rows at a time across the whole panel,
-// so the panel's weights stay in L2 and each output row is written in one contiguous run.
-// Meanwhile the thread's next panel, tiles [next0, next_end), is fetched into L2 a line at a
-// time: without it each panel's first sweep waits on memory (~10% of a decode step's products,
-// whose weights never fit in the L3).
 // f(std::integral_constant<int, count>{}) for a count of 1 .. kRows - 1 known only at run time
 // (micro-tile heights are template arguments); nothing for 0.
 template <typename F>
@@ -154,6 +149,7 @@ void with_rows(std::int64_t count, F f) {
     }
 }
 
+// The next panel's weights (tiles [next0, next_end)) in cache lines, spread over `parts` sweeps.
 template <typename K>
 PanelPrefetch panel_prefetch(const typename K::Args& a, std::int64_t next0, std::int64_t next_end,
                              std::int64_t parts) {
@@ -162,6 +158,11 @@ PanelPrefetch panel_prefetch(const typename K::Args& a, std::int64_t next0, std:
     return {reinterpret_cast<const char*>(next), next_bytes / 64, parts};
 }
 
+// Rows [row0, row0 + rows) x tiles [tile0, tile_end): 8 rows at a time across the whole panel,
+// so the panel's weights stay in L2 and each output row is written in one contiguous run.
+// Meanwhile the thread's next panel, tiles [next0, next_end), is fetched into L2 a line at a
+// time: without it each panel's first sweep waits on memory (~10% of a decode step's products,
+// whose weights never fit in the L3).
 template <typename K>
 PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t row0,
                                        std::int64_t rows, std::int64_t tile0,

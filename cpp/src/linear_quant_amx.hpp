@@ -108,31 +108,24 @@ private:
         return out;
     }
 
-    // acc[r] += float(sums[r]) * (scale * d) + min * group_sum, as the VNNI path's group().
+    // acc[r] += float(sums[r]) * (scale * d) + min * group_sum: the VNNI path's fold_group.
     PAGEDSERVE_LINEAR_TARGET static void fold(const Args& a, std::int64_t row0, std::int64_t rows,
                                               std::int64_t b, std::int64_t g,
                                               const std::uint8_t* quants,
                                               const std::int32_t (&sums)[kBlockRows][kLinearTileN],
                                               float (&acc)[kBlockRows][kLinearTileN]) {
-        constexpr bool kHalf = kFormat.half_scales;
         for (int h = 0; h < 2; ++h) {
-            const std::int64_t half = 16 * h * kFormat.scale_bytes();
-            const __m512 scale =
-                quant_detail::load_scales<kHalf>(quants + kFormat.scales_at(0, g) + half);
-            const __m512 min =
-                quant_detail::load_scales<kHalf>(quants + kFormat.scales_at(1, g) + half);
+            const quant_detail::HalfScales sc =
+                quant_detail::half_scales<kFormat.half_scales>(kFormat, quants, g, h);
             for (std::int64_t r = 0; r < rows; ++r) {
                 const quant_detail::ActivationRow row(a.acts + (row0 + r) * a.act_row_bytes, a.k);
-                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
-                __m512 out = _mm512_load_ps(&acc[r][16 * h]);
-                const __m512i isum = _mm512_load_si512(&sums[r][16 * h]);
-                out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sd, out);
-                out = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)), out);
+                const __m512 out = quant_detail::fold_group(
+                    _mm512_load_ps(&acc[r][16 * h]), _mm512_load_si512(&sums[r][16 * h]), sc,
+                    row.d[b], row.group_sum(kFormat, b, g));
                 _mm512_store_ps(&acc[r][16 * h], out);
             }
         }
     }
-
 };
 
 }  // namespace pagedserve::linear_detail

@@ -126,18 +126,14 @@ struct QuantBf16 {
             }
         }
         for (int h = 0; h < 2; ++h) {
-            const std::int64_t half = 16 * h * kFormat.scale_bytes();
-            const __m512 scale =
-                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(0, g) + half);
-            const __m512 min =
-                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(1, g) + half);
+            const quant_detail::HalfScales sc = quant_detail::half_scales<kHalf>(kFormat, block, g, h);
             for (int r = 0; r < Q; ++r) {
                 const auto* sums = reinterpret_cast<const float*>(
                     a.acts + (row0 + r0 + r) * a.act_row_bytes);  // per 16 features
                 const float sum = kGroup == 16 ? sums[2 * b + g] : sums[2 * b] + sums[2 * b + 1];
                 __m512& out = acc[r0 + r][h];
-                out = _mm512_fmadd_ps(dot[r][h], scale, out);
-                out = _mm512_fmadd_ps(min, _mm512_set1_ps(sum), out);
+                out = _mm512_fmadd_ps(dot[r][h], sc.scale, out);
+                out = _mm512_fmadd_ps(sc.min, _mm512_set1_ps(sum), out);
             }
         }
     }
@@ -191,17 +187,11 @@ struct QuantKernel {
             }
         }
         for (int h = 0; h < 2; ++h) {
-            const std::int64_t half = 16 * h * kFormat.scale_bytes();
-            const __m512 scale =
-                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(0, g) + half);
-            const __m512 min =
-                quant_detail::load_scales<kHalf>(block + kFormat.scales_at(1, g) + half);
+            const quant_detail::HalfScales sc = quant_detail::half_scales<kHalf>(kFormat, block, g, h);
             for (int r = 0; r < Q; ++r) {
                 const ActivationRow row(act[r], a.k);
-                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(row.d[b]));
-                __m512& out = acc[r0 + r][h];
-                out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][h]), sd, out);
-                out = _mm512_fmadd_ps(min, _mm512_set1_ps(row.group_sum(kFormat, b, g)), out);
+                acc[r0 + r][h] = quant_detail::fold_group(acc[r0 + r][h], isum[r][h], sc, row.d[b],
+                                                          row.group_sum(kFormat, b, g));
             }
         }
     }

@@ -56,15 +56,36 @@ inline float half_to_float(std::uint16_t h) {
     return f;
 }
 
-// The 16 scales or mins of a half tile at `at` (block + scales_at(which, g) + 16 h scale_bytes)
-// as fp32 lanes, for the AVX-512 kernels.
+// The AVX-512 kernels' view of a group's scales: half tile h's 16 scales and 16 mins as fp32.
+struct HalfScales {
+    __m512 scale, min;
+};
+
 template <bool kHalf>
-__attribute__((target("avx512f"))) inline __m512 load_scales(const std::uint8_t* at) {
+__attribute__((target("avx512f"), always_inline)) inline __m512 load_scales(const std::uint8_t* at) {
     if constexpr (kHalf) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
     } else {
         return _mm512_loadu_ps(reinterpret_cast<const float*>(at));
     }
+}
+
+// Group g's scales and mins for half tile h of a packed block in format f (kHalf: f.half_scales).
+template <bool kHalf>
+__attribute__((target("avx512f"), always_inline)) inline HalfScales half_scales(
+    const Format& f, const std::uint8_t* block, std::int64_t g, int h) {
+    const std::int64_t half = 16 * h * f.scale_bytes();
+    return {load_scales<kHalf>(block + f.scales_at(0, g) + half),
+            load_scales<kHalf>(block + f.scales_at(1, g) + half)};
+}
+
+// out + float(isum) * (scale * d) + min * group_sum: one group of one row and half tile, the
+// fold of every int8 path (VNNI, AMX-INT8 tiles: the same operations, so the same bits).
+__attribute__((target("avx512f"), always_inline)) inline __m512 fold_group(
+    __m512 out, __m512i isum, const HalfScales& s, float d, float group_sum) {
+    const __m512 sd = _mm512_mul_ps(s.scale, _mm512_set1_ps(d));
+    out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sd, out);
+    return _mm512_fmadd_ps(s.min, _mm512_set1_ps(group_sum), out);
 }
 
 // Scale (which = 0) or min (1) of column c, group g of a packed block.

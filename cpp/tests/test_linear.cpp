@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <immintrin.h>
+
 #include "check.hpp"
 #include "pagedserve/linear.hpp"
 
@@ -33,6 +35,17 @@ float from_bf16(std::uint16_t b) {
     float f;
     std::memcpy(&f, &u, sizeof(f));
     return f;
+}
+
+// One lane of VDPBF16PS: acc + x[0] w[0] + x[1] w[1] in the instruction's own order.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_lane(float acc, const std::uint16_t (&x)[2],
+                                                                 const std::uint16_t (&w)[2]) {
+    std::uint32_t xp, wp;
+    std::memcpy(&xp, x, 4), std::memcpy(&wp, w, 4);
+    const __m512 r = _mm512_dpbf16_ps(_mm512_set1_ps(acc),
+                                      reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xp))),
+                                      reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(wp))));
+    return _mm512_cvtss_f32(r);
 }
 
 std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
@@ -359,9 +372,34 @@ TEST(linear_tile_order_equals_the_emulated_tiles) {
         CHECK(matches({23, 70, k, true, true, false, 2, 0, true}, rng));
 }
 
-// Reported, not asserted: whether the CPU's tiles round as the SDM's pseudo-code (the
-// emulation) does, and whether they agree with AVX512-BF16 (then a row threshold would keep
-// batch invariance).
+// VDPBF16PS adds a pair's odd feature first and rounds after each add (the SDM's pseudo-code),
+// which the AMX emulation's order is the mirror of and LinearArgs::tile_order relies on: over
+// random accumulators and pairs spanning 2^-12 .. 2^12, every result equals that sequence.
+TEST(vdpbf16ps_adds_odd_feature_first_rounding_each_add) {
+    if (!linear_bf16_supported()) return;
+    std::mt19937 rng(43);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> scale(-12, 12);
+    const auto draw = [&] { return unit(rng) * std::ldexp(1.0f, scale(rng)); };
+    std::int64_t equal = 0, even_first = 0;
+    const std::int64_t cases = 20000;
+    for (std::int64_t i = 0; i < cases; ++i) {
+        const float acc = draw();
+        const std::uint16_t x[2] = {to_bf16(draw()), to_bf16(draw())};
+        const std::uint16_t w[2] = {to_bf16(unit(rng)), to_bf16(unit(rng))};
+        const float got = dpbf16_lane(acc, x, w);
+        volatile float p0 = from_bf16(x[0]) * from_bf16(w[0]), p1 = from_bf16(x[1]) * from_bf16(w[1]);
+        volatile float odd = acc + p1, even = acc + p0;
+        equal += got == odd + p0;
+        even_first += got == even + p1;
+    }
+    CHECK(equal == cases);
+    CHECK(even_first < cases);  // the order shows: the mirror order differs somewhere
+}
+
+// Whether the CPU's tiles round as the SDM's pseudo-code (the emulation) and as each AVX-512
+// order is printed for bench/amx_check.sh (it decides --deterministic's thresholds); asserted:
+// every output within fp32 reordering of the other paths.
 TEST(linear_amx_hardware_against_emulation_and_avx512) {
     if (!linear_bf16_supported() || !linear_amx_supported()) return;
     const std::int64_t m = 64, n = 256, k = 576;
@@ -381,6 +419,10 @@ TEST(linear_amx_hardware_against_emulation_and_avx512) {
                  static_cast<long long>(same(hardware, emulated)), static_cast<long long>(m * n),
                  static_cast<long long>(same(hardware, avx512)),
                  static_cast<long long>(same(hardware, tile_order)));
+    for (std::size_t i = 0; i < hardware.size(); ++i) {
+        for (const auto* other : {&emulated, &avx512, &tile_order})
+            CHECK(std::fabs(hardware[i] - (*other)[i]) <= 1e-5f * (1.0f + std::fabs(hardware[i])));
+    }
 }
 
 }  // namespace

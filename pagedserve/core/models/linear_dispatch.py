@@ -179,9 +179,9 @@ def _layers(shape: LayerShape, dtype: torch.dtype, amx: bool) -> list[PackableLi
         layer.weight = torch.nn.Parameter(weight, requires_grad=False)
     if not layers[0].pack():
         return None
-    if amx:
+    if amx:  # the native kernel's other two paths read the one packed copy
         for layer in layers[2:]:
-            layer.pack()
+            layer.packed, layer.weight = layers[0].packed, None
         layers[2].use_amx(1)
         layers[3].use_amx(0, tile_order=True)
     return layers
@@ -368,8 +368,8 @@ def quantized_amx_choice(
     for layer in quantized:
         layer.use_amx(0)
     logger.info("quantized kernel calibration, one layer's projections, VNNI vs AMX-INT8: %s",
-                "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {t.amx_s * 1e3:.3f} ms"
-                          for t in timings if t.amx_s is not None))  # fmt: skip
+                "; ".join(f"{t.rows} rows {t.native_s * 1e3:.3f} vs {(t.amx_s or 0.0) * 1e3:.3f} ms"
+                          for t in timings))  # fmt: skip
     start = amx_from_rows(timings)
     if start is None:
         best = max(t.amx_speedup for t in timings)
