@@ -29,6 +29,8 @@ __all__: list[str] = [
     "StepPlan",
     "TokenTensor",
     "cpu_features",
+    "cpu_isa",
+    "cpu_isa_supported",
     "gated_rows",
     "linear_amx_emulation",
     "linear_amx_items",
@@ -55,6 +57,7 @@ __all__: list[str] = [
     "reshape_and_cache",
     "rms_norm",
     "rotary",
+    "set_cpu_isa",
     "silu_and_mul",
 ]
 
@@ -455,7 +458,17 @@ class DecoderStack:
 
 def cpu_features() -> dict[str, bool]:
     """
-    The CPU's AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.
+    The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.
+    """
+
+def cpu_isa() -> str:
+    """
+    The ISA level the kernels run at now.
+    """
+
+def cpu_isa_supported() -> str:
+    """
+    The best ISA level this CPU runs: portable, avx2, avx512, avx512_bf16 or amx.
     """
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...
@@ -608,6 +621,11 @@ def rotary(
     dtype: DType,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
+def set_cpu_isa(level: str) -> str:
+    """
+    Lowers (or restores) the kernels' ISA level, capped at cpu_isa_supported(); returns the level now active.
+    """
+
 def silu_and_mul(
     *,
     out: typing.SupportsInt | typing.SupportsIndex,

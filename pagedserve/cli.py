@@ -20,6 +20,7 @@ from typing import Any
 
 from pagedserve import __version__
 from pagedserve.core.config import (
+    CPU_ISAS,
     CPU_LINEARS,
     CacheConfig,
     EngineConfig,
@@ -55,6 +56,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "dtype", {}),
     (ModelConfig, "quantization", {"choices": ["auto", "none"]}),
     (ModelConfig, "cpu_linear", {"choices": list(CPU_LINEARS)}),
+    (ModelConfig, "cpu_isa", {"choices": list(CPU_ISAS)}),
     (ModelConfig, "device", {}),
     (ModelConfig, "chat_template", {}),
     (ModelConfig, "attention_backend", {}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,12 @@ import pytest
 import torch
 
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+from pagedserve.core.ops.cpu_features import (
+    CPU_ISAS,
+    cpu_isa_supported,
+    forced_cpu_isa,
+    runnable_isas,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,6 +29,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=CPU_ISAS)
+def cpu_isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test once per ISA level of the native kernels (each forced for its duration); the
+    levels above what this CPU runs skip, saying so."""
+    level = str(request.param)
+    if level not in runnable_isas():
+        pytest.skip(f"this CPU runs ISA levels up to {cpu_isa_supported()}, not {level}")
+    with forced_cpu_isa(level):
+        yield level
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,10 @@
 // CPUID and XGETBV by hand (cpuid.h's __get_cpuid_count, no inline asm beyond xgetbv), plus the
-// Linux AMX permission request. Everything here is false on CPUs other than x86-64.
+// Linux AMX permission request, and the active ISA level. Every feature is false on CPUs other
+// than x86-64, whose level is portable.
 #include "pagedserve/cpu_features.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,10 +56,18 @@ bool request_amx_permission() {
 CpuFeatures detect() {
     CpuFeatures f;
     if (cpuid(0, 0).eax < 7) return f;
-    const Regs l7 = cpuid(7, 0), l7s1 = cpuid(7, 1);
+    const Regs l1 = cpuid(1, 0), l7 = cpuid(7, 0), l7s1 = cpuid(7, 1);
     const std::uint64_t xcr = xcr0();
+    const bool ymm_saved = (xcr & 0x6) == 0x6;    // SSE, AVX
     const bool zmm_saved = (xcr & 0xE6) == 0xE6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+    f.avx2 = bit(l7.ebx, 5) && ymm_saved;
+    f.fma = f.avx2 && bit(l1.ecx, 12);
+    f.f16c = f.avx2 && bit(l1.ecx, 29);
+    f.avx_vnni = f.avx2 && bit(l7s1.eax, 4);
     f.avx512f = bit(l7.ebx, 16) && zmm_saved;
+    f.avx512bw = f.avx512f && bit(l7.ebx, 30);
+    f.avx512vl = f.avx512f && bit(l7.ebx, 31);
+    f.avx512dq = f.avx512f && bit(l7.ebx, 17);
     f.avx512_vnni = f.avx512f && bit(l7.ecx, 11);
     f.avx512_bf16 = f.avx512f && bit(l7s1.eax, 5);
     f.amx_bf16 = bit(l7.edx, 22);
@@ -70,11 +81,48 @@ CpuFeatures detect() {
 CpuFeatures detect() { return CpuFeatures{}; }
 #endif
 
+CpuIsa best_level(const CpuFeatures& f) {
+    if (!(f.avx2 && f.fma && f.f16c)) return CpuIsa::kPortable;
+    if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq)) return CpuIsa::kAvx2;
+    if (!f.avx512_bf16) return CpuIsa::kAvx512;
+    if (!(f.amx_bf16 && f.amx_int8 && f.amx_permitted)) return CpuIsa::kAvx512Bf16;
+    return CpuIsa::kAmx;
+}
+
+std::atomic<int>& active_level() {
+    static std::atomic<int> level{static_cast<int>(cpu_isa_supported())};
+    return level;
+}
+
 }  // namespace
 
 const CpuFeatures& cpu_features() {
     static const CpuFeatures features = detect();  // C++11: initialised once, thread-safe
     return features;
+}
+
+CpuIsa cpu_isa_supported() {
+    static const CpuIsa level = best_level(cpu_features());
+    return level;
+}
+
+CpuIsa cpu_isa() { return static_cast<CpuIsa>(active_level().load(std::memory_order_relaxed)); }
+
+CpuIsa set_cpu_isa(CpuIsa level) {
+    const int capped = std::clamp(static_cast<int>(level), 0, static_cast<int>(cpu_isa_supported()));
+    active_level().store(capped, std::memory_order_relaxed);
+    return static_cast<CpuIsa>(capped);
+}
+
+const char* cpu_isa_name(CpuIsa level) {
+    switch (level) {
+        case CpuIsa::kPortable: return "portable";
+        case CpuIsa::kAvx2: return "avx2";
+        case CpuIsa::kAvx512: return "avx512";
+        case CpuIsa::kAvx512Bf16: return "avx512_bf16";
+        case CpuIsa::kAmx: return "amx";
+    }
+    return "portable";
 }
 
 }  // namespace pagedserve

@@ -116,15 +116,8 @@ void pack_gated_weight_bf16(const std::uint16_t* weight, std::int64_t width, std
                  gated_rows(width), k, packed, num_threads);
 }
 
-bool linear_bf16_supported() {
-    // Once per process: linear_bf16 asks on every call, several times per layer and step.
-    static const bool supported = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
-    }();
-    return supported;
-}
+// ISA level avx512_bf16 (a relaxed atomic load: linear_bf16 asks on every call).
+bool linear_bf16_supported() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
 
 std::int64_t linear_items_taken_over() {
     return linear_detail::items_taken_over.load(std::memory_order_relaxed);

@@ -60,7 +60,8 @@ inline std::atomic<bool> amx_emulated{false};          // see linear_amx_emulati
 inline bool amx_usable(bool int8) {
     if (amx_emulated.load(std::memory_order_relaxed)) return true;
     const CpuFeatures& f = cpu_features();
-    return f.amx_tile && f.amx_permitted && (int8 ? f.amx_int8 : f.amx_bf16);
+    return cpu_isa_at_least(CpuIsa::kAmx) && f.amx_tile && f.amx_permitted &&
+           (int8 ? f.amx_int8 : f.amx_bf16);
 }
 
 // Registers: C[i][j] = 2i + j accumulates rows 16i.. x columns 16j..; A[i] = 4 + i; B[j] = 6 + j.

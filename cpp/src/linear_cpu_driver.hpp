@@ -225,8 +225,10 @@ struct alignas(64) Share {
 
 // Runs item i of a share: its rows x its panel, prefetching the item after it (the share's
 // next panel, or its first panel again for the next chunk of rows).
+// No target attribute from here on: the scheduling is ISA-free, and Item::run (compiled for its
+// own ISA) is a call per item, not inlined (the AVX2 kernel shares it: linear_quant_avx2.cpp).
 template <typename K, typename Item>
-PAGEDSERVE_LINEAR_TARGET void run_share_item(const typename K::Args& a, const Share& s,
+void run_share_item(const typename K::Args& a, const Share& s,
                                              std::int64_t i) {
     const std::int64_t chunk = i / s.panels, p = i % s.panels;
     const std::int64_t row0 = chunk * kChunkRows, rows = std::min(kChunkRows, a.m - row0);
@@ -237,7 +239,7 @@ PAGEDSERVE_LINEAR_TARGET void run_share_item(const typename K::Args& a, const Sh
 }
 
 template <typename K, typename Item = MicroTiles<K>>
-PAGEDSERVE_LINEAR_TARGET void run_linear(const typename K::Args& a, int num_threads) {
+void run_linear(const typename K::Args& a, int num_threads) {
     const std::int64_t tiles = num_tiles(a.n);
     const bool small = a.m * a.n * a.k < kMinParallelMacs;
     const int threads = small ? 1 : static_cast<int>(std::min<std::int64_t>(num_threads, tiles));

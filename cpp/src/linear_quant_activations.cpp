@@ -1,7 +1,7 @@
 // The per-row int8 activations of the quantized linear kernels (linear_quant_layout.hpp): per 32
 // features d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), with the fp32 sums
-// d * sum(q) per 16 and per 32 features. An AVX-512 path where the CPU has it and a plain loop
-// elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
+// d * sum(q) per 16 and per 32 features. AVX-512 and AVX2 paths (by the ISA level) and a plain
+// loop elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "linear_quant_layout.hpp"
+#include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::quant_detail {
 namespace {
@@ -87,23 +88,65 @@ PAGEDSERVE_ACT_TARGET void quantize_row_avx512(const T* x, std::int64_t k, std::
     }
 }
 
-bool has_avx512() {
-    static const bool supported = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
-    }();
-    return supported;
+#define PAGEDSERVE_ACT_AVX2_TARGET __attribute__((target("avx2,fma")))
+
+template <typename T>
+PAGEDSERVE_ACT_AVX2_TARGET __m256 load8(const T* x) {
+    if constexpr (sizeof(T) == 4) {
+        return _mm256_loadu_ps(x);
+    } else {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    }
+}
+
+PAGEDSERVE_ACT_AVX2_TARGET inline int sum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// quantize_row with AVX2, as the AVX-512 one: an exact max reduction, the same scalar scale and
+// inverse, vcvtps2dq's round-to-nearest-even, exact int sums.
+template <typename T>
+PAGEDSERVE_ACT_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
+    auto* q = reinterpret_cast<std::int8_t*>(out);
+    float* d = reinterpret_cast<float*>(out + k);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+            v[i] = load8(x + kBlockK * b + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float max_abs = _mm_cvtss_f32(m4);
+        const float scale = max_abs / 127.0f, inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+        __m256i qi[4];
+        for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+        // |q| <= 127: pack dwords -> words -> bytes, then undo packs' 128-bit lane interleave.
+        const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);
+        const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
+                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + kBlockK * b), bytes);
+        store_sums(scale, sum8(_mm256_add_epi32(qi[0], qi[1])), sum8(_mm256_add_epi32(qi[2], qi[3])),
+                   b, d, d + k / kBlockK, d + 2 * (k / kBlockK));
+    }
 }
 
 template <typename T>
 void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64_t k,
-                   std::uint8_t* out, int threads, bool simd) {
+                   std::uint8_t* out, int threads, CpuIsa isa) {
     const std::int64_t row_bytes = activation_row_bytes(k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t r = 0; r < m; ++r) {
-        if (simd) {
+        if (isa >= CpuIsa::kAvx512) {
             quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
+        } else if (isa == CpuIsa::kAvx2) {
+            quantize_row_avx2(x + r * x_stride, k, out + r * row_bytes);
         } else {
             quantize_row(x + r * x_stride, k, out + r * row_bytes);
         }
@@ -115,9 +158,9 @@ void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64
 void quantize_activations(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
                           std::int64_t k, std::uint8_t* out, int num_threads, bool portable) {
     const int threads = m * k < (1 << 18) ? 1 : std::max(1, num_threads);
-    const bool simd = !portable && has_avx512();
-    if (float32) return quantize_rows(static_cast<const float*>(x), x_stride, m, k, out, threads, simd);
-    quantize_rows(static_cast<const std::uint16_t*>(x), x_stride, m, k, out, threads, simd);
+    const CpuIsa isa = portable ? CpuIsa::kPortable : cpu_isa();
+    if (float32) return quantize_rows(static_cast<const float*>(x), x_stride, m, k, out, threads, isa);
+    quantize_rows(static_cast<const std::uint16_t*>(x), x_stride, m, k, out, threads, isa);
 }
 
 }  // namespace pagedserve::quant_detail

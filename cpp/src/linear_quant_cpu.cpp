@@ -7,6 +7,7 @@
 
 #include "linear_cpu_driver.hpp"
 #include "linear_quant_amx.hpp"
+#include "linear_quant_avx2.hpp"
 #include "linear_quant_layout.hpp"
 #include "linear_quant_portable.hpp"
 #include "pagedserve/linear_quant.hpp"
@@ -43,6 +44,23 @@ struct QuantArgs {
     const std::uint8_t* acts = nullptr;  // quantize_activations of x (or dequant_bf16's sums)
     std::int64_t act_row_bytes = 0;
 };
+
+// vcvtneps2bf16 by integer operations, as the SDM's pseudo-code has it (the same bits, for CPUs
+// with AVX-512 but no AVX512-BF16): round to nearest even, zero and denormals to a signed zero,
+// NaN quieted.
+PAGEDSERVE_LINEAR_TARGET inline __m256i bf16_bits(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i top = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    __m512i bits = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    bits = _mm512_mask_or_epi32(bits, nan, top, _mm512_set1_epi32(0x40));
+    bits = _mm512_mask_and_epi32(bits, tiny, top, _mm512_set1_epi32(0x8000));
+    return _mm512_cvtepi32_epi16(bits);
+}
 
 // The u8 values of step s (4 features x 16 columns) of half tile h of a packed block: vpdpbusd's
 // unsigned operand.
@@ -139,7 +157,10 @@ struct QuantBf16 {
     }
 };
 
-template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false>
+// kHwBf16: bf16 outputs rounded by vcvtneps2bf16 (AVX512-BF16 CPUs), else by bf16_bits (the
+// same bits).
+template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false,
+          bool kHwBf16 = true>
 struct QuantKernel {
     using Args = QuantArgs<T>;
     using Weight = std::uint8_t;
@@ -210,20 +231,25 @@ struct QuantKernel {
         if (sizeof(T) == 4 || a.out_float32) {
             _mm512_mask_storeu_ps(static_cast<float*>(a.out) + row * a.out_stride + col, mask, v);
         } else {
-            const __m256i bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+            __m256i bits;
+            if constexpr (kHwBf16) {
+                bits = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+            } else {
+                bits = bf16_bits(v);
+            }
             auto* out = static_cast<std::uint16_t*>(a.out) + row * a.out_stride + col;
             _mm256_mask_storeu_epi16(out, mask, bits);
         }
     }
 };
 
+// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
+// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
 bool vnni_supported() {
-    static const bool supported = [] {
-        __builtin_cpu_init();
-        return linear_bf16_supported() && __builtin_cpu_supports("avx512vnni");
-    }();
-    return supported;
+    return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
 }
+
+bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
 
 template <typename T>
 QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes) {
@@ -247,21 +273,22 @@ void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
     }
 }
 
-template <typename T, bool kBf16 = false>
+template <typename T, bool kBf16 = false, bool kHwBf16 = true>
 void run_vnni(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
               int num_threads) {
     const QuantArgs<T> t = typed<T>(a, acts, row_bytes);
     const Format f = quant_detail::format_of(a.ggml_type);
-    const bool tiles = !kBf16 && a.amx_from_rows > 0 && a.m >= a.amx_from_rows && amx_usable(true);
+    const bool tiles = !kBf16 && kHwBf16 && a.amx_from_rows > 0 && a.m >= a.amx_from_rows &&
+                       amx_usable(true);
     if (f.bits == 4 && f.half_scales)  // Q4_0, Q4_1
-        return run_kernel<QuantKernel<T, 4, 32, true, kBf16>>(t, num_threads, tiles);
+        return run_kernel<QuantKernel<T, 4, 32, true, kBf16, kHwBf16>>(t, num_threads, tiles);
     if (f.bits == 4)  // Q4_K
-        return run_kernel<QuantKernel<T, 4, 32, false, kBf16>>(t, num_threads, tiles);
+        return run_kernel<QuantKernel<T, 4, 32, false, kBf16, kHwBf16>>(t, num_threads, tiles);
     if (f.half_scales)  // Q8_0
-        return run_kernel<QuantKernel<T, 8, 32, true, kBf16>>(t, num_threads, tiles);
+        return run_kernel<QuantKernel<T, 8, 32, true, kBf16, kHwBf16>>(t, num_threads, tiles);
     if (f.group_size == 32)  // Q5_K
-        return run_kernel<QuantKernel<T, 8, 32, false, kBf16>>(t, num_threads, tiles);
-    run_kernel<QuantKernel<T, 8, 16, false, kBf16>>(t, num_threads, tiles);  // Q6_K
+        return run_kernel<QuantKernel<T, 8, 32, false, kBf16, kHwBf16>>(t, num_threads, tiles);
+    run_kernel<QuantKernel<T, 8, 16, false, kBf16, kHwBf16>>(t, num_threads, tiles);  // Q6_K
 }
 
 // Per row, the fp32 sum of each 16 bf16 features, in order (dequant_bf16's min terms).
@@ -285,9 +312,12 @@ void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_byte
 
 }  // namespace
 
-const char* quant_linear_path() { return vnni_supported() ? "avx512-vnni" : "portable"; }
+const char* quant_linear_path() {
+    if (vnni_supported()) return "avx512-vnni";
+    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
+}
 
-bool quant_linear_amx_supported() { return vnni_supported() && amx_usable(true); }
+bool quant_linear_amx_supported() { return vnni_supported() && hardware_bf16() && amx_usable(true); }
 
 void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     check_linear(quant_type_supported(args.ggml_type),
@@ -302,7 +332,7 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     thread_local std::vector<std::uint8_t> acts;
     if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
     if (args.dequant_bf16) {
-        check_linear(vnni_supported() && !args.float32 && !force_portable,
+        check_linear(vnni_supported() && hardware_bf16() && !args.float32 && !force_portable,
                      "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
         sum_rows(args, acts.data(), row_bytes);
         return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
@@ -310,10 +340,11 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads, force_portable);
     const int threads = std::max(1, num_threads);
-    if (force_portable || !vnni_supported()) {
+    if (force_portable || !cpu_isa_at_least(CpuIsa::kAvx2))
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
-    }
+    if (!vnni_supported()) return quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
     if (args.float32) return run_vnni<float>(args, acts.data(), row_bytes, threads);
+    if (!hardware_bf16()) return run_vnni<std::uint16_t, false, false>(args, acts.data(), row_bytes, threads);
     run_vnni<std::uint16_t>(args, acts.data(), row_bytes, threads);
 }
 

@@ -1,5 +1,6 @@
 // The portable path of linear_quant.hpp (see linear_quant_portable.hpp). Threads split the
-// 32-column tiles; each (row, column) is one fp32 accumulator over the groups in order.
+// 32-column tiles; each (row, column) is one fp32 accumulator over the groups in order, and the
+// epilogue rounds as the vector paths do (kernel_math.hpp): the same bits, SiLU-gated included.
 #include "linear_quant_portable.hpp"
 
 #include <omp.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernel_math.hpp"
 #include "linear_quant_layout.hpp"
 #include "pagedserve/linear.hpp"
 
@@ -56,12 +58,8 @@ void store(const QuantLinearArgs& a, std::int64_t row, std::int64_t col, float v
         static_cast<float*>(a.out)[row * a.out_stride + col] = v;
         return;
     }
-    std::uint32_t u;
-    std::memcpy(&u, &v, sizeof(u));
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     static_cast<std::uint16_t*>(a.out)[row * a.out_stride + col] =
-        static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+        kernel_math::bf16_bits_like_vcvtneps2bf16(v);
 }
 
 // One tile's 32 columns for one row, with the driver's epilogue (bias, then residual; or a
@@ -75,7 +73,7 @@ void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::in
         for (std::int64_t c = 0; c < kLinearGateCols; ++c) {
             const std::int64_t col = t * kLinearGateCols + c;
             const float gate = acc[c], up = acc[c + kLinearGateCols];
-            if (col < a.gated_width) store(a, row, col, gate * up / (1.0f + std::exp(-gate)));
+            if (col < a.gated_width) store(a, row, col, kernel_math::silu_mul_like_kernels(gate, up));
         }
         return;
     }

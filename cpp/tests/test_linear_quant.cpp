@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "pagedserve/cpu_features.hpp"
 #include "pagedserve/linear.hpp"
 #include "pagedserve/linear_quant.hpp"
 
@@ -144,17 +145,13 @@ std::array<std::vector<float>, 2> run_twice(int type, std::int64_t m, std::int64
     return outs;
 }
 
-// The VNNI and portable paths: plain products agree bit for bit, gated ones closely (the VNNI
-// epilogue's exp is a polynomial, the portable one std::exp).
+// The active ISA level's path and the portable one: bit for bit, gated products too (the same
+// exp polynomial, kernel_math.hpp).
 bool paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool extras,
                  std::int64_t gated_width, std::mt19937& rng) {
     const auto outs = run_twice(type, m, n, k, extras, gated_width, rng,
                                 [](QuantLinearArgs&) { return true; });
-    for (std::size_t i = 0; i < outs[0].size(); ++i) {
-        const float a = outs[0][i], b = outs[1][i];
-        if (gated_width ? std::fabs(a - b) > 1e-5f * (1 + std::fabs(b)) : a != b) return false;
-    }
-    return true;
+    return outs[0] == outs[1];
 }
 
 // The VNNI path and AMX-INT8 tiles (amx_from_rows 1): equal bit for bit, gated too.
@@ -182,17 +179,27 @@ TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
     }
 }
 
-TEST(quant_vnni_equals_portable_for_every_type) {
-    if (std::strcmp(quant_linear_path(), "portable") == 0) return;  // only one path here
-    std::mt19937 rng(5);
-    for (int type : kTypes) {
-        const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
-        for (std::int64_t m : {1, 4, 5, 8, 11}) {
-            for (std::int64_t n : {1, 31, 33}) CHECK(paths_agree(type, m, n, k, (m + n) % 2, 0, rng));
+// Every vector path this CPU runs (AVX2, and AVX512-VNNI with or without hardware bf16
+// rounding) equals the portable one.
+TEST(quant_every_isa_path_equals_portable_for_every_type) {
+    const CpuIsa best = cpu_isa_supported();
+    if (best < CpuIsa::kAvx2) std::fprintf(stderr, "  (no AVX2 on this CPU: only the portable path)\n");
+    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+        if (level > best) break;
+        set_cpu_isa(level);
+        std::fprintf(stderr, "  %s: %s path\n", cpu_isa_name(level), quant_linear_path());
+        std::mt19937 rng(5);
+        for (int type : kTypes) {
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
+            for (std::int64_t m : {1, 2, 3, 4, 5, 8, 11}) {
+                for (std::int64_t n : {1, 31, 33})
+                    CHECK(paths_agree(type, m, n, k, (m + n) % 2, 0, rng));
+            }
+            CHECK(paths_agree(type, 7, 64, k, false, 20, rng));  // gated: 2 x 20 columns padded
+            CHECK(paths_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk, threaded
         }
-        CHECK(paths_agree(type, 7, 64, k, false, 20, rng));  // gated: 2 x 20 columns padded
-        CHECK(paths_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk, threaded
     }
+    set_cpu_isa(best);
 }
 
 // Q4_0 / Q4_1 / Q8_0 keep the file's fp16 scales (exact), the K-quants fp32 (d x sub-scale):
@@ -275,6 +282,10 @@ TEST(quant_amx_tiles_equal_vnni_for_every_type) {
         }
         CHECK(linear_amx_items() > before);  // the tiles ran
     };
+    if (!linear_bf16_supported()) {  // the tiles share the AVX512-BF16 epilogue
+        std::fprintf(stderr, "  (no AVX512-BF16 on this CPU: AMX-INT8 tiles skipped)\n");
+        return;
+    }
     linear_amx_emulation(true);
     CHECK(quant_linear_amx_supported());
     each("emulated");

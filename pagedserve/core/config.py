@@ -15,6 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
+CPU_ISAS = ("auto", "portable", "avx2", "avx512", "avx512_bf16", "amx")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,14 @@ class ModelConfig:
     SmolLM2-135M-Instruct."""
     dtype: str = "auto"
     """Weights and activations dtype: auto, float32, bfloat16 or float16. auto picks bfloat16 on
-    CPUs with AVX-512 BF16 and on CUDA, float32 elsewhere (measured in bench/RESULTS.md)."""
+    CPUs with AVX-512 BF16 (ISA level avx512_bf16 and up) and on CUDA, float32 elsewhere
+    (measured in bench/RESULTS.md)."""
+    cpu_isa: str = "auto"
+    """ISA level of the native CPU kernels: auto (the best this CPU runs), portable (plain
+    loops), avx2 (AVX2 + FMA + F16C), avx512 (AVX-512 F/BW/VL/DQ, with VNNI for the int8
+    kernels), avx512_bf16 or amx; a level above the CPU's is capped at the CPU's. Every level
+    gives the same tokens from the quantized kernels; lower ones are for tests and
+    comparisons. Process-wide."""
     device: str = "auto"
     """Device to run on: auto (cuda when available), cpu or cuda."""
     max_model_len: int | None = None
@@ -66,6 +74,8 @@ class ModelConfig:
                 "cpu_linear 'torch' is not batch-invariant: it needs deterministic off "
                 "(--no-deterministic)"
             )
+        if self.cpu_isa not in CPU_ISAS:
+            raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, got {self.cpu_isa!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

@@ -61,8 +61,8 @@ struct LinearArgs {
     bool tile_order = false;
 };
 
-// True when this CPU has AVX512-BF16 (checked at run time; the kernel is compiled for it with a
-// function target attribute whatever the build's -march).
+// True at ISA level avx512_bf16 or above (cpu_features.hpp: checked at run time; the kernel is
+// compiled for it with a function target attribute whatever the build's -march).
 bool linear_bf16_supported();
 
 // Throws std::runtime_error if !linear_bf16_supported().

@@ -1,24 +1,44 @@
-"""The CPU's matrix features as read at run time by pagedserve._core (cpp/src/cpu_features.cpp):
-CPUID bits, the OS's saved register state and, on Linux, whether the kernel granted this
-process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM).
+"""The CPU's vector and matrix features as read at run time by pagedserve._core
+(cpp/src/cpu_features.cpp): CPUID bits, the OS's saved register state and, on Linux, whether the
+kernel granted this process AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM); and the ISA level
+the native kernels run at.
 
     features = cpu_features()          # read once
-    features.describe()                # "avx512_bf16 avx512_vnni, no amx" (the start-up line)
+    features.describe()                # "isa avx512: avx2, avx512_vnni, ..." (start-up line)
     cpu_model()                        # "AMD EPYC ..." from /proc/cpuinfo, "" elsewhere
+    cpu_isa(), cpu_isa_supported()     # "avx512": the level now, the best this CPU runs
+    set_cpu_isa("avx2")                # lower it (--cpu-isa, tests): capped, process-wide
+    runnable_isas()                    # every level this CPU can run, lowest first
+
+Levels (CPU_ISAS), each the one before plus: avx2 = AVX2 + FMA + F16C; avx512 = AVX-512
+F/BW/VL/DQ (the int8 kernels also want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and
+AMX-INT8 tiles granted by Linux. Each kernel family runs its best path at or below the level.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
 from pagedserve.core.ops.native import core
 
+CPU_ISAS = ("portable", "avx2", "avx512", "avx512_bf16", "amx")
+"""The ISA levels, lowest first (cpu_features.hpp's CpuIsa)."""
+
 
 @dataclass(frozen=True)
 class CpuFeatures:
+    avx2: bool
+    fma: bool
+    f16c: bool
+    avx_vnni: bool
     avx512f: bool
+    avx512bw: bool
+    avx512vl: bool
+    avx512dq: bool
     avx512_bf16: bool
     """AVX-512 bf16 dot products (the native packed linear kernel)."""
     avx512_vnni: bool
@@ -37,20 +57,66 @@ class CpuFeatures:
         return self.amx_bf16 and self.amx_permitted
 
     def describe(self) -> str:
+        """The start-up line's CPU part, e.g. "isa avx512: avx2, avx512_vnni, no avx512_bf16,
+        no amx" (with "(cpu up to ...)" where --cpu-isa lowered the level)."""
+        level, best = cpu_isa(), cpu_isa_supported()
+        head = f"isa {level}" + ("" if level == best else f" (cpu up to {best})")
         names = [
-            n for n in ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8") if getattr(self, n)
+            n
+            for n in ("avx2", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+            if getattr(self, n)
         ]
+        if self.avx512f and not self.avx512_bf16:
+            names.append("no avx512_bf16")
         if not self.amx_tile:
             names.append("no amx")
         elif not self.amx_permitted:
             names.append("amx not granted by the kernel")
-        return ", ".join(names) if names else "no avx512_bf16, no amx"
+        return f"{head}: {', '.join(names)}"
 
 
 @cache
 def cpu_features() -> CpuFeatures:
     flags = core.cpu_features()
     return CpuFeatures(**{f.name: bool(flags[f.name]) for f in fields(CpuFeatures)})
+
+
+def cpu_isa() -> str:
+    """The level the native kernels run at now (CPU_ISAS)."""
+    return str(core.cpu_isa())
+
+
+def cpu_isa_supported() -> str:
+    """The best level this CPU and OS run."""
+    return str(core.cpu_isa_supported())
+
+
+def set_cpu_isa(level: str) -> str:
+    """Runs the native kernels at `level` or, where the CPU lacks it, at the best it has;
+    returns the level now active. Process-wide: every kernel called after it."""
+    if level not in CPU_ISAS:
+        raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, got {level!r}")
+    return str(core.set_cpu_isa(level))
+
+
+def isa_at_least(level: str) -> bool:
+    """The active level is `level` or above."""
+    return CPU_ISAS.index(cpu_isa()) >= CPU_ISAS.index(level)
+
+
+def runnable_isas() -> tuple[str, ...]:
+    """Every level this CPU can run, lowest first."""
+    return CPU_ISAS[: CPU_ISAS.index(cpu_isa_supported()) + 1]
+
+
+@contextmanager
+def forced_cpu_isa(level: str) -> Iterator[str]:
+    """The kernels at `level` (capped) inside the block, the level before it after."""
+    before = cpu_isa()
+    try:
+        yield set_cpu_isa(level)
+    finally:
+        set_cpu_isa(before)
 
 
 @cache

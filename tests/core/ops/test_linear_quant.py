@@ -17,6 +17,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from pagedserve.core.models.quantized import gated_row_table
+from pagedserve.core.ops.cpu_features import cpu_features, forced_cpu_isa, isa_at_least
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
 from pagedserve.core.ops.native import core
 from tests.quant_blocks import TYPES, dequantized, gguf_rows, int8_activations, row_addresses
@@ -45,7 +46,7 @@ def product(qtype: Q, packed: torch.Tensor, x: torch.Tensor, n: int, **kw) -> to
 
 @pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
-    qtype: Q, shape: tuple[int, int, int]
+    qtype: Q, shape: tuple[int, int, int], cpu_isa: str
 ) -> None:
     m, n, k = shape
     packed, w = weight(qtype, n, k, seed=m)
@@ -61,7 +62,7 @@ def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
-def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q) -> None:
+def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, cpu_isa: str) -> None:
     m, n, k = shapes(qtype)[1]
     packed, w = weight(qtype, n, k)
     gen = torch.Generator().manual_seed(3)
@@ -78,7 +79,7 @@ def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
-def test_gated_product_is_silu_gate_times_up(qtype: Q) -> None:
+def test_gated_product_is_silu_gate_times_up(qtype: Q, cpu_isa: str) -> None:
     m, width, k = 9, 40, shapes(qtype)[0][2]
     gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
     table = gated_row_table(row_addresses(gate), row_addresses(up), width)
@@ -96,25 +97,50 @@ def test_gated_product_is_silu_gate_times_up(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-def test_portable_path_equals_the_vnni_path_bit_for_bit(qtype: Q) -> None:
-    if quant_linear_path() == "portable":
-        pytest.skip("this CPU has no AVX512-VNNI: only the portable path runs")
+@pytest.mark.parametrize("kind", ["bf16", "fp32", "fp32-logits", "gated", "bias-residual"])
+def test_every_isa_path_gives_the_portable_paths_bits(qtype: Q, kind: str, cpu_isa: str) -> None:
+    """Same packed blocks, activations, fold and epilogue (SiLU and bf16 rounding included) on
+    every path: the tokens cannot depend on the CPU."""
     m, n, k = shapes(qtype)[2]
-    packed, _ = weight(qtype, n, k)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).bfloat16()
-    outs = []
-    for portable in (False, True):
-        out = torch.empty(m, n)
-        core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
-                          out.data_ptr(), n, True, m, n, k, 0, 2, portable)  # fmt: skip
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    gen = torch.Generator().manual_seed(5)
+    width = 0
+    if kind == "gated":
+        width = 40
+        gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
+        packed = pack_quant_weight(int(qtype), gated_row_table(row_addresses(gate),
+                                   row_addresses(up), width), k)  # fmt: skip
+        n = width
+    else:
+        packed, _ = weight(qtype, n, k)
+    x = torch.randn(m, k, generator=gen) * 3
+    x = x if kind == "fp32" else x.bfloat16()
+    bias = torch.randn(n, generator=gen).to(x.dtype) if kind == "bias-residual" else None
+    residual = torch.randn(m, n, generator=gen).to(x.dtype) if kind == "bias-residual" else None
+    out_dtype = torch.float32 if kind == "fp32-logits" else x.dtype
+
+    def run() -> torch.Tensor:
+        out = torch.empty(m, n, dtype=out_dtype)
+        quant_linear(out, x, packed, int(qtype), bias, residual, width)
+        return out
+
+    got = run()
+    with forced_cpu_isa("portable"):
+        want = run()
+    assert torch.equal(got.view(torch.int16 if got.dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if want.dtype == torch.bfloat16 else torch.int32))  # fmt: skip
+
+
+def test_the_path_follows_the_isa_level(cpu_isa: str) -> None:
+    want = {"portable": "portable", "avx2": "avx2"}.get(cpu_isa)
+    if want is None:  # avx512 and up: VNNI where the CPU has it, else the AVX2 path
+        want = "avx512-vnni" if cpu_features().avx512_vnni else "avx2"
+    assert quant_linear_path() == want
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_bf16_dequantized_alternative_is_exact_up_to_fp32_sums(qtype: Q) -> None:
     """The measured alternative (bench/linear.py): bf16 x times weights converted in registers."""
-    if quant_linear_path() == "portable":
+    if quant_linear_path() == "portable" or not isa_at_least("avx512_bf16"):
         pytest.skip("the alternative needs AVX512-BF16 and VNNI")
     m, n, k = shapes(qtype)[1]
     packed, w = weight(qtype, n, k)
@@ -132,7 +158,9 @@ ROWS = (1, 7, 64, 300)
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("kind", ["bf16", "fp32-logits", "gated"])
-def test_a_row_is_bit_identical_in_calls_of_1_7_64_and_300_rows(qtype: Q, kind: str) -> None:
+def test_a_row_is_bit_identical_in_calls_of_1_7_64_and_300_rows(
+    qtype: Q, kind: str, cpu_isa: str
+) -> None:
     k = 576 if qtype in (Q.Q4_1, Q.Q8_0) else 512
     n, width = 200, 0
     if kind == "gated":
