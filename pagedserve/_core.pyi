@@ -48,6 +48,7 @@ __all__: list[str] = [
     "packed_linear_elements_f32",
     "packed_quant_bytes",
     "paged_attention",
+    "paged_attention_cpu_path",
     "quant_block_features",
     "quant_linear",
     "quant_linear_amx_supported",
@@ -560,6 +561,11 @@ def packed_quant_bytes(
 def paged_attention(
     args: AttentionArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
 ) -> None: ...
+def paged_attention_cpu_path() -> str:
+    """
+    The CPU attention kernels of the active ISA level: portable, avx2, avx512 or avx512_bf16.
+    """
+
 def quant_block_features(ggml_type: typing.SupportsInt | typing.SupportsIndex) -> int: ...
 def quant_linear(
     ggml_type: typing.SupportsInt | typing.SupportsIndex,
@@ -635,6 +641,7 @@ def silu_and_mul(
     num_rows: typing.SupportsInt | typing.SupportsIndex,
     intermediate_size: typing.SupportsInt | typing.SupportsIndex,
     dtype: DType,
+    torch_lanes: typing.SupportsInt | typing.SupportsIndex,
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
 

@@ -78,6 +78,9 @@ void bind_attention(py::module_& m) {
     bind_args(m);
     m.def("reshape_and_cache", &reshape_and_cache_cpu, py::arg("args"), py::arg("num_threads"),
           py::call_guard<py::gil_scoped_release>());
+    m.def("paged_attention_cpu_path", &paged_attention_cpu_path,
+          "The CPU attention kernels of the active ISA level: portable, avx2, avx512 or "
+          "avx512_bf16.");
     m.def("paged_attention", &paged_attention_cpu, py::arg("args"), py::arg("num_threads"),
           py::call_guard<py::gil_scoped_release>());
 }

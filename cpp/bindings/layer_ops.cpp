@@ -59,12 +59,13 @@ void bind_layer_ops(py::module_& m) {
     m.def(
         "silu_and_mul",
         [](Ptr out, int64_t out_stride, Ptr gate_up, int64_t gate_up_stride, int64_t num_rows,
-           int64_t intermediate_size, DType dtype, int num_threads) {
+           int64_t intermediate_size, DType dtype, int torch_lanes, int num_threads) {
             pagedserve::silu_and_mul_cpu({pointer<void>(out), out_stride},
                                          {pointer<void>(gate_up), gate_up_stride}, num_rows,
-                                         intermediate_size, dtype, num_threads);
+                                         intermediate_size, dtype, torch_lanes, num_threads);
         },
         py::kw_only(), py::arg("out"), py::arg("out_stride"), py::arg("gate_up"),
         py::arg("gate_up_stride"), py::arg("num_rows"), py::arg("intermediate_size"),
-        py::arg("dtype"), py::arg("num_threads"), py::call_guard<py::gil_scoped_release>());
+        py::arg("dtype"), py::arg("torch_lanes"), py::arg("num_threads"),
+        py::call_guard<py::gil_scoped_release>());
 }

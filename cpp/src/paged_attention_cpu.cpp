@@ -1,10 +1,12 @@
 // CPU paged attention: OpenMP over (request, KV head, query block) work items, one pass over the
 // request's pages per item with a streaming (online) softmax in fp32. All query heads of a GQA
 // group share an item, so each K/V page tile is loaded once per group.
-// With AVX-512 (-march=native on such a CPU) and a head size that is a multiple of 32, items run
-// the intrinsic kernels of paged_attention_cpu_avx512*.hpp. Everywhere else the portable loops
-// below serve: plain loops over head_size or a 16-key chunk, written so the compiler vectorizes
-// them (`omp simd`). Both keep fp32 scores, softmax and accumulators.
+// The kernels (paged_attention_cpu_impl.hpp) are compiled once per ISA level and chosen at run
+// time by cpu_isa() (cpu_features.hpp): at avx512 and up, with a head size that is a multiple of
+// 32, items run the intrinsic kernels of paged_attention_cpu_avx512*.hpp (with vdpbf16ps at
+// avx512_bf16); everywhere else the portable loops serve: plain loops over head_size or a
+// 16-key chunk that the compiler vectorizes (`omp simd`) for AVX2, or leaves to SSE2 at the
+// portable level. All keep fp32 scores, softmax and accumulators.
 //
 // Batch invariance (issue 16): a query vector's arithmetic depends only on its own position and
 // keys, never on how many vectors share its work item, where its prefill chunk starts, the other
@@ -15,6 +17,8 @@
 // Per-call options (AttentionArgs): sliding_window masks keys older than position - window + 1
 // (blocks wholly before every vector's window are skipped, the others masked per vector) and
 // logit_softcap caps the scaled scores with softcap * tanh(s / softcap) before the softmax.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,94 +29,44 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+#include "pagedserve/cpu_features.hpp"
 #include "pagedserve/paged_attention.hpp"
 #include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
 
+// One copy of the kernels per ISA level (see paged_attention_cpu_impl.hpp).
+#define PAGEDSERVE_ISA_NS attention_portable
+#define PAGEDSERVE_ISA_AVX512 0
+#define PAGEDSERVE_ISA_AVX512_BF16 0
+#include "paged_attention_cpu_impl.hpp"
+#undef PAGEDSERVE_ISA_NS
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define PAGEDSERVE_ISA_NS attention_avx2
+#include "paged_attention_cpu_impl.hpp"
+#undef PAGEDSERVE_ISA_NS
+#pragma GCC pop_options
+
+#undef PAGEDSERVE_ISA_AVX512
+#define PAGEDSERVE_ISA_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#define PAGEDSERVE_ISA_NS attention_avx512
+#include "paged_attention_cpu_impl.hpp"
+#undef PAGEDSERVE_ISA_NS
+#pragma GCC pop_options
+
+#undef PAGEDSERVE_ISA_AVX512_BF16
+#define PAGEDSERVE_ISA_AVX512_BF16 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#define PAGEDSERVE_ISA_NS attention_avx512_bf16
+#include "paged_attention_cpu_impl.hpp"
+#undef PAGEDSERVE_ISA_NS
+#pragma GCC pop_options
+
 namespace pagedserve {
 namespace {
-
-// e^x for x <= 0 (scores minus their running max), vectorizable: 2^i * e^f with i = round(x /
-// ln 2) and |f| <= ln(2) / 2, where a degree-7 Taylor polynomial is good to ~1e-8 relative.
-inline float exp_nonpositive(float x) {
-    x = std::max(x, -87.0f);  // keeps 2^i a normal float; e^-87 is below fp32 resolution of 1
-    const float t = x * 1.44269504088896341f;
-    const float i = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-    const float f = (x - i * 0.693359375f) + i * 2.12194440e-4f;  // Cody-Waite: exact i * hi
-    float p = 1.0f / 5040.0f;
-    p = p * f + 1.0f / 720.0f;
-    p = p * f + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(i) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(scale));
-    return p * scale;
-}
-
-// The keys [lo, hi) a query vector sees in a key block of n (>= hi) scored keys, and the soft cap
-// of its scores (0: none).
-struct Span {
-    std::int64_t lo, hi, n;
-    float softcap;
-};
-
-// cap * tanh(s / cap), with tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|) (Gemma 2's cap).
-inline float soft_cap(float s, float cap) {
-    const float x = s / cap;
-    const float e = exp_nonpositive(-2.0f * std::fabs(x));
-    return cap * std::copysign((1.0f - e) / (1.0f + e), x);
-}
-
-#if defined(__AVX512F__)
-#include "paged_attention_cpu_avx512.hpp"
-#endif
-
-constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-512 register)
-constexpr int kBlockKeys = 64;    // keys per softmax update: whole pages, at least one
-constexpr int kTargetRows = 128;  // query vectors (rows x group heads) per work item
-constexpr int kMinParallelWork = 1 << 15;  // (query vector, key) pairs: ~0.1 ms of work
-constexpr int kGroupRows = 4;     // query vectors scored together (shared key loads)
-constexpr int kWidenMinRows = 8;  // from this many query vectors, bf16 values are widened once
-constexpr int kDotMaxRows = 8;    // below this many, a dot per key (batch_invariant = false)
-
-struct WorkItem {
-    std::int64_t req, kv_head, row0, rows;
-};
-
-
-std::int64_t round_up(std::int64_t n) { return (n + kChunk - 1) / kChunk * kChunk; }
-
-// Per-thread buffers. A key block is pages_per_block whole pages.
-struct Scratch {
-    std::int64_t m, d, page_size, pages_per_block, block_keys, width;
-    std::vector<float> q, acc, row_max, row_sum, k, k_t, v, s, zero;
-    std::vector<const float*> k_pages, v_pages;
-    std::vector<const void*> k_rows, v_rows;  // raw cache rows of the block's keys (AVX-512 path)
-    std::vector<std::uint16_t> q_bf16;        // raw bf16 query rows (dpbf16 path)
-    Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
-        : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
-          block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
-          acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
-          s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
-          v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
-};
-
-// The calling thread's Scratch for these sizes, kept between calls (OpenMP reuses its threads):
-// a model's layers all ask for the same sizes, so the hot path allocates nothing. Stale values
-// from an earlier call reach only score lanes that the softmax masks out; `zero` stays zero.
-Scratch& thread_scratch(std::int64_t m, std::int64_t d, std::int64_t page_size) {
-    thread_local std::unique_ptr<Scratch> sc;
-    if (!sc || sc->m != m || sc->d != d || sc->page_size != page_size)
-        sc = std::make_unique<Scratch>(m, d, page_size);
-    return *sc;
-}
 
 void check(bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
@@ -143,264 +97,26 @@ void validate(const AttentionArgs& a) {
     }
 }
 
-std::vector<WorkItem> make_work(const AttentionArgs& a) {
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    const std::int64_t block = std::max<std::int64_t>(1, kTargetRows / group);
-    std::vector<WorkItem> items;
-    for (std::int64_t r = 0; r < a.num_reqs; ++r) {
-        const std::int64_t q_len = a.query_start_loc[r + 1] - a.query_start_loc[r];
-        // Later query blocks see more keys: list them first so dynamic scheduling balances.
-        for (std::int64_t row0 = q_len > 0 ? (q_len - 1) / block * block : -1; row0 >= 0;
-             row0 -= block) {
-            for (std::int64_t g = 0; g < a.cache.num_kv_heads; ++g) {
-                items.push_back({r, g, row0, std::min(block, q_len - row0)});
-            }
-        }
-    }
-    return items;
-}
-
-#include "paged_attention_cpu_portable.hpp"
-
-template <typename T>
-void prefetch_tile(const T* p, std::int64_t elements) {
-#if defined(__GNUC__)
-    const char* bytes = reinterpret_cast<const char*>(p);
-    for (std::int64_t i = 0; i < elements * static_cast<std::int64_t>(sizeof(T)); i += 64)
-        __builtin_prefetch(bytes + i, 0, 2);  // into L2: L1 has too few miss buffers
-#else
-    (void)p;
-    (void)elements;
-#endif
-}
-
-// Element offset (in the K half) of the work item's key page `index`, keys below num_keys;
-// prefetches the K and V pages a block ahead, since scattered pages defeat the HW prefetcher.
-template <typename T>
-std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t index,
-                         std::int64_t num_keys, const Scratch& sc) {
-    const KvCacheView& c = a.cache;
-    const std::int32_t* row = a.page_table + w.req * a.page_table_stride;
-    const std::int64_t ahead = index + sc.pages_per_block;
-    if (ahead * c.page_size < num_keys) {
-        const T* next = static_cast<const T*>(c.data) + row[ahead] * c.page_stride() +
-                        w.kv_head * c.head_stride();
-        prefetch_tile(next, c.head_stride());
-        prefetch_tile(next + c.kv_stride(), c.head_stride());
-    }
-    return row[index] * c.page_stride() + w.kv_head * c.head_stride();
-}
-
-// Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t.
-// Returns the number of keys in the block.
-template <typename T>
-std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
-                        std::int64_t num_keys, std::int64_t d_len, Scratch& sc) {
-    const KvCacheView& c = a.cache;
-    const T* cache = static_cast<const T*>(c.data);
-    std::int64_t n = 0;
-    for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
-        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
-        const std::int64_t off = page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-        if constexpr (std::is_same_v<T, float>) {
-            sc.k_pages[p] = cache + off;
-            sc.v_pages[p] = cache + c.kv_stride() + off;
-        } else {
-            load_row(cache + off, sc.k.data() + n * d_len, np * d_len);
-            load_row(cache + c.kv_stride() + off, sc.v.data() + n * d_len, np * d_len);
-            sc.k_pages[p] = sc.k.data() + n * d_len;
-            sc.v_pages[p] = sc.v.data() + n * d_len;
-        }
-        const float* k = sc.k_pages[p];
-        for (std::int64_t j = 0; j < np; ++j)
-            for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
-        n += np;
-    }
-    return n;
-}
-
-template <typename T, int kD>
-void load_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
-    const std::int64_t d_len = kD ? kD : a.cache.head_size;
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    const T* query = static_cast<const T*>(a.query.data);
-    for (std::int64_t m = 0; m < w.rows * group; ++m) {  // m = row * group + head in group
-        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
-        const std::int64_t head = w.kv_head * group + m % group;
-        float* q = sc.q.data() + m * d_len;
-        load_row(query + tok * a.query.token_stride + head * a.query.head_stride, q, d_len);
-        for (std::int64_t d = 0; d < d_len; ++d) q[d] *= a.scale;
-        std::fill(sc.acc.begin() + m * d_len, sc.acc.begin() + (m + 1) * d_len, 0.0f);
-        sc.row_max[m] = -std::numeric_limits<float>::infinity();
-        sc.row_sum[m] = 0.0f;
-    }
-}
-
-// The first key position the query at `pos` sees (its sliding window's start, or 0).
-std::int64_t window_start(const AttentionArgs& a, std::int64_t pos) {
-    return a.sliding_window > 0 ? std::max<std::int64_t>(0, pos - a.sliding_window + 1) : 0;
-}
-
-// The first key block (a multiple of block_keys: blocks never depend on the chunking) holding a
-// key the vector at first_pos sees; later vectors of an item see no earlier keys.
-std::int64_t first_block(const AttentionArgs& a, std::int64_t first_pos, const Scratch& sc) {
-    return window_start(a, first_pos) / sc.block_keys * sc.block_keys;
-}
-
-// The keys query vectors m .. m + rows see inside the key block [key0, key0 + n), in block
-// coordinates [lo[r], hi[r]) (empty when hi <= lo: the block is wholly in the vector's future or
-// before its window). Returns the largest hi of a non-empty span (<= 0: no vector sees any).
-std::int64_t horizons(const AttentionArgs& a, std::int64_t m, std::int64_t rows, std::int64_t key0,
-                      std::int64_t n, std::int64_t first_pos, std::int64_t* lo, std::int64_t* hi) {
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    std::int64_t n_max = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t pos = first_pos + (m + r) / group;
-        hi[r] = std::min(n, pos - key0 + 1);
-        lo[r] = std::max<std::int64_t>(0, window_start(a, pos) - key0);
-        if (hi[r] > lo[r]) n_max = std::max(n_max, hi[r]);
-    }
-    return n_max;
-}
-
-// Softmax step of query vectors m .. m + rows over their score rows sc.s (stride width).
-// A vector's keys outside its span get weight exactly 0; a vector that sees none of the block
-// is left as it was (its weights zeroed for the shared value pass).
-template <int kD>
-void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t rows,
-                  const std::int64_t* lo, const std::int64_t* hi, std::int64_t n_max,
-                  std::int64_t d_len) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-        float* sr = sc.s.data() + r * sc.width;
-        const Span span{lo[r], hi[r], n_max, a.logit_softcap};
-        if (hi[r] <= lo[r]) {
-            std::fill(sr, sr + n_max, 0.0f);
-        } else {
-#if defined(__AVX512F__)
-            if constexpr (kD != 0) {
-                softmax_step_avx512<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
-                                        sc.acc.data() + (m + r) * d_len);
-                continue;
-            }
-#endif
-            softmax_step<kD>(sr, span, d_len, sc.row_max[m + r], sc.row_sum[m + r],
-                             sc.acc.data() + (m + r) * d_len);
-        }
-    }
-}
-
-// Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
-template <int kD, int kR>
-void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
-                 std::int64_t n, std::int64_t first_pos) {
-    const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
-    std::int64_t lo[kR], hi[kR];
-    const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, lo, hi);
-    if (n_max <= 0) return;
-    float* s = sc.s.data();
-    const float* q = sc.q.data() + m * d_len;
-    scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
-    softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
-    // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.
-    constexpr int kPv = std::min(kR, kD == 0 ? 1 : (kD <= 64 ? 4 : 2));
-    for (int r = 0; r < kR; r += kPv)
-        accumulate_values<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps, d_len,
-                                   sc.acc.data() + (m + r) * d_len);
-}
-
-// Normalizes the work item's accumulators and stores them to the output rows.
-template <typename T, int kD>
-void finish_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
-    const std::int64_t d_len = kD ? kD : a.cache.head_size;
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    T* out = static_cast<T*>(a.out);
-    for (std::int64_t m = 0; m < w.rows * group; ++m) {
-        const std::int64_t tok = a.query_start_loc[w.req] + w.row0 + m / group;
-        const std::int64_t head = w.kv_head * group + m % group;
-        float* acc = sc.acc.data() + m * d_len;
-        const float inv = 1.0f / sc.row_sum[m];  // > 0: every row sees at least its own key
-        for (std::int64_t d = 0; d < d_len; ++d) acc[d] *= inv;
-        store_row(acc, out + tok * a.out_token_stride + head * a.out_head_stride, d_len);
-    }
-}
-
-template <typename T, int kD>
-void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
-    const KvCacheView& c = a.cache;
-    const std::int64_t d_len = kD ? kD : c.head_size;
-    const std::int64_t m_len = w.rows * (a.num_heads / c.num_kv_heads);
-    const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
-    const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
-    load_queries<T, kD>(a, w, sc);
-    const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
-         key0 += sc.block_keys) {
-        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, sc);
-        std::int64_t m = 0;
-        for (; m + kGroupRows <= m_len; m += kGroupRows)
-            attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos);
-        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos);
-    }
-    finish_item<T, kD>(a, w, sc);
-}
-
-#if defined(__AVX512F__)
-#include "paged_attention_cpu_avx512_item.hpp"
-#endif
-
-// The AVX-512 item kernels take head sizes that are multiples of 32; the rest stay portable.
-template <typename T, int kD>
-void attend(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
-#if defined(__AVX512F__)
-    if constexpr (kD != 0 && kD % 32 == 0) return attend_item_avx512<T, kD>(a, w, sc);
-#endif
-    attend_item<T, kD>(a, w, sc);
-}
-
-template <typename T, int kD>
-void run_attention(const AttentionArgs& a, int num_threads) {
-    const std::vector<WorkItem> items = make_work(a);
-    const std::int64_t group = a.num_heads / a.cache.num_kv_heads;
-    const std::int64_t max_m = std::max<std::int64_t>(1, kTargetRows / group) * group;
-    const std::int64_t num_items = static_cast<std::int64_t>(items.size());
-    // Waking a thread team costs microseconds (far more on a busy machine): small steps stay
-    // on the calling thread. Work counts (query vector, key) pairs.
-    std::int64_t work = 0;
-    for (const WorkItem& w : items) {
-        const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
-        const std::int64_t keys = a.seq_lens[w.req] - q_len + w.row0 + w.rows;
-        work += w.rows * group * (a.sliding_window > 0 ? std::min(keys, a.sliding_window + w.rows)
-                                                       : keys);
-    }
-    const int threads = work < kMinParallelWork ? 1 : std::min<std::int64_t>(num_threads, num_items);
-#pragma omp parallel num_threads(threads)
-    {
-        Scratch& sc = thread_scratch(max_m, a.cache.head_size, a.cache.page_size);
-#pragma omp for schedule(dynamic, 1)
-        for (std::int64_t i = 0; i < num_items; ++i) attend<T, kD>(a, items[i], sc);
-    }
-}
-
-template <typename T>
-void run_attention_for_head_size(const AttentionArgs& a, int num_threads) {
-    switch (a.cache.head_size) {
-        case 64: return run_attention<T, 64>(a, num_threads);
-        case 128: return run_attention<T, 128>(a, num_threads);
-        default: return run_attention<T, 0>(a, num_threads);
-    }
-}
-
 }  // namespace
 
 void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
     validate(args);
     if (args.num_tokens == 0) return;
     num_threads = std::max(1, num_threads);
-    switch (args.dtype) {
-        case DType::kFloat32: return run_attention_for_head_size<float>(args, num_threads);
-        case DType::kBFloat16: return run_attention_for_head_size<Bf16>(args, num_threads);
-        default: throw std::invalid_argument("CPU paged attention supports float32 and bfloat16");
+    switch (cpu_isa()) {
+        case CpuIsa::kPortable: return attention_portable::attention(args, num_threads);
+        case CpuIsa::kAvx2: return attention_avx2::attention(args, num_threads);
+        case CpuIsa::kAvx512: return attention_avx512::attention(args, num_threads);
+        default: return attention_avx512_bf16::attention(args, num_threads);
+    }
+}
+
+const char* paged_attention_cpu_path() {
+    switch (cpu_isa()) {
+        case CpuIsa::kPortable: return "portable";
+        case CpuIsa::kAvx2: return "avx2";
+        case CpuIsa::kAvx512: return "avx512";
+        default: return "avx512_bf16";
     }
 }
 

@@ -1,16 +1,16 @@
-// AVX-512 micro-kernels of the CPU paged attention (included by paged_attention_cpu.cpp only,
-// inside its anonymous namespace, when the compiler targets AVX-512F). Head sizes are
+// AVX-512 micro-kernels of the CPU paged attention (included by paged_attention_cpu_impl.hpp
+// only, in its AVX-512 copies: PAGEDSERVE_ISA_AVX512). Head sizes are
 // compile-time multiples of 32 here; everything else keeps the portable loops.
 //
 // - transpose16: register-only transposes of 16 vectors; hsum16: 16 horizontal sums at once
 //   (the decode scoring of batch_invariant = false).
-// - Key rows are read straight from the cache in its own dtype. With AVX512-BF16, bf16 scores are
+// - Key rows are read straight from the cache in its own dtype. With AVX512-BF16
+//   (PAGEDSERVE_ISA_AVX512_BF16), bf16 scores are
 //   _mm512_dpbf16_ps of raw bf16 query and key (exact products, fp32 sums) times `scale`;
 //   without it, bf16 rows are widened in registers (bf16 is the top half of an fp32).
-#pragma once
 // Needs <immintrin.h>, included by the .cpp outside its namespace.
 
-#if defined(__AVX512BF16__)
+#if PAGEDSERVE_ISA_AVX512_BF16
 inline constexpr bool kHasDpbf16 = true;
 #else
 inline constexpr bool kHasDpbf16 = false;
@@ -86,7 +86,7 @@ template <typename T, int kD, bool kDp>
 inline __m512 row_dot(const __m512* q, const T* k) {
     __m512 acc = _mm512_setzero_ps();
     if constexpr (kDp) {
-#if defined(__AVX512BF16__)
+#if PAGEDSERVE_ISA_AVX512_BF16
         for (int i = 0; i < kD / 32; ++i)
             acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), (__m512bh)q[i]);
 #endif
@@ -129,7 +129,7 @@ inline void scores_t_f32(const float* q, const float* k_t, std::int64_t width, s
         for (int c = 0; c < kC; ++c) _mm512_storeu_ps(s + r * width + c0 + 16 * c, acc[r][c]);
 }
 
-#if defined(__AVX512BF16__)
+#if PAGEDSERVE_ISA_AVX512_BF16
 // As scores_t_f32 for raw bf16 query rows (as bf16 pairs, stride kD / 2) against keys stored as
 // transposed bf16 pairs (k_t: [kD / 2][width] of 32-bit pairs); scores are scaled here.
 template <int kD, int kR, int kC>

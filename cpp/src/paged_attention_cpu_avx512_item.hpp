@@ -1,5 +1,5 @@
-// AVX-512 work-item driver of the CPU paged attention: included by paged_attention_cpu.cpp inside
-// its anonymous namespace, after the portable kernels (whose Scratch, horizons, softmax_rows,
+// AVX-512 work-item driver of the CPU paged attention: included by paged_attention_cpu_impl.hpp
+// inside its anonymous namespace (AVX-512 copies only), after the portable kernels (whose Scratch, horizons, softmax_rows,
 // load_queries and finish_item it shares) and the micro-kernels of paged_attention_cpu_avx512.hpp.
 //
 // Keys are transposed in registers into sc.k_t once per block, then up to 4 query vectors x 64
@@ -8,7 +8,6 @@
 // step and in any prefill chunk (batch invariance, issue 16): a per-key dot whose lanes are
 // summed by a tree rounds differently. That per-key dot is still the decode path when the caller
 // turns batch_invariant off: no transpose, each key row read once from the cache.
-#pragma once
 
 // Raw cache rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows.
 // Returns the number of keys in the block.
@@ -56,7 +55,7 @@ void transpose_keys(Scratch& sc, std::int64_t n) {
 // Scores of kR query vectors from m against transposed keys [c0, c0 + kC * 16).
 template <int kD, bool kDp, int kR, int kC>
 void scores_t(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t c0) {
-#if defined(__AVX512BF16__)
+#if PAGEDSERVE_ISA_AVX512_BF16
     if constexpr (kDp) {
         const auto* q = reinterpret_cast<const std::uint32_t*>(sc.q_bf16.data() + m * kD);
         const auto* k_t = reinterpret_cast<const std::uint32_t*>(sc.k_t.data());

@@ -1,7 +1,7 @@
 // Portable score, softmax and value kernels of the CPU paged attention: included by
-// paged_attention_cpu.cpp inside its anonymous namespace (after Scratch and exp_nonpositive).
+// paged_attention_cpu_impl.hpp inside its anonymous namespace (after Scratch and
+// exp_nonpositive), in every ISA level's copy.
 // Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
-#pragma once
 
 // Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
 // 16 keys per register, into kR rows of s (stride width). The kR independent accumulators

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "pagedserve/cpu_features.hpp"
 #include "pagedserve/paged_attention.hpp"
 #include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
 
@@ -303,12 +304,19 @@ void test_bad_inputs_throw() {
 
 }  // namespace
 
+// Every test at every ISA level this CPU runs: each level has its own copy of the kernels.
 int main() {
-    test_attention_matches_naive();
-    test_attention_matches_naive_bf16();
-    test_window_and_softcap_match_naive();
-    test_cache_write_round_trip();
-    test_bad_inputs_throw();
+    const CpuIsa best = cpu_isa_supported();
+    for (int level = 0; level <= static_cast<int>(best) && level <= 3; ++level) {
+        set_cpu_isa(static_cast<CpuIsa>(level));
+        std::printf("  %s kernels\n", paged_attention_cpu_path());
+        test_attention_matches_naive();
+        test_attention_matches_naive_bf16();
+        test_window_and_softcap_match_naive();
+        test_cache_write_round_trip();
+        test_bad_inputs_throw();
+    }
+    set_cpu_isa(best);
     if (failures == 0) std::puts("test_paged_attention: ok");
     return failures == 0 ? 0 : 1;
 }

@@ -37,8 +37,10 @@ from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLin
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.models.tensor_parallel import check_divisible
-from pagedserve.core.ops.cpu_features import cpu_isa_supported, isa_at_least, set_cpu_isa
+from pagedserve.core.ops.attention import cpu_attention_path
+from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
 from pagedserve.core.ops.linear import amx_available
+from pagedserve.core.ops.linear_quant import quant_linear_path
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
 
@@ -91,6 +93,18 @@ def cpu_has_bf16() -> bool:
     return isa_at_least("avx512_bf16")
 
 
+def cpu_kernels(deterministic: bool) -> str:
+    """The start-up line's CPU kernels, e.g. "cpu kernels: isa avx2 (attention avx2, int8
+    linear avx2)", and what --no-deterministic changes at that level."""
+    attention = cpu_attention_path()
+    text = (
+        f"cpu kernels: isa {cpu_isa()} (attention {attention}, int8 linear {quant_linear_path()})"
+    )
+    if not deterministic and attention in ("portable", "avx2"):
+        text += "; --no-deterministic: no faster decode attention at this level"
+    return text
+
+
 def apply_cpu_isa(name: str) -> str:
     """Sets the native kernels' ISA level (auto: the CPU's best); returns the level that runs."""
     if name == "auto":
@@ -139,6 +153,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
         weights = model.quantization or str(dtype).removeprefix("torch.")
         weights += f"; {linears}" if linears else ""
+        weights += f"; {cpu_kernels(mc.deterministic)}" if device.type == "cpu" else ""
         max_model_len = _max_model_len(mc, arch)
         spec = ModelRunner.kv_spec(model.arch, cc.page_size, dtype)  # this rank's KV heads
         pages_per_request = -(-max_model_len // cc.page_size)

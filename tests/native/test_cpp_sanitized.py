@@ -21,7 +21,7 @@ def test_cpp_unit_tests_pass_under_sanitizers(tmp_path: Path) -> None:
         "cmake", "-S", str(ROOT), "-B", str(build),
         "-DCMAKE_BUILD_TYPE=Debug",
         "-DPAGEDSERVE_BUILD_TESTS=ON", "-DPAGEDSERVE_SANITIZE=ON",
-        "-DPAGEDSERVE_BUILD_PYTHON=OFF", "-DPAGEDSERVE_CUDA=OFF", "-DPAGEDSERVE_NATIVE_ARCH=ON",
+        "-DPAGEDSERVE_BUILD_PYTHON=OFF", "-DPAGEDSERVE_CUDA=OFF", "-DPAGEDSERVE_NATIVE_ARCH=OFF",
     ]  # fmt: skip
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]

@@ -49,8 +49,11 @@ struct RotaryArgs {
 };
 void rotary_cpu(const RotaryArgs& args, int num_threads);
 
-// out[r, i] = silu(gate_up[r, i]) * gate_up[r, intermediate_size + i].
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, intermediate_size + i]; torch_lanes: the floats
+// of torch's CPU vectors (16 where it runs its AVX512 kernels, 8 with AVX2), whose loop bounds
+// the float32 results follow bit for bit.
 void silu_and_mul_cpu(RowView out, RowView gate_up, std::int64_t num_rows,
-                      std::int64_t intermediate_size, DType dtype, int num_threads);
+                      std::int64_t intermediate_size, DType dtype, int torch_lanes,
+                      int num_threads);
 
 }  // namespace pagedserve

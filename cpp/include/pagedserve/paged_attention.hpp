@@ -97,6 +97,10 @@ struct AttentionArgs {
 void reshape_and_cache_cpu(const CacheWriteArgs& args, int num_threads);
 void paged_attention_cpu(const AttentionArgs& args, int num_threads);
 
+// The kernels paged_attention_cpu runs at the active ISA level (cpu_features.hpp): "portable",
+// "avx2", "avx512" or "avx512_bf16".
+const char* paged_attention_cpu_path();
+
 // CUDA kernels, enqueued on `stream` (a cudaStream_t); pointers are device pointers. The
 // workspace holds num_tokens * num_heads * max_splits * (head_size + 2) floats for split-context
 // decode; max_splits = 1 needs none. No host-side validation of device data is possible.

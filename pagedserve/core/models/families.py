@@ -127,7 +127,13 @@ def _mixtral(config: Config) -> dict[str, Any]:
 
 
 def _gemma_common(config: Config, types: tuple[str, ...]) -> dict[str, Any]:
+    # Gemma 3 embedding checkpoints (EmbeddingGemma) attend both ways, windows included.
+    _refuse_if(config.get("use_bidirectional_attention"), "use_bidirectional_attention",
+               "bidirectional attention")  # fmt: skip
+    bias = bool(config.get("attention_bias", False))  # q/k/v and o_proj, as Llama's
     return {
+        "attention_bias": bias,
+        "o_proj_bias": bias,
         "norm_offset": 1.0,
         "embed_scale": math.sqrt(config["hidden_size"]),
         "sandwich_norms": True,

@@ -107,6 +107,12 @@ def _check_attention(
              "logit_softcap must be finite and >= 0, got {}", logit_softcap)  # fmt: skip
 
 
+def cpu_attention_path() -> str:
+    """The CPU kernels paged_attention runs at the active ISA level: portable, avx2, avx512 or
+    avx512_bf16 (ops/cpu_features.py)."""
+    return str(_core.paged_attention_cpu_path())
+
+
 def page_table_stride(page_table: torch.Tensor) -> int:
     """The elements between rows, which the kernels read as each row's capacity. A single row's
     stride is arbitrary (e.g. a transposed view): its width is its capacity then."""

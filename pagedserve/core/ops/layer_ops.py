@@ -13,6 +13,8 @@ traced code, called straight by eager code. Their checks raise ValueError naming
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +26,13 @@ _core = native.core
 # The native mean sums in the order of torch's CPU sum kernel, whose vectors hold 8 floats (its
 # AVX2 build runs even where torch reports AVX512); tests check the float32 results bit for bit.
 _SUM_LANES = 8
+
+
+@cache
+def torch_vector_lanes() -> int:
+    """Floats in one of torch's CPU vectors where it runs its elementwise kernels: 16 with its
+    AVX512 kernels, 8 with AVX2 (its capability, chosen by torch from the CPU)."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
 def _native(t: torch.Tensor) -> bool:
@@ -128,6 +137,7 @@ def silu_and_mul_eager(out: torch.Tensor, gate_up: torch.Tensor) -> None:
         num_rows=out.shape[0],
         intermediate_size=out.shape[1],
         dtype=DTYPES[out.dtype],
+        torch_lanes=torch_vector_lanes(),
         num_threads=torch.get_num_threads(),
     )
 

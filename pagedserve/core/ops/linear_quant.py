@@ -1,6 +1,7 @@
 """The quantized linear kernel of pagedserve._core as an op: GGUF Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
 and Q6_K weights kept in their blocks (repacked once), int8 activations, AVX512-VNNI dot
-products where the CPU has them (a portable path elsewhere, chosen at run time).
+products where the CPU has them, AVX2 (vpmaddubsw) or portable loops elsewhere, chosen at run
+time by the ISA level; every path gives the same bits.
 
     packed = pack_quant_weight(ggml_type, rows, k)     GGUF rows (addresses) -> kernel tiles
     quant_linear(out, x, packed, ggml_type, bias, residual, gated_width)
@@ -30,7 +31,8 @@ _DTYPES = (torch.bfloat16, torch.float32)
 
 
 def quant_linear_path() -> str:
-    """The path this CPU runs: "avx512-vnni" or "portable"."""
+    """The path of the active ISA level (ops/cpu_features.py): "avx512-vnni", "avx2" or
+    "portable" (AMX-INT8 tiles come on top of avx512-vnni, by row count)."""
     return str(_core.quant_linear_path())
 
 

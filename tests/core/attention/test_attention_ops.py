@@ -76,6 +76,16 @@ def test_attention_matches_reference(
             assert_close(run_native(b), run_reference(b), dtype)
 
 
+@pytest.mark.parametrize(("head_size", "group"), [(64, 1), (128, 4), (48, 3)])
+def test_every_cpu_isa_level_matches_reference(cpu_isa: str, head_size: int, group: int) -> None:
+    """Each ISA level has its own copy of the CPU kernels (portable loops, AVX2, AVX-512)."""
+    for i, dtype in enumerate((torch.float32, torch.bfloat16)):
+        for q_lens, seq_lens in (MIXED, DECODE, EDGES):
+            b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
+                           dtype=dtype, device="cpu", seed=i)  # fmt: skip
+            assert_close(run_native(b), run_reference(b), dtype)
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize(("head_size", "group"), EDGE_GRID)
 def test_vector_path_edges(device: str, head_size: int, group: int) -> None:

@@ -38,6 +38,7 @@ CASES = {
     "gemma3-no-window": ("gemma3_text", {"sliding_window": 4096, "num_hidden_layers": 3,
                          "layer_types": ["sliding_attention", "full_attention",
                                          "sliding_attention"]}),
+    "gemma3-attention-bias": ("gemma3_text", {"sliding_window": 4096, "attention_bias": True}),
     "phi3": ("phi3", {}),
     "phi3-longrope": ("phi3", {"rope_scaling": LONGROPE}),
     "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
@@ -117,6 +118,22 @@ def test_engine_greedy_matches_transformers(tmp_path: Path, family: str, config:
     write_tiny_bpe(folder)
     write_hf_model(folder, family, seed=13, **config)
     # 8 tokens per step: chunked prefill; page_size 4: windows straddle pages.
+    llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=4, max_num_batched_tokens=8)
+    assert_engine_matches(llm, load_hf(folder), PROMPT)
+
+
+# Issue 24 saw these three disagree on other weights than seed 13's: more draws of each.
+OTHER_WEIGHTS = [pytest.param(*WINDOW_CASES[k], seed, id=f"{k}-seed{seed}", marks=needs_window)
+                 for k in ("gemma3", "qwen3-window", "mistral-window") for seed in (21, 22, 23)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "config", "seed"), OTHER_WEIGHTS)
+def test_engine_greedy_matches_transformers_other_weights(
+    tmp_path: Path, family: str, config: dict, seed: int
+) -> None:
+    folder = tmp_path / "m"
+    write_tiny_bpe(folder)
+    write_hf_model(folder, family, seed=seed, **config)
     llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=4, max_num_batched_tokens=8)
     assert_engine_matches(llm, load_hf(folder), PROMPT)
 

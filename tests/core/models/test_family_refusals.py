@@ -38,6 +38,8 @@ BASE = {**ARCH_BASE, "max_position_embeddings": 256}
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}},
          "'rope_parameters.sliding_attention'"),
+        ({"model_type": "gemma3_text", "use_bidirectional_attention": True},
+         "'use_bidirectional_attention'"),
     ],
 )  # fmt: skip
 def test_unsupported_config_fields_are_named(config: dict, match: str) -> None:

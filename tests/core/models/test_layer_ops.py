@@ -34,7 +34,7 @@ def _expect(ref_fp32: torch.Tensor, got: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 576), (64, 576), (3, 7), (5, 100), (2, 2048), (97, 1000)])
-def test_rms_norm_matches_torch(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+def test_rms_norm_matches_torch(dtype: torch.dtype, shape: tuple[int, int], cpu_isa: str) -> None:
     x, weight = _randn(*shape, dtype=dtype), _randn(shape[1], dtype=dtype, scale=1.0)
     ref = F.rms_norm(x.float(), shape[1:], weight.float(), EPS)
     _expect(ref, layer_ops.rms_norm(x, weight, EPS))
@@ -46,7 +46,9 @@ def test_rms_norm_matches_torch(dtype: torch.dtype, shape: tuple[int, int]) -> N
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens", [1, 64, 300])
-def test_rotary_matches_apply_rotary_in_place(dtype: torch.dtype, num_tokens: int) -> None:
+def test_rotary_matches_apply_rotary_in_place(
+    dtype: torch.dtype, num_tokens: int, cpu_isa: str
+) -> None:
     heads, kv_heads, head_size = 9, 3, 64
     qkv = _randn(num_tokens, (heads + 2 * kv_heads) * head_size, dtype=dtype)
     qk = qkv[:, : (heads + kv_heads) * head_size].view(num_tokens, heads + kv_heads, head_size)
@@ -65,7 +67,9 @@ def test_rotary_matches_apply_rotary_in_place(dtype: torch.dtype, num_tokens: in
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1536), (64, 1536), (3, 37), (7, 120), (513, 128)])
-def test_silu_and_mul_matches_torch(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+def test_silu_and_mul_matches_torch(
+    dtype: torch.dtype, shape: tuple[int, int], cpu_isa: str
+) -> None:
     n, size = shape
     gate_up = _randn(n, 2 * size, dtype=dtype, scale=4.0)
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamps and signed zero
