@@ -7,7 +7,10 @@
 #   bench/build_llama_cpp.sh                     # foreground
 #   nohup bench/build_llama_cpp.sh > bench/.work/build.log 2>&1 &   # the build takes a while
 #
-# Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2: the machine is shared).
+# Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2: the machine is shared),
+# LLAMA_CPP_NATIVE=OFF: ggml's portable x86 flags instead of -march=native (AVX, AVX2, FMA, F16C,
+# BMI2; no AVX-512), into bench/.work/llama.cpp-build-avx2: what llama.cpp runs on an AVX2-only
+# CPU (Zen 1-3), for side-by-side runs with pagedserve --cpu-isa avx2 on a larger CPU.
 # How it is built (say so beside any llama.cpp figure): Release, GGML_NATIVE=ON without AMX
 # (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16), static, no curl.
 set -euo pipefail
@@ -16,7 +19,8 @@ version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 jobs="${JOBS:-2}"
 work="$PWD/.work"
 src_root="$work/llama_cpp_python-$version"
-build="$work/llama.cpp-build"
+native="${LLAMA_CPP_NATIVE:-ON}"
+build="$work/llama.cpp-build$([[ "$native" == ON ]] || echo -avx2)"
 bin="$build/bin"
 targets=(llama-server llama-bench llama-quantize)
 
@@ -54,7 +58,7 @@ fi
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$src_root/vendor/llama.cpp" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON \
+    -DGGML_NATIVE="$native" \
     -DCMAKE_C_FLAGS="$no_amx" \
     -DCMAKE_CXX_FLAGS="$no_amx" \
     -DLLAMA_CURL=OFF \

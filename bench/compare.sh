@@ -18,6 +18,9 @@
 #   bench/compare.sh --tiny --no-write --no-llama   # plumbing check: tiny prompts and outputs
 #   options: --no-write (print only), --no-llama (pagedserve side only), --build (build
 #            llama.cpp with bench/build_llama_cpp.sh when missing, instead of skipping it)
+#   env: PAGEDSERVE_ARGS (more `pagedserve serve` flags, e.g. "--cpu-isa avx2"), LLAMA_BIN (the
+#        llama.cpp bin folder, e.g. bench/.work/llama.cpp-build-avx2/bin: LLAMA_CPP_NATIVE=OFF
+#        bench/build_llama_cpp.sh): an AVX2-only CPU's pair of servers on a larger CPU.
 #
 # Memory is matched: each server gets the KV room of 32 slots x (prompt + output + 64): llama-server
 # `-np 32 -c <that>`, pagedserve `--num-pages <that / 16>`; two configs, 128+128 and 1000+32.
@@ -35,7 +38,7 @@ for arg in "$@"; do
         *) echo "compare.sh: unknown option $arg" >&2; exit 2 ;;
     esac
 done
-bin=bench/.work/llama.cpp-build/bin
+bin=${LLAMA_BIN:-bench/.work/llama.cpp-build/bin}
 run_dir="bench/.work/compare-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$run_dir"
 gguf=$(cd /tmp && python -c 'from pagedserve.core.models.resolve import resolve_model; print(resolve_model("").path)')
@@ -116,7 +119,8 @@ mixed_case() {  # mixed_case SERVER KIND: both loads for the same fixed time, si
 
 pagedserve_cmd() {  # pagedserve_cmd CTX_TOKENS [FLAGS...]
     local pages=$(($1 / 16)); shift
-    echo python -m pagedserve serve "$gguf" --num-pages "$pages" --max-num-seqs 64 --max-model-len 2048 "$@"
+    echo python -m pagedserve serve "$gguf" --num-pages "$pages" --max-num-seqs 64 --max-model-len 2048 \
+        ${PAGEDSERVE_ARGS:-} "$@"
 }
 
 llama_cmd() {  # llama_cmd GGUF CTX_TOKENS [SLOTS]: each slot gets CTX_TOKENS / SLOTS

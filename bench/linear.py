@@ -2,12 +2,14 @@
 
     python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32] [--rows 1,16,64]
     python bench/linear.py --quantized Q4_1,Q8_0,Q4_K,Q6_K      # the kept-quantized kernels
+    python bench/linear.py --quantized Q4_1,Q8_0 --isa portable,avx2,avx512   # per ISA level
 
 --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
---quantized times the GGUF kernels (ops/linear_quant.py; int8 activations, AVX512-VNNI or the
-portable path) beside the native bf16 kernel and torch on the same layers at each of --rows: GB/s
-of (packed) weights at one row, GFLOP/s at more; where the CPU has AMX-INT8 tiles, each type
-again on them ('/amx'). --dequant-bf16 adds, per type, the
+--quantized times the GGUF kernels (ops/linear_quant.py; int8 activations) beside torch (and
+the native bf16 kernel where the CPU has AVX512-BF16) on the same layers at each of --rows: GB/s
+of (packed) weights at one row, GFLOP/s at more; a column per type and ISA level of --isa (default:
+every level from avx2 up that the CPU runs; 'Q4_1@avx2': the AVX2 path, '@avx512': VNNI, ...);
+where the CPU has AMX-INT8 tiles, each type again on them ('/amx'). --dequant-bf16 adds, per type, the
 alternative the kernel was chosen against (weights converted to bf16 in registers, AVX512-BF16
 dot products with unrounded bf16 activations).
 
@@ -48,7 +50,15 @@ from pagedserve.core.models.linear_dispatch import (
     calibrate,
     torch_from_rows,
 )
-from pagedserve.core.ops.cpu_features import cpu_features, cpu_model
+from pagedserve.core.ops.cpu_features import (
+    cpu_features,
+    cpu_isa,
+    cpu_isa_supported,
+    cpu_model,
+    forced_cpu_isa,
+    runnable_isas,
+    set_cpu_isa,
+)
 from pagedserve.core.ops.linear import amx_available, native_linear_available
 from pagedserve.core.ops.linear_quant import (
     pack_quant_weight,
@@ -103,18 +113,41 @@ def dequant_bf16_call(
                                      m, n, k, 0, torch.get_num_threads(), False, True)  # fmt: skip
 
 
-def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequant: bool) -> None:
-    """Each layer x row count: torch bf16, the native bf16 kernel and each quantized kernel
-    (int8 activations + VNNI; with dequant, also each type's bf16-in-register alternative)."""
+def at_level(level: str, fn: Callable[[], object]) -> Callable[[], None]:
+    """fn with the kernels at ISA level `level`, the level before it restored after."""
+
+    def call() -> None:
+        before = cpu_isa()
+        set_cpu_isa(level)
+        try:
+            fn()
+        finally:
+            set_cpu_isa(before)
+
+    return call
+
+
+def quantized_table(
+    types: list[str], row_counts: list[int], repeats: int, dequant: bool, levels: list[str]
+) -> None:
+    """Each layer x row count: torch bf16, the native bf16 kernel (where the CPU has it) and each
+    quantized kernel at each ISA level (int8 activations; with dequant, also each type's
+    bf16-in-register alternative)."""
     tiles = quant_amx_available()
-    print(f"quantized kernels: path {quant_linear_path()}; weights GB/s at 1 row use the bytes "
-          "each kernel reads (packed); "
+    bf16 = native_linear_available()
+    paths = {}
+    for level in levels:
+        with forced_cpu_isa(level):
+            paths[level] = quant_linear_path()
+    print("quantized kernels: " + ", ".join(f"@{lv} = {p}" for lv, p in paths.items())
+          + "; weights GB/s at 1 row use the bytes each kernel reads (packed); "
           + ("'/amx': the same kernel on AMX-INT8 tiles" if tiles else "no AMX-INT8 tiles here"))  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(torch.bfloat16)
         w = (torch.randn(n, k) * k**-0.5).bfloat16()
         layer.weight.data.copy_(w)  # type: ignore[union-attr]
-        layer.pack()
+        if bf16:
+            layer.pack()
         packs = []  # (type, packed) of the types whose block size divides k (K-quants: 256)
         for t in types:
             qtype = GGMLQuantizationType[t]
@@ -123,30 +156,32 @@ def quantized_table(types: list[str], row_counts: list[int], repeats: int, dequa
             rows = gguf_rows(qtype, n, k)
             addresses = rows.ctypes.data + np.arange(n, dtype=np.int64) * rows.strides[0]
             packs.append((int(qtype), pack_quant_weight(int(qtype), addresses, k)))
-        names = [GGMLQuantizationType(q).name for q, _ in packs]
+        types_here = [GGMLQuantizationType(q).name for q, _ in packs]
+        names = [f"{t}@{lv}" for lv in levels for t in types_here]
         extra = (["bf16"] if dequant else []) + (["amx"] if tiles else [])
-        names += [f"{t}/{e}" for e in extra for t in names]
-        print(f"{name} [k={k}, n={n}]: median us of torch, bf16, " + ", ".join(names)
-              + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
+        names += [f"{t}/{e}" for e in extra for t in types_here]
+        print(f"{name} [k={k}, n={n}]: median us of torch, " + ("bf16, " if bf16 else "")
+              + ", ".join(names) + "; then each one's GB/s of weights (1 row) or GFLOP/s")  # fmt: skip
         for m in row_counts:
             x = torch.randn(m, k).bfloat16()
             res = torch.randn(m, n).bfloat16() if residual else None
             out_dtype = torch.float32 if fp32 else torch.bfloat16
             out = torch.empty(m, n, dtype=out_dtype)
-            calls = [
-                torch_call(x, w, res, fp32),
-                functools.partial(layer, x, res, out_dtype=out_dtype),
-            ]
-            calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0) for q, p in packs]
+            calls = [torch_call(x, w, res, fp32)]
+            sizes = [n * k * 2]
+            if bf16:
+                calls.append(functools.partial(layer, x, res, out_dtype=out_dtype))
+                sizes.append(layer.weight_bytes())
+            for level in levels:
+                calls += [at_level(level, functools.partial(quant_linear, out, x, p, q, None, res, 0))
+                          for q, p in packs]  # fmt: skip
             if dequant:
                 calls += [dequant_bf16_call(out, x, p, q, res) for q, p in packs]
             if tiles:  # every call on AMX-INT8 tiles
                 calls += [functools.partial(quant_linear, out, x, p, q, None, res, 0, 1)
                           for q, p in packs]  # fmt: skip
             times = timed_all(calls, repeats)
-            sizes = [n * k * 2, layer.weight_bytes()] + [p.numel() for _, p in packs] * (
-                1 + len(extra)
-            )
+            sizes += [p.numel() for _, p in packs] * (len(levels) + len(extra))
             rates = [f"{s / t / 1e9:.0f}GB/s" if m == 1 else f"{2 * m * n * k / t / 1e9:.0f}GF/s"
                      for s, t in zip(sizes, times, strict=True)]  # fmt: skip
             print(f"{name:15s} {m:5d} " + " ".join(f"{t * 1e6:8.0f}" for t in times)
@@ -191,20 +226,29 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--rows", default="1,16,64,256,1024", help="row counts, comma-separated")
     ap.add_argument("--quantized", default="", help="GGUF types to time, e.g. Q4_1,Q8_0")
+    ap.add_argument("--isa", default="",
+                    help="with --quantized: ISA levels, comma-separated (default: avx2 and up)")  # fmt: skip
     ap.add_argument("--dequant-bf16", action="store_true",
                     help="with --quantized: also time the bf16-in-register alternative")  # fmt: skip
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    if not native_linear_available():
-        raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
     torch.set_num_threads(args.threads)
     row_counts = [int(r) for r in args.rows.split(",")]
     print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()})")
     print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
     if args.quantized:
-        quantized_table(args.quantized.split(","), row_counts, args.repeats, args.dequant_bf16)
+        asked = (
+            args.isa.split(",") if args.isa else [lv for lv in runnable_isas() if lv != "portable"]
+        )
+        levels = [lv for lv in asked if lv in runnable_isas()]
+        if skipped := [lv for lv in asked if lv not in levels]:
+            print(f"ISA levels above this CPU's ({cpu_isa_supported()}), skipped: {skipped}")
+        quantized_table(args.quantized.split(","), row_counts, args.repeats, args.dequant_bf16,
+                        levels)  # fmt: skip
         print(f"load average after: {os.getloadavg()}")
         return
+    if not native_linear_available():
+        raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
     amx = dtype == torch.bfloat16 and amx_available()
     order = dtype == torch.bfloat16  # the tiles' order on AVX-512 runs on any AVX512-BF16 CPU
     print("AMX tiles: the native kernel's 'amx' column" if amx else
