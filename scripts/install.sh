@@ -17,6 +17,14 @@ if [[ "${1:-}" == "test" ]]; then
             --no-install-recommends chromium fonts-dejavu-core >/dev/null \
             || echo "install.sh: chromium could not be installed; the browser tests will skip" >&2
     fi
+    # tests/native/test_cpp_aarch64.py cross-builds the C++ tests for aarch64 and runs them under
+    # qemu-user (the cross g++ brings the arm64 libc, libstdc++ and libgomp). Installed likewise.
+    if ! { command -v aarch64-linux-gnu-g++ && command -v qemu-aarch64; } >/dev/null 2>&1 \
+        && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends g++-aarch64-linux-gnu qemu-user >/dev/null \
+            || echo "install.sh: no aarch64 cross toolchain; test_cpp_aarch64.py will skip" >&2
+    fi
     # Editable, so the tests (which import helpers from the source tree) and the installed
     # package are one and the same code.
     python3 -m pip install -e ".[test]"

@@ -7,12 +7,13 @@
 #include <atomic>
 #include <cstdint>
 
-#if defined(__x86_64__) || defined(__i386__)
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // CPUID exists only on x86
 #include <cpuid.h>
-#define PAGEDSERVE_X86 1
 #endif
 
-#if defined(__linux__) && defined(PAGEDSERVE_X86)
+#if defined(__linux__) && PAGEDSERVE_X86  // arch_prctl's AMX permission request
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -20,7 +21,7 @@
 namespace pagedserve {
 namespace {
 
-#ifdef PAGEDSERVE_X86
+#if PAGEDSERVE_X86  // CPUID and XGETBV: elsewhere every feature is false (level portable)
 struct Regs {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
 };

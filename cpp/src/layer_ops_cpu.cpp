@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "arch.hpp"
 #include "pagedserve/cpu_features.hpp"
 #include "pagedserve/rows.hpp"
 
@@ -30,6 +31,7 @@
 #include "layer_ops_cpu_impl.hpp"
 #undef PAGEDSERVE_ISA_NS
 
+#if PAGEDSERVE_X86  // the x86 levels' copies: elsewhere only the portable one exists
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define PAGEDSERVE_ISA_NS layer_ops_avx2
@@ -43,16 +45,21 @@
 #include "layer_ops_cpu_impl.hpp"
 #undef PAGEDSERVE_ISA_NS
 #pragma GCC pop_options
+#endif  // PAGEDSERVE_X86
 
 namespace pagedserve {
 
 // The copy of the ops for the active ISA level (avx512_bf16 and amx use the AVX-512 one).
+#if PAGEDSERVE_X86  // the x86 levels' copies exist only there
 #define PAGEDSERVE_LAYER_OP(op, ...)                                          \
     switch (cpu_isa()) {                                                     \
         case CpuIsa::kPortable: return layer_ops_portable::op(__VA_ARGS__); \
         case CpuIsa::kAvx2: return layer_ops_avx2::op(__VA_ARGS__);         \
         default: return layer_ops_avx512::op(__VA_ARGS__);                  \
     }
+#else
+#define PAGEDSERVE_LAYER_OP(op, ...) return layer_ops_portable::op(__VA_ARGS__);
+#endif
 
 void rms_norm_cpu(const RmsNormArgs& a, int num_threads) { PAGEDSERVE_LAYER_OP(rms_norm, a, num_threads) }
 

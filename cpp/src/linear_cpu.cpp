@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "arch.hpp"
 #include "linear_cpu_amx.hpp"
 #include "linear_cpu_driver.hpp"
 #include "pagedserve/linear.hpp"
@@ -18,6 +19,10 @@ constexpr std::int64_t kPairRow = 2 * kLinearTileN;  // packed elements per feat
 
 std::int64_t num_pairs(std::int64_t k) { return (k + 1) / 2; }
 
+// Packed elements per 32-column tile (Bf16Kernel::tile_elements; packed_linear_elements).
+std::int64_t bf16_tile_elements(std::int64_t k) { return num_pairs(k) * kPairRow; }
+
+#if PAGEDSERVE_X86  // AVX512-BF16 intrinsics: elsewhere linear_bf16 only throws
 // The bf16 pair (x[i], x[i + 1]) as one 32-bit lane broadcast to all 16; past the end of an
 // odd-length row the second half is zero (it meets the zero padding of the packed weight).
 PAGEDSERVE_LINEAR_TARGET inline __m512bh broadcast_pair(const std::uint16_t* x, bool whole) {
@@ -30,7 +35,7 @@ struct Bf16Kernel {
     using Args = LinearArgs;
     using Weight = std::uint16_t;
 
-    static std::int64_t tile_elements(std::int64_t k) { return num_pairs(k) * kPairRow; }
+    static std::int64_t tile_elements(std::int64_t k) { return bf16_tile_elements(k); }
 
     template <int R>
     PAGEDSERVE_LINEAR_TARGET static void product(const LinearArgs& a, std::int64_t row0,
@@ -96,11 +101,12 @@ struct Bf16Kernel {
         }
     }
 };
+#endif  // PAGEDSERVE_X86
 
 }  // namespace
 
 std::int64_t packed_linear_elements(std::int64_t n, std::int64_t k) {
-    return num_tiles(n) * Bf16Kernel::tile_elements(k);
+    return num_tiles(n) * bf16_tile_elements(k);
 }
 
 void pack_linear_weight_bf16(const std::uint16_t* weight, std::int64_t n, std::int64_t k,
@@ -123,6 +129,7 @@ std::int64_t linear_items_taken_over() {
     return linear_detail::items_taken_over.load(std::memory_order_relaxed);
 }
 
+#if PAGEDSERVE_X86  // the kernel exists only there (see the #else)
 void linear_bf16(const LinearArgs& args, int num_threads) {
     if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
     // No rows is a valid product with nothing to read or write: torch gives an empty tensor a
@@ -136,6 +143,11 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
         return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
     run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
 }
+#else
+// No AVX512-BF16 off x86 (linear_bf16_supported() is false): the same error as on an x86 CPU
+// without it.
+void linear_bf16(const LinearArgs&, int) { throw std::runtime_error("this CPU has no AVX512-BF16"); }
+#endif
 
 bool linear_amx_supported() {
     return linear_bf16_supported() && amx_usable(false);

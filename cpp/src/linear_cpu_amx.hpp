@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "arch.hpp"
 #include "linear_cpu_driver.hpp"
 #include "pagedserve/cpu_features.hpp"
 
@@ -63,6 +64,10 @@ inline bool amx_usable(bool int8) {
     return cpu_isa_at_least(CpuIsa::kAmx) && f.amx_tile && f.amx_permitted &&
            (int8 ? f.amx_int8 : f.amx_bf16);
 }
+
+// The tiles, their emulation and the items on them (AMX instructions, the AVX-512 epilogue)
+// exist only on x86; elsewhere amx_usable() answers the entry points and no call takes tiles.
+#if PAGEDSERVE_X86
 
 // Registers: C[i][j] = 2i + j accumulates rows 16i.. x columns 16j..; A[i] = 4 + i; B[j] = 6 + j.
 inline constexpr int kA0 = 4, kB0 = 6;
@@ -323,5 +328,6 @@ private:
         }
     };
 };
+#endif  // PAGEDSERVE_X86
 
 }  // namespace pagedserve::linear_detail

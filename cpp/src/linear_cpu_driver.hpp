@@ -17,7 +17,11 @@
 // micro-tiles above, unless the call runs on AMX tiles (linear_cpu_amx.hpp's AmxItems).
 #pragma once
 
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // the micro-tile driver's AVX-512 intrinsics
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -45,6 +49,10 @@ inline std::atomic<std::int64_t> items_taken_over{0};  // see linear_items_taken
 
 inline std::int64_t num_tiles(std::int64_t n) { return (n + kLinearTileN - 1) / kLinearTileN; }
 
+// The driver proper (micro-tiles in AVX-512 registers, shares, panels, prefetch) exists only on
+// x86: elsewhere linear_bf16 / linear_f32 throw (linear_bf16_supported() is false), quant_linear
+// runs its portable loops, and only the ISA-free packing and argument checks below are built.
+#if PAGEDSERVE_X86
 PAGEDSERVE_LINEAR_TARGET inline __mmask16 lanes(std::int64_t count) {
     if (count >= 16) return 0xffff;
     return count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
@@ -267,6 +275,7 @@ void run_linear(const typename K::Args& a, int num_threads) {
         }
     }
 }
+#endif  // PAGEDSERVE_X86
 
 // Packs n weight rows of k features into tiles of 32 columns, kFeatures consecutive features
 // of a column side by side (2: AVX512-BF16's pairs, 1: fp32): packed element

@@ -3,6 +3,7 @@
 // each output one FMA chain over k in order (batch invariance, issue 16); every row is fp32.
 #include <stdexcept>
 
+#include "arch.hpp"
 #include "linear_cpu_driver.hpp"
 #include "pagedserve/linear.hpp"
 
@@ -11,11 +12,15 @@ namespace {
 
 using namespace linear_detail;
 
+// Packed elements per 32-column tile (F32Kernel::tile_elements; packed_linear_elements_f32).
+std::int64_t f32_tile_elements(std::int64_t k) { return k * kLinearTileN; }
+
+#if PAGEDSERVE_X86  // AVX-512 intrinsics: elsewhere linear_f32 only throws
 struct F32Kernel {
     using Args = LinearF32Args;
     using Weight = float;
 
-    static std::int64_t tile_elements(std::int64_t k) { return k * kLinearTileN; }
+    static std::int64_t tile_elements(std::int64_t k) { return f32_tile_elements(k); }
 
     template <int R>
     PAGEDSERVE_LINEAR_TARGET static void product(const LinearF32Args& a, std::int64_t row0,
@@ -46,11 +51,12 @@ struct F32Kernel {
         _mm512_mask_storeu_ps(a.out + row * a.out_stride + col, mask, v);
     }
 };
+#endif  // PAGEDSERVE_X86
 
 }  // namespace
 
 std::int64_t packed_linear_elements_f32(std::int64_t n, std::int64_t k) {
-    return num_tiles(n) * F32Kernel::tile_elements(k);
+    return num_tiles(n) * f32_tile_elements(k);
 }
 
 void pack_linear_weight_f32(const float* weight, std::int64_t n, std::int64_t k, float* packed,
@@ -66,10 +72,16 @@ void pack_gated_weight_f32(const float* weight, std::int64_t width, std::int64_t
                  gated_rows(width), k, packed, num_threads);
 }
 
+#if PAGEDSERVE_X86  // the kernel exists only there (see the #else)
 void linear_f32(const LinearF32Args& args, int num_threads) {
     if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
     if (!check_linear_args(args, "linear_f32")) return;
     run_linear<F32Kernel>(args, std::max(1, num_threads));
 }
+#else
+// No AVX512-BF16 off x86 (linear_bf16_supported() is false): the same error as on an x86 CPU
+// without it.
+void linear_f32(const LinearF32Args&, int) { throw std::runtime_error("this CPU has no AVX512-BF16"); }
+#endif
 
 }  // namespace pagedserve

@@ -2,7 +2,11 @@
 // features d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), with the fp32 sums
 // d * sum(q) per 16 and per 32 features. AVX-512 and AVX2 paths (by the ISA level) and a plain
 // loop elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // the AVX-512 and AVX2 rows' intrinsics
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -57,6 +61,7 @@ void quantize_row(const T* x, std::int64_t k, std::uint8_t* out) {
     }
 }
 
+#if PAGEDSERVE_X86  // the vector rows: elsewhere the plain loop alone
 #define PAGEDSERVE_ACT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 template <typename T>
@@ -136,13 +141,15 @@ PAGEDSERVE_ACT_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, st
                    b, d, d + k / kBlockK, d + 2 * (k / kBlockK));
     }
 }
+#endif  // PAGEDSERVE_X86
 
 template <typename T>
 void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64_t k,
-                   std::uint8_t* out, int threads, CpuIsa isa) {
+                   std::uint8_t* out, int threads, [[maybe_unused]] CpuIsa isa) {
     const std::int64_t row_bytes = activation_row_bytes(k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t r = 0; r < m; ++r) {
+#if PAGEDSERVE_X86  // the vector rows exist only there
         if (isa >= CpuIsa::kAvx512) {
             quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
         } else if (isa == CpuIsa::kAvx2) {
@@ -150,6 +157,9 @@ void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64
         } else {
             quantize_row(x + r * x_stride, k, out + r * row_bytes);
         }
+#else
+        quantize_row(x + r * x_stride, k, out + r * row_bytes);
+#endif
     }
 }
 

@@ -17,9 +17,11 @@
 
 #include <cstdint>
 
+#include "arch.hpp"
 #include "linear_cpu_amx.hpp"
 #include "linear_quant_layout.hpp"
 
+#if PAGEDSERVE_X86  // AMX-INT8 tiles and the AVX-512 fold: x86 only
 namespace pagedserve::linear_detail {
 
 // A block of `rows` (1 .. 32) rows of groups of `group` features: A tiles `group` bytes wide,
@@ -129,3 +131,4 @@ private:
 };
 
 }  // namespace pagedserve::linear_detail
+#endif  // PAGEDSERVE_X86

@@ -13,6 +13,9 @@
 // L1, and the epilogue (bias, residual, SiLU-gated, bf16 or fp32) runs once per tile and row.
 #include "linear_quant_avx2.hpp"
 
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // AVX2 intrinsics: elsewhere quant_linear never takes this path
 #include <immintrin.h>
 
 #include <algorithm>
@@ -325,3 +328,4 @@ void quant_linear_avx2(const QuantLinearArgs& q, const std::uint8_t* acts,
 }
 
 }  // namespace pagedserve::quant_detail
+#endif  // PAGEDSERVE_X86

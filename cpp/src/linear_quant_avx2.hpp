@@ -1,5 +1,6 @@
 // The AVX2 quantized product (linear_quant_avx2.cpp): ISA level avx2, or avx512 without
 // AVX512-VNNI. The VNNI kernel's packed layout, activations, fold and epilogue: its bits.
+// Defined on x86 only.
 #pragma once
 
 #include <cstdint>

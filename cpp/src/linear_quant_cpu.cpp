@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "arch.hpp"
 #include "linear_cpu_driver.hpp"
 #include "linear_quant_amx.hpp"
 #include "linear_quant_avx2.hpp"
@@ -26,6 +27,18 @@ using namespace linear_detail;
 using quant_detail::ActivationRow;
 using quant_detail::Format;
 using quant_detail::kBlockK;
+
+// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
+// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
+bool vnni_supported() {
+    return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
+}
+
+bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
+
+// The kernels (AVX-512 intrinsics, AMX-INT8 tiles) exist only on x86: elsewhere cpu_isa() is
+// portable, vnni_supported() false, and quant_linear runs the portable loops.
+#if PAGEDSERVE_X86
 
 // The driver's view of one product: x's dtype T (bf16 bits or fp32), weights of kBits bits in
 // groups of kGroup features.
@@ -243,14 +256,6 @@ struct QuantKernel {
     }
 };
 
-// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
-// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
-bool vnni_supported() {
-    return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
-}
-
-bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
-
 template <typename T>
 QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes) {
     QuantArgs<T> t;
@@ -309,6 +314,7 @@ void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_byte
         }
     }
 }
+#endif  // PAGEDSERVE_X86
 
 }  // namespace
 
@@ -334,18 +340,22 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     if (args.dequant_bf16) {
         check_linear(vnni_supported() && hardware_bf16() && !args.float32 && !force_portable,
                      "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
+#if PAGEDSERVE_X86  // elsewhere the check above has thrown
         sum_rows(args, acts.data(), row_bytes);
         return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
+#endif
     }
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads, force_portable);
     const int threads = std::max(1, num_threads);
     if (force_portable || !cpu_isa_at_least(CpuIsa::kAvx2))
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
+#if PAGEDSERVE_X86  // the vector paths (elsewhere cpu_isa() is portable: returned above)
     if (!vnni_supported()) return quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
     if (args.float32) return run_vnni<float>(args, acts.data(), row_bytes, threads);
     if (!hardware_bf16()) return run_vnni<std::uint16_t, false, false>(args, acts.data(), row_bytes, threads);
     run_vnni<std::uint16_t>(args, acts.data(), row_bytes, threads);
+#endif
 }
 
 }  // namespace pagedserve

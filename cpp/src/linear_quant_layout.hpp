@@ -13,7 +13,11 @@
 // block), sum16[k / 16] = d * sum(q over 16 features); the row is activation_row_bytes(k) long.
 #pragma once
 
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // the AVX-512 kernels' view of the scales
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -56,6 +60,7 @@ inline float half_to_float(std::uint16_t h) {
     return f;
 }
 
+#if PAGEDSERVE_X86  // AVX-512 registers: the VNNI and AMX-INT8 paths only
 // The AVX-512 kernels' view of a group's scales: half tile h's 16 scales and 16 mins as fp32.
 struct HalfScales {
     __m512 scale, min;
@@ -87,6 +92,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 fold_group(
     out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sd, out);
     return _mm512_fmadd_ps(s.min, _mm512_set1_ps(group_sum), out);
 }
+#endif  // PAGEDSERVE_X86
 
 // Scale (which = 0) or min (1) of column c, group g of a packed block.
 inline float block_scale(const Format& f, const std::uint8_t* block, int which, std::int64_t g,

@@ -17,7 +17,11 @@
 // Per-call options (AttentionArgs): sliding_window masks keys older than position - window + 1
 // (blocks wholly before every vector's window are skipped, the others masked per vector) and
 // logit_softcap caps the scaled scores with softcap * tanh(s / softcap) before the softmax.
+#include "arch.hpp"
+
+#if PAGEDSERVE_X86  // the AVX-512 item kernels' intrinsics
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -40,6 +44,7 @@
 #include "paged_attention_cpu_impl.hpp"
 #undef PAGEDSERVE_ISA_NS
 
+#if PAGEDSERVE_X86  // the x86 levels' copies: elsewhere only the portable one exists
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define PAGEDSERVE_ISA_NS attention_avx2
@@ -64,6 +69,7 @@
 #include "paged_attention_cpu_impl.hpp"
 #undef PAGEDSERVE_ISA_NS
 #pragma GCC pop_options
+#endif  // PAGEDSERVE_X86
 
 namespace pagedserve {
 namespace {
@@ -103,12 +109,16 @@ void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
     validate(args);
     if (args.num_tokens == 0) return;
     num_threads = std::max(1, num_threads);
+#if PAGEDSERVE_X86  // the x86 levels' copies exist only there
     switch (cpu_isa()) {
         case CpuIsa::kPortable: return attention_portable::attention(args, num_threads);
         case CpuIsa::kAvx2: return attention_avx2::attention(args, num_threads);
         case CpuIsa::kAvx512: return attention_avx512::attention(args, num_threads);
         default: return attention_avx512_bf16::attention(args, num_threads);
     }
+#else
+    attention_portable::attention(args, num_threads);
+#endif
 }
 
 const char* paged_attention_cpu_path() {

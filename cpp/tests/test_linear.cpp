@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)  // VDPBF16PS, for the test of its order
 #include <immintrin.h>
+#endif
 
 #include "check.hpp"
 #include "pagedserve/linear.hpp"
@@ -37,6 +39,7 @@ float from_bf16(std::uint16_t b) {
     return f;
 }
 
+#if defined(__x86_64__)  // an x86 instruction
 // One lane of VDPBF16PS: acc + x[0] w[0] + x[1] w[1] in the instruction's own order.
 __attribute__((target("avx512f,avx512bf16"))) float dpbf16_lane(float acc, const std::uint16_t (&x)[2],
                                                                  const std::uint16_t (&w)[2]) {
@@ -47,6 +50,7 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_lane(float acc, const
                                       reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(wp))));
     return _mm512_cvtss_f32(r);
 }
+#endif
 
 std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -178,6 +182,23 @@ TEST(linear_refuses_bad_arguments) {
     LinearArgs empty = a;
     empty.m = 0, empty.x = nullptr, empty.out = nullptr;
     linear_bf16(empty, 1);
+}
+
+// Without AVX512-BF16 (older x86 CPUs, and every non-x86 one) the kernel tests skip; the entry
+// refuses with std::runtime_error, and packing (ISA-free) still works.
+TEST(linear_without_avx512_bf16_throws_runtime_error) {
+    if (linear_bf16_supported()) return;
+    std::fprintf(stderr, "  (no AVX512-BF16 on this CPU: the bf16 kernel tests skip)\n");
+    std::vector<std::uint16_t> x(64, 0x3f80), w(4 * 8, 0x3f80), out(64);
+    std::vector<std::uint16_t> packed(packed_linear_elements(4, 8));
+    CHECK(packed.size() == 4 * 2 * kLinearTileN);  // 4 feature pairs x 32 columns
+    pack_linear_weight_bf16(w.data(), 4, 8, packed.data(), 1);
+    CHECK(packed[0] == 0x3f80 && packed[2 * 4] == 0);  // column 4 of 4 is padding
+    LinearArgs a;
+    a.x = x.data(), a.x_stride = 8, a.packed = packed.data(), a.out = out.data();
+    a.out_stride = 4, a.m = 2, a.n = 4, a.k = 8;
+    CHECK_THROWS(std::runtime_error, linear_bf16(a, 1));
+    CHECK(!linear_amx_supported());
 }
 
 // --- AMX ---------------------------------------------------------------------------------------
@@ -376,6 +397,9 @@ TEST(linear_tile_order_equals_the_emulated_tiles) {
 // which the AMX emulation's order is the mirror of and LinearArgs::tile_order relies on: over
 // random accumulators and pairs spanning 2^-12 .. 2^12, every result equals that sequence.
 TEST(vdpbf16ps_adds_odd_feature_first_rounding_each_add) {
+#if !defined(__x86_64__)  // dpbf16_lane is x86 only
+    std::fprintf(stderr, "  (not x86-64: no VDPBF16PS, skipped)\n");
+#else
     if (!linear_bf16_supported()) return;
     std::mt19937 rng(43);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
@@ -395,6 +419,7 @@ TEST(vdpbf16ps_adds_odd_feature_first_rounding_each_add) {
     }
     CHECK(equal == cases);
     CHECK(even_first < cases);  // the order shows: the mirror order differs somewhere
+#endif
 }
 
 // Whether the CPU's tiles round as the SDM's pseudo-code (the emulation) and as each AVX-512

@@ -133,4 +133,15 @@ TEST(linear_f32_refuses_bad_arguments) {
                  pack_linear_weight_f32(p.w.data(), 0, 8, out.data(), 1));
 }
 
+// Without AVX512-BF16 (older x86 CPUs, and every non-x86 one) the tests above skip; the entry
+// refuses with std::runtime_error.
+TEST(linear_f32_without_avx512_bf16_throws_runtime_error) {
+    if (linear_bf16_supported()) return;
+    std::fprintf(stderr, "  (no AVX512-BF16 on this CPU: the fp32 kernel tests skip)\n");
+    std::mt19937 rng(10);
+    const Problem p(2, 4, 8, rng);
+    std::vector<float> out(2 * p.out_stride);
+    CHECK_THROWS(std::runtime_error, linear_f32(p.args(out.data(), 2), 1));
+}
+
 int main() { return check::run_all_tests(); }
