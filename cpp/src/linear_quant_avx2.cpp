@@ -128,13 +128,13 @@ struct Avx2Kernel {
         }
     }
 
-    // acc[r][0 .. 16) (columns 16 h ..) += group g of block b for rows row0 + r, r < R.
+    // acc[r][16 h .. 16 h + 16) += group g of block b (half tile h) for rows row0 + r, r < R.
     template <int R>
     PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static void group(const Args& a,
                                                                       std::int64_t row0,
                                                                       const std::uint8_t* block,
                                                                       std::int64_t b, int g, int h,
-                                                                      float (&acc)[R][16]) {
+                                                                      float (&acc)[R][32]) {
         const std::uint8_t* act[R];
         for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
         __m256i sum[R][2][kSums];
@@ -166,10 +166,11 @@ struct Avx2Kernel {
                 const ActivationRow row(act[r], a.k);
                 // fold_group's operations (linear_quant_layout.hpp), so its bits.
                 const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(row.d[b]));
-                __m256 out = _mm256_loadu_ps(acc[r] + 8 * c);
+                float* const at = acc[r] + lane0;
+                __m256 out = _mm256_loadu_ps(at);
                 out = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sd, out);
                 out = _mm256_fmadd_ps(min, _mm256_set1_ps(row.group_sum(kFormat, b, g)), out);
-                _mm256_storeu_ps(acc[r] + 8 * c, out);
+                _mm256_storeu_ps(at, out);
             }
         }
     }
@@ -188,19 +189,17 @@ struct Avx2Kernel {
     PAGEDSERVE_AVX2_TARGET static void product(const Args& a, std::int64_t row0,
                                                const std::uint8_t* w, Prefetch prefetch,
                                                float (&acc)[R][32]) {
-        float half[R][16];
+        for (int r = 0; r < R; ++r) std::fill(acc[r], acc[r] + 32, 0.0f);
         const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
         for (int h = 0; h < 2; ++h) {
-            for (int r = 0; r < R; ++r) std::fill(half[r], half[r] + 16, 0.0f);
             std::int64_t line = h * prefetch.lines / 2;
             const std::int64_t lines_end = (h + 1) * prefetch.lines / 2;
             for (std::int64_t b = 0; b < blocks; ++b) {
                 for (std::int64_t i = 0; i <= block_bytes / 128 && line < lines_end; ++i, ++line)
                     _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
                 const std::uint8_t* block = w + b * block_bytes;
-                for (int g = 0; g < kFormat.groups(); ++g) group<R>(a, row0, block, b, g, h, half);
+                for (int g = 0; g < kFormat.groups(); ++g) group<R>(a, row0, block, b, g, h, acc);
             }
-            for (int r = 0; r < R; ++r) std::copy(half[r], half[r] + 16, acc[r] + 16 * h);
         }
     }
 };

@@ -23,10 +23,11 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
+from pagedserve.core import config
 from pagedserve.core.ops.native import core
 
-CPU_ISAS = ("portable", "avx2", "avx512", "avx512_bf16", "amx")
-"""The ISA levels, lowest first (cpu_features.hpp's CpuIsa)."""
+CPU_ISAS = tuple(level for level in config.CPU_ISAS if level != "auto")
+"""The ISA levels, lowest first (cpu_features.hpp's CpuIsa; --cpu-isa takes these and auto)."""
 
 
 @dataclass(frozen=True)
