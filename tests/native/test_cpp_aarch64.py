@@ -1,7 +1,7 @@
 """Cross-builds the C++ unit tests (cpp/tests) for aarch64 and runs every one under qemu-user.
 
 Off x86 the native library builds its portable paths only (cpu_isa() is portable; the x86
-kernels sit behind PAGEDSERVE_X86, cpp/src/arch.hpp), so this checks that the library compiles
+kernels sit behind PAGEDSERVE_X86, cpp/src/cpu/arch.hpp), so this checks that the library compiles
 for ARM and that those paths pass there: once with qemu's `max` CPU model (every optional
 extension, SVE included) and once with a plain Armv8.0 NEON core (cortex-a53). Release, -j2; all
 eight test executables run (the slowest, test_paged_attention, takes seconds under qemu).

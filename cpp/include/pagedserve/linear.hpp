@@ -52,7 +52,7 @@ struct LinearArgs {
     std::int64_t gated_width = 0;
     // A call of at least this many rows runs on AMX-BF16 tiles where linear_amx_supported()
     // (0: never; 1: every call). Tiles and AVX512-BF16 may round a row differently (see
-    // linear_cpu_amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction ...
+    // linear/amx.hpp): only a threshold of 1 or 0 is batch-invariant by construction ...
     std::int64_t amx_from_rows = 0;
     // ... or, with tile_order, the calls below it sum in the order of the SDM's TDPBF16PS (a
     // pair's even feature first: two VDPBF16PS per pair, each with one feature of x): bit for
@@ -83,7 +83,7 @@ std::int64_t linear_amx_items();
 
 // Work items (a panel of tiles x a chunk of rows) that a thread ran from a peer's share since the
 // process started, over every CPU linear kernel: a thread that finishes its own share runs what a
-// preempted peer has not started yet (linear_cpu_driver.hpp). For tests and benchmarks.
+// preempted peer has not started yet (linear/driver.hpp). For tests and benchmarks.
 std::int64_t linear_items_taken_over();
 
 // Float32 products (the float32 model), on the same tiles and driver: every output element is

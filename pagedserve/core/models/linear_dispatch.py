@@ -26,7 +26,7 @@ Where the native kernel may use AMX tiles (ops/linear.py's amx_available), the c
 times it on them too (amx_s) and on AVX-512 summing in the tiles' order (tile_order_s), one row
 included, and the AMX path is taken from the least row count from which it beats AVX512-BF16 by
 AMX_MARGIN at every larger count. Tiles and AVX512-BF16 may round a sum differently
-(linear_cpu_amx.hpp), so with --deterministic a threshold is kept only where the rows below it
+(linear/amx.hpp), so with --deterministic a threshold is kept only where the rows below it
 round as the tiles do on this CPU (tiles_agree_with_avx512(): AVX512-BF16 itself, or the tiles'
 order on AVX-512, which the SDM's tiles match bit for bit); otherwise every call runs on tiles
 (threshold 1) if they cost one row at most AMX_ONE_ROW_SLACK more, else none does.

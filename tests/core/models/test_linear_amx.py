@@ -1,5 +1,5 @@
-"""The native kernels' AMX tiles as the engine uses them (cpp/src/linear_cpu_amx.hpp,
-linear_quant_amx.hpp, models/linear_dispatch.py): the bf16 choice on given timings, with
+"""The native kernels' AMX tiles as the engine uses them (cpp/src/linear/amx.hpp,
+linear_quant/amx.hpp, models/linear_dispatch.py): the bf16 choice on given timings, with
 --deterministic and without; the bf16 op on tiles against its AVX512-BF16 path; a whole engine
 on tiles (cpu_linear amx); the quantized kernel on AMX-INT8 tiles giving the VNNI path's bits,
 in the op and in the decoder stack, and its start-up choice. On a CPU without AMX the tiles are

@@ -1,5 +1,5 @@
 // Reading GGUF blocks (ggml's block layouts: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) and repacking
-// them once into linear_quant_layout.hpp's tiles.
+// them once into linear_quant/layout.hpp's tiles.
 #include <omp.h>
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "linear_quant_layout.hpp"
+#include "linear_quant/layout.hpp"
 #include "pagedserve/linear_quant.hpp"
 
 namespace pagedserve {

@@ -1,12 +1,42 @@
-// The CPU paged-attention kernels (paged_attention_cpu.cpp has the overview), included once per
-// ISA level by paged_attention_cpu.cpp, each time inside its own namespace and under its own
-// `#pragma GCC target`, so that one build holds every level and picks one at run time:
+// The CPU paged-attention kernels (dispatch.cpp has the overview), included once per ISA level
+// by that level's file (portable.cpp, avx2.cpp, avx512.cpp, avx512_bf16.cpp), each time inside its
+// own namespace and under its own `#pragma GCC target`, so that one build holds every level and
+// dispatch.cpp picks one at run time. The including file defines:
 //   PAGEDSERVE_ISA_NS            the namespace of this copy (attention_portable, ..._avx2, ...)
-//   PAGEDSERVE_ISA_AVX512        1: the intrinsic item kernels of paged_attention_cpu_avx512*.hpp
+//   PAGEDSERVE_ISA_TARGET        the copy's GCC target string (undefined: the portable copy)
+//   PAGEDSERVE_ISA_AVX512        1: the intrinsic item kernels of avx512.hpp and avx512_item.hpp
 //   PAGEDSERVE_ISA_AVX512_BF16   1: their bf16 dot products (vdpbf16ps)
-// The portable and AVX2 copies are the same plain loops (`omp simd`), vectorized for the level.
-// Everything it needs from the standard library is included before the first pragma, so no
-// library code is compiled for one level and then shared with another.
+// The portable and AVX2 copies are the same plain loops (`omp simd`, loops.hpp), vectorized for
+// the level. Everything the kernels need from the standard library and the project's headers is
+// included before the target pragma, so no inline library code is compiled for one level and
+// then, being one symbol for the linker, shared with another.
+#pragma once
+
+#include "cpu/arch.hpp"
+
+#if PAGEDSERVE_X86  // the AVX-512 item kernels' intrinsics
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attention/levels.hpp"
+#include "pagedserve/cpu_features.hpp"
+#include "pagedserve/paged_attention.hpp"
+#include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
+
+#ifdef PAGEDSERVE_ISA_TARGET
+#pragma GCC push_options
+PAGEDSERVE_TARGET_PRAGMA(PAGEDSERVE_ISA_TARGET)
+#endif
 
 namespace pagedserve::PAGEDSERVE_ISA_NS {
 namespace {
@@ -46,7 +76,7 @@ inline float soft_cap(float s, float cap) {
 }
 
 #if PAGEDSERVE_ISA_AVX512
-#include "paged_attention_cpu_avx512.hpp"
+#include "attention/avx512.hpp"
 #endif
 
 constexpr int kChunk = 16;        // keys per vectorized score chunk (one AVX-512 register)
@@ -106,7 +136,7 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
     return items;
 }
 
-#include "paged_attention_cpu_portable.hpp"
+#include "attention/loops.hpp"
 
 template <typename T>
 void prefetch_tile(const T* p, std::int64_t elements) {
@@ -292,7 +322,7 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 }
 
 #if PAGEDSERVE_ISA_AVX512
-#include "paged_attention_cpu_avx512_item.hpp"
+#include "attention/avx512_item.hpp"
 #endif
 
 // The AVX-512 item kernels take head sizes that are multiples of 32; the rest stay portable.
@@ -348,3 +378,7 @@ void attention(const AttentionArgs& args, int num_threads) {
 }
 
 }  // namespace pagedserve::PAGEDSERVE_ISA_NS
+
+#ifdef PAGEDSERVE_ISA_TARGET
+#pragma GCC pop_options
+#endif

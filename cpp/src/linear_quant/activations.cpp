@@ -1,8 +1,8 @@
-// The per-row int8 activations of the quantized linear kernels (linear_quant_layout.hpp): per 32
+// The per-row int8 activations of the quantized linear kernels (linear_quant/layout.hpp): per 32
 // features d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), with the fp32 sums
 // d * sum(q) per 16 and per 32 features. AVX-512 and AVX2 paths (by the ISA level) and a plain
 // loop elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
-#include "arch.hpp"
+#include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // the AVX-512 and AVX2 rows' intrinsics
 #include <immintrin.h>
@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "linear_quant_layout.hpp"
+#include "linear_quant/layout.hpp"
 #include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::quant_detail {

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "arch.hpp"
+#include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // CPUID exists only on x86
 #include <cpuid.h>

@@ -1,6 +1,6 @@
-// AVX-512 work-item driver of the CPU paged attention: included by paged_attention_cpu_impl.hpp
+// AVX-512 work-item driver of the CPU paged attention: included by attention/kernels.hpp
 // inside its anonymous namespace (AVX-512 copies only), after the portable kernels (whose Scratch, horizons, softmax_rows,
-// load_queries and finish_item it shares) and the micro-kernels of paged_attention_cpu_avx512.hpp.
+// load_queries and finish_item it shares) and the micro-kernels of attention/avx512.hpp.
 //
 // Keys are transposed in registers into sc.k_t once per block, then up to 4 query vectors x 64
 // keys per micro-kernel call; each score is one lane's dot product summed over head_size in

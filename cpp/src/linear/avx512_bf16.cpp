@@ -1,13 +1,13 @@
 // CPU bf16 linear layers with AVX512-BF16 (see linear.hpp), on the shared driver of
-// linear_cpu_driver.hpp: per pair of input features, 2 weight loads feed 16 dot-product
+// linear/driver.hpp: per pair of input features, 2 weight loads feed 16 dot-product
 // instructions of an 8 x 32 micro-tile; bias, residual and output rows are bf16 (fp32 logits
 // optional).
 #include <cstring>
 #include <stdexcept>
 
-#include "arch.hpp"
-#include "linear_cpu_amx.hpp"
-#include "linear_cpu_driver.hpp"
+#include "cpu/arch.hpp"
+#include "linear/amx.hpp"
+#include "linear/driver.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {

@@ -1,5 +1,5 @@
 // Portable score, softmax and value kernels of the CPU paged attention: included by
-// paged_attention_cpu_impl.hpp inside its anonymous namespace (after Scratch and
+// attention/kernels.hpp inside its anonymous namespace (after Scratch and
 // exp_nonpositive), in every ISA level's copy.
 // Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
 

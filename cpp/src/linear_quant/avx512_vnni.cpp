@@ -1,17 +1,18 @@
-// Quantized linear layers (linear_quant.hpp): the AVX512-VNNI kernel on the shared linear
-// driver (linear_cpu_driver.hpp: threads over 32-column tiles, L2 panels, prefetch, the bias /
-// residual / fp32-logits / SiLU-gated epilogue), the run-time choice of path, and the entry.
-#include <cstring>
-#include <stdexcept>
-#include <vector>
+// The AVX512-VNNI path of the quantized linear kernel (kernels.hpp has the table of paths): the
+// packed blocks' u8 values times the int8 activations by vpdpbusd on the shared linear driver
+// (linear/driver.hpp: threads over 32-column tiles, L2 panels, prefetch, the bias / residual /
+// fp32-logits / SiLU-gated epilogue), or, from amx_from_rows rows, on AMX-INT8 tiles (amx.hpp).
+// At ISA level avx512 (no AVX512-BF16) bf16 outputs are rounded by integer operations: the same
+// bits as vcvtneps2bf16 at avx512_bf16, where the dequant-bf16 alternative also runs.
+#include "cpu/arch.hpp"
 
-#include "arch.hpp"
-#include "linear_cpu_driver.hpp"
-#include "linear_quant_amx.hpp"
-#include "linear_quant_avx2.hpp"
-#include "linear_quant_layout.hpp"
-#include "linear_quant_portable.hpp"
-#include "pagedserve/linear_quant.hpp"
+#if PAGEDSERVE_X86  // AVX-512 intrinsics: elsewhere quant_linear never takes this path
+#include <cstring>
+
+#include "linear/driver.hpp"
+#include "linear_quant/amx.hpp"
+#include "linear_quant/kernels.hpp"
+#include "linear_quant/layout.hpp"
 
 #define PAGEDSERVE_QUANT_TARGET \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
@@ -20,25 +21,10 @@
 // a batched Q4_1 product ran 5-27 % slower through memory.
 #define PAGEDSERVE_QUANT_INLINE inline __attribute__((always_inline))
 
-namespace pagedserve {
+namespace pagedserve::quant_detail {
 namespace {
 
 using namespace linear_detail;
-using quant_detail::ActivationRow;
-using quant_detail::Format;
-using quant_detail::kBlockK;
-
-// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
-// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
-bool vnni_supported() {
-    return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
-}
-
-bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
-
-// The kernels (AVX-512 intrinsics, AMX-INT8 tiles) exist only on x86: elsewhere cpu_isa() is
-// portable, vnni_supported() false, and quant_linear runs the portable loops.
-#if PAGEDSERVE_X86
 
 // The driver's view of one product: x's dtype T (bf16 bits or fp32), weights of kBits bits in
 // groups of kGroup features.
@@ -267,7 +253,7 @@ QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int6
     return t;
 }
 
-// Kernel K on the VNNI micro-tiles, or on AMX-INT8 tiles (same bits: linear_quant_amx.hpp).
+// Kernel K on the VNNI micro-tiles, or on AMX-INT8 tiles (same bits: linear_quant/amx.hpp).
 template <typename K>
 void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
     if (!tiles) return run_linear<K>(a, num_threads);
@@ -314,48 +300,22 @@ void sum_rows(const QuantLinearArgs& a, std::uint8_t* out, std::int64_t row_byte
         }
     }
 }
-#endif  // PAGEDSERVE_X86
 
 }  // namespace
 
-const char* quant_linear_path() {
-    if (vnni_supported()) return "avx512-vnni";
-    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
+void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
+                              std::int64_t act_row_bytes, int num_threads, bool hardware_bf16) {
+    if (args.float32) return run_vnni<float>(args, acts, act_row_bytes, num_threads);
+    if (!hardware_bf16)
+        return run_vnni<std::uint16_t, false, false>(args, acts, act_row_bytes, num_threads);
+    run_vnni<std::uint16_t>(args, acts, act_row_bytes, num_threads);
 }
 
-bool quant_linear_amx_supported() { return vnni_supported() && hardware_bf16() && amx_usable(true); }
-
-void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
-    check_linear(quant_type_supported(args.ggml_type),
-                 "quant_linear: no kernel for ggml type " + std::to_string(args.ggml_type));
-    check_linear(args.k > 0 && args.k % quant_block_features(args.ggml_type) == 0,
-                 "quant_linear: k must be a multiple of the type's block size");
-    if (!check_linear_args(args, "quant_linear")) return;
-    check_linear(args.amx_from_rows >= 0, "quant_linear: amx_from_rows must be >= 0");
-    const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
-    // Per calling thread, grown to the largest call seen: a step calls this several times per
-    // layer, so the int8 rows are not allocated each time.
-    thread_local std::vector<std::uint8_t> acts;
-    if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
-    if (args.dequant_bf16) {
-        check_linear(vnni_supported() && hardware_bf16() && !args.float32 && !force_portable,
-                     "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
-#if PAGEDSERVE_X86  // elsewhere the check above has thrown
-        sum_rows(args, acts.data(), row_bytes);
-        return run_vnni<std::uint16_t, true>(args, acts.data(), row_bytes, std::max(1, num_threads));
-#endif
-    }
-    quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
-                                       acts.data(), num_threads, force_portable);
-    const int threads = std::max(1, num_threads);
-    if (force_portable || !cpu_isa_at_least(CpuIsa::kAvx2))
-        return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
-#if PAGEDSERVE_X86  // the vector paths (elsewhere cpu_isa() is portable: returned above)
-    if (!vnni_supported()) return quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
-    if (args.float32) return run_vnni<float>(args, acts.data(), row_bytes, threads);
-    if (!hardware_bf16()) return run_vnni<std::uint16_t, false, false>(args, acts.data(), row_bytes, threads);
-    run_vnni<std::uint16_t>(args, acts.data(), row_bytes, threads);
-#endif
+void quant_linear_dequant_bf16(const QuantLinearArgs& args, std::uint8_t* scratch,
+                               std::int64_t act_row_bytes, int num_threads) {
+    sum_rows(args, scratch, act_row_bytes);
+    run_vnni<std::uint16_t, true>(args, scratch, act_row_bytes, num_threads);
 }
 
-}  // namespace pagedserve
+}  // namespace pagedserve::quant_detail
+#endif  // PAGEDSERVE_X86

@@ -1,4 +1,4 @@
-// AVX-512 micro-kernels of the CPU paged attention (included by paged_attention_cpu_impl.hpp
+// AVX-512 micro-kernels of the CPU paged attention (included by attention/kernels.hpp
 // only, in its AVX-512 copies: PAGEDSERVE_ISA_AVX512). Head sizes are
 // compile-time multiples of 32 here; everything else keeps the portable loops.
 //

@@ -1,10 +1,10 @@
 // CPU paged attention: OpenMP over (request, KV head, query block) work items, one pass over the
 // request's pages per item with a streaming (online) softmax in fp32. All query heads of a GQA
 // group share an item, so each K/V page tile is loaded once per group.
-// The kernels (paged_attention_cpu_impl.hpp) are compiled once per ISA level and chosen at run
-// time by cpu_isa() (cpu_features.hpp): at avx512 and up, with a head size that is a multiple of
-// 32, items run the intrinsic kernels of paged_attention_cpu_avx512*.hpp (with vdpbf16ps at
-// avx512_bf16); everywhere else the portable loops serve: plain loops over head_size or a
+// The kernels (kernels.hpp) are compiled once per ISA level (a file per level, levels.hpp) and
+// chosen at run time by cpu_isa() (cpu_features.hpp): at avx512 and up, with a head size that is
+// a multiple of 32, items run the intrinsic kernels of avx512.hpp and avx512_item.hpp (with
+// vdpbf16ps at avx512_bf16); everywhere else the portable loops serve: plain loops over head_size or a
 // 16-key chunk that the compiler vectorizes (`omp simd`) for AVX2, or leaves to SSE2 at the
 // portable level. All keep fp32 scores, softmax and accumulators.
 //
@@ -17,59 +17,16 @@
 // Per-call options (AttentionArgs): sliding_window masks keys older than position - window + 1
 // (blocks wholly before every vector's window are skipped, the others masked per vector) and
 // logit_softcap caps the scaled scores with softcap * tanh(s / softcap) before the softmax.
-#include "arch.hpp"
-
-#if PAGEDSERVE_X86  // the AVX-512 item kernels' intrinsics
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <memory>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <vector>
 
+#include "attention/levels.hpp"
+#include "cpu/arch.hpp"
 #include "pagedserve/cpu_features.hpp"
 #include "pagedserve/paged_attention.hpp"
-#include "pagedserve/rows.hpp"  // Bf16, load_row, store_row
-
-// One copy of the kernels per ISA level (see paged_attention_cpu_impl.hpp).
-#define PAGEDSERVE_ISA_NS attention_portable
-#define PAGEDSERVE_ISA_AVX512 0
-#define PAGEDSERVE_ISA_AVX512_BF16 0
-#include "paged_attention_cpu_impl.hpp"
-#undef PAGEDSERVE_ISA_NS
-
-#if PAGEDSERVE_X86  // the x86 levels' copies: elsewhere only the portable one exists
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#define PAGEDSERVE_ISA_NS attention_avx2
-#include "paged_attention_cpu_impl.hpp"
-#undef PAGEDSERVE_ISA_NS
-#pragma GCC pop_options
-
-#undef PAGEDSERVE_ISA_AVX512
-#define PAGEDSERVE_ISA_AVX512 1
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
-#define PAGEDSERVE_ISA_NS attention_avx512
-#include "paged_attention_cpu_impl.hpp"
-#undef PAGEDSERVE_ISA_NS
-#pragma GCC pop_options
-
-#undef PAGEDSERVE_ISA_AVX512_BF16
-#define PAGEDSERVE_ISA_AVX512_BF16 1
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#define PAGEDSERVE_ISA_NS attention_avx512_bf16
-#include "paged_attention_cpu_impl.hpp"
-#undef PAGEDSERVE_ISA_NS
-#pragma GCC pop_options
-#endif  // PAGEDSERVE_X86
 
 namespace pagedserve {
 namespace {

@@ -1,5 +1,5 @@
 // The packed layout of linear_quant.hpp's weights and the per-row int8 activations, shared by
-// the packer (linear_quant_pack.cpp), the VNNI kernel and the portable one.
+// the packer (linear_quant/pack.cpp), the VNNI kernel and the portable one.
 //
 // Weight: [tile of 32 columns][block of 32 features] -> quant bytes, then scales, then mins.
 //   8-bit: byte [s][h][c][j] = u(column 16 h + c, feature 4 s + j), s < 8, h < 2, c < 16, j < 4:
@@ -13,7 +13,7 @@
 // block), sum16[k / 16] = d * sum(q over 16 features); the row is activation_row_bytes(k) long.
 #pragma once
 
-#include "arch.hpp"
+#include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // the AVX-512 kernels' view of the scales
 #include <immintrin.h>

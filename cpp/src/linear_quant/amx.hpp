@@ -1,5 +1,5 @@
-// AMX-INT8 tiles for the quantized linear kernel (linear_quant_cpu.cpp), on the shared driver
-// (linear_cpu_driver.hpp) and the tiles of linear_cpu_amx.hpp: an item's rows go 32 at a time
+// AMX-INT8 tiles for the quantized linear kernel (linear_quant/dispatch.cpp), on the shared driver
+// (linear/driver.hpp) and the tiles of linear/amx.hpp: an item's rows go 32 at a time
 // through a 2 x 2 block of 16 x 16 int32 accumulator tiles per 32-column weight tile.
 //
 // The packed weight is TDPBSUD's B operand as it is: a block's step s (4 features) of half tile
@@ -17,9 +17,9 @@
 
 #include <cstdint>
 
-#include "arch.hpp"
-#include "linear_cpu_amx.hpp"
-#include "linear_quant_layout.hpp"
+#include "cpu/arch.hpp"
+#include "linear/amx.hpp"
+#include "linear_quant/layout.hpp"
 
 #if PAGEDSERVE_X86  // AMX-INT8 tiles and the AVX-512 fold: x86 only
 namespace pagedserve::linear_detail {
@@ -34,7 +34,7 @@ inline TileConfig int8_block_config(std::int64_t rows, std::int64_t group) {
     return c;
 }
 
-// The driver's Item for quantized kernel K (linear_quant_cpu.cpp's QuantKernel) on Tiles.
+// The driver's Item for quantized kernel K (linear_quant/avx512_vnni.cpp's QuantKernel) on Tiles.
 template <typename K, typename Tiles>
 struct AmxQuantItems {
     using Args = typename K::Args;

@@ -1,4 +1,4 @@
-// The shared driver of the CPU linear kernels (linear_cpu.cpp: bf16, linear_cpu_f32.cpp: fp32;
+// The shared driver of the CPU linear kernels (linear/avx512_bf16.cpp: bf16, linear/avx512_f32.cpp: fp32;
 // see linear.hpp). Each thread owns an equal run of 32-column weight tiles and walks it in
 // L2-sized panels: for every 8 rows of a chunk of up to kChunkRows rows it sweeps the panel, so
 // the panel is read from memory once per chunk and each output row is written in one contiguous
@@ -14,10 +14,10 @@
 // `product<R>(args, row0, tile weights, Prefetch, acc)`, `load(p, mask)` (16 lanes of a bias or
 // residual row as fp32) and `store_row(args, row, col, v, mask)` (16 fp32 lanes into out).
 // run_linear's `Item` computes one item (rows x a panel of tiles): MicroTiles, the 8-row
-// micro-tiles above, unless the call runs on AMX tiles (linear_cpu_amx.hpp's AmxItems).
+// micro-tiles above, unless the call runs on AMX tiles (linear/amx.hpp's AmxItems).
 #pragma once
 
-#include "arch.hpp"
+#include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // the micro-tile driver's AVX-512 intrinsics
 #include <immintrin.h>
@@ -190,7 +190,7 @@ PAGEDSERVE_LINEAR_TARGET void run_item(const typename K::Args& a, std::int64_t r
 }
 
 // How an item's rows x tiles are computed: MicroTiles, 8 rows at a time in vector registers
-// (run_item above); the AMX kernel brings its own (linear_cpu_amx.hpp).
+// (run_item above); the AMX kernel brings its own (linear/amx.hpp).
 template <typename K>
 struct MicroTiles {
     PAGEDSERVE_LINEAR_TARGET static void run(const typename K::Args& a, std::int64_t row0,

@@ -1,5 +1,5 @@
-// AMX-BF16 tiles for the bf16 linear kernel (linear_cpu.cpp), on the driver's threads, shares
-// and panels (linear_cpu_driver.hpp): an item's rows go 32 at a time through a 2 x 2 block of
+// AMX-BF16 tiles for the bf16 linear kernel (linear/avx512_bf16.cpp), on the driver's threads, shares
+// and panels (linear/driver.hpp): an item's rows go 32 at a time through a 2 x 2 block of
 // 16 x 16 fp32 accumulator tiles per 32-column weight tile.
 //
 // The packed weight needs no second layout: TDPBF16PS's B operand is K/2 rows of N column pairs
@@ -31,8 +31,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "arch.hpp"
-#include "linear_cpu_driver.hpp"
+#include "cpu/arch.hpp"
+#include "linear/driver.hpp"
 #include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::linear_detail {
@@ -89,7 +89,7 @@ inline TileConfig block_config(std::int64_t rows) {
 }
 
 // The AMX instructions (Linux must have granted this process tile data: cpu_features()):
-// TDPBF16PS for the bf16 kernel, TDPBSUD for the quantized one (linear_quant_amx.hpp).
+// TDPBF16PS for the bf16 kernel, TDPBSUD for the quantized one (linear_quant/amx.hpp).
 // Inline assembly rather than the intrinsics: GCC 12's take the register as a macro token, not
 // a template argument.
 struct HardwareTiles {
@@ -260,7 +260,7 @@ void store_block(const typename K::Args& a, std::int64_t row0, std::int64_t rows
     });
 }
 
-// The driver's Item (see MicroTiles) for kernel K (linear_cpu.cpp's Bf16Kernel) on Tiles.
+// The driver's Item (see MicroTiles) for kernel K (linear/avx512_bf16.cpp's Bf16Kernel) on Tiles.
 template <typename K, typename Tiles>
 struct AmxItems {
     using Args = typename K::Args;

@@ -7,13 +7,13 @@
 // overflow: a 4-bit value times |q| <= 127, two per lane, over at most 8 steps is <= 30,480; an
 // 8-bit value goes in as its two nibbles, each summed so (u = lo + 16 hi, folded by vpmaddwd).
 //
-// Work items come from the shared driver (linear_cpu_driver.hpp: shares, take-over, panels);
+// Work items come from the shared driver (linear/driver.hpp: shares, take-over, panels);
 // within an item, R rows x one half tile (16 columns) at a time keep the int16 sums in registers
 // (4-bit: R = 4, 8 sums; 8-bit: R = 2, 8 sums), each group's fold updating fp32 accumulators in
 // L1, and the epilogue (bias, residual, SiLU-gated, bf16 or fp32) runs once per tile and row.
-#include "linear_quant_avx2.hpp"
+#include "linear_quant/kernels.hpp"
 
-#include "arch.hpp"
+#include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // AVX2 intrinsics: elsewhere quant_linear never takes this path
 #include <immintrin.h>
@@ -21,9 +21,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernel_math.hpp"
-#include "linear_cpu_driver.hpp"
-#include "linear_quant_layout.hpp"
+#include "cpu/kernel_math.hpp"
+#include "linear/driver.hpp"
+#include "linear_quant/layout.hpp"
 #include "pagedserve/linear.hpp"
 
 #define PAGEDSERVE_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -35,7 +35,7 @@ namespace {
 using linear_detail::PanelPrefetch;
 using linear_detail::Prefetch;
 
-// The driver's view of one product (linear_cpu_driver.hpp's K::Args).
+// The driver's view of one product (linear/driver.hpp's K::Args).
 struct Avx2Args {
     const QuantLinearArgs* q = nullptr;
     const std::uint8_t* packed = nullptr;
@@ -44,7 +44,7 @@ struct Avx2Args {
     std::int64_t act_row_bytes = 0;
 };
 
-// ---- vector math, operation for operation the AVX-512 driver's (kernel_math.hpp) ----
+// ---- vector math, operation for operation the AVX-512 driver's (cpu/kernel_math.hpp) ----
 
 // e^y as linear_detail::exp_ps; 2^i as two normal powers of two (equal to vscalefps's p * 2^i
 // except below 2^-125, where silu's 1 + e^-gate is 1 either way).
@@ -72,7 +72,7 @@ PAGEDSERVE_AVX2_TARGET inline __m256 silu_mul8(__m256 gate, __m256 up) {
     return _mm256_div_ps(_mm256_mul_ps(gate, up), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-// 8 fp32 lanes as 8 bf16 in vcvtneps2bf16's rounding (kernel_math.hpp).
+// 8 fp32 lanes as 8 bf16 in vcvtneps2bf16's rounding (cpu/kernel_math.hpp).
 PAGEDSERVE_AVX2_TARGET inline __m128i bf16_bits8(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i top = _mm256_srli_epi32(u, 16);
@@ -164,7 +164,7 @@ struct Avx2Kernel {
                 if constexpr (kSums == 2)
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sum[r][c][1], sixteens));
                 const ActivationRow row(act[r], a.k);
-                // fold_group's operations (linear_quant_layout.hpp), so its bits.
+                // fold_group's operations (linear_quant/layout.hpp), so its bits.
                 const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(row.d[b]));
                 float* const at = acc[r] + lane0;
                 __m256 out = _mm256_loadu_ps(at);

@@ -8,3 +8,8 @@
 #else
 #define PAGEDSERVE_X86 0
 #endif
+
+// PAGEDSERVE_TARGET_PRAGMA("avx2,fma"): `#pragma GCC target("avx2,fma")` from a macro's string, so
+// one kernels.hpp, included by a file per ISA level, can put itself under that level's target.
+#define PAGEDSERVE_PRAGMA(x) _Pragma(#x)
+#define PAGEDSERVE_TARGET_PRAGMA(isa) PAGEDSERVE_PRAGMA(GCC target(isa))

@@ -1,7 +1,7 @@
-// The portable path of linear_quant.hpp (see linear_quant_portable.hpp). Threads split the
+// The portable path of linear_quant.hpp (see linear_quant/kernels.hpp). Threads split the
 // 32-column tiles; each (row, column) is one fp32 accumulator over the groups in order, and the
-// epilogue rounds as the vector paths do (kernel_math.hpp): the same bits, SiLU-gated included.
-#include "linear_quant_portable.hpp"
+// epilogue rounds as the vector paths do (cpu/kernel_math.hpp): the same bits, SiLU-gated included.
+#include "linear_quant/kernels.hpp"
 
 #include <omp.h>
 
@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernel_math.hpp"
-#include "linear_quant_layout.hpp"
+#include "cpu/kernel_math.hpp"
+#include "linear_quant/layout.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve::quant_detail {

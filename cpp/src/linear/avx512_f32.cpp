@@ -1,10 +1,10 @@
 // CPU fp32 linear layers with AVX-512 (see linear.hpp), on the shared driver of
-// linear_cpu_driver.hpp: per input feature, 2 weight loads feed 16 FMAs of an 8 x 32 micro-tile,
+// linear/driver.hpp: per input feature, 2 weight loads feed 16 FMAs of an 8 x 32 micro-tile,
 // each output one FMA chain over k in order (batch invariance, issue 16); every row is fp32.
 #include <stdexcept>
 
-#include "arch.hpp"
-#include "linear_cpu_driver.hpp"
+#include "cpu/arch.hpp"
+#include "linear/driver.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {

@@ -1,6 +1,6 @@
 // Scalar twins of the vector kernels' math, operation for operation, so that every ISA path of a
 // kernel rounds alike: the portable loops give the AVX2 and AVX-512 paths' bits.
-//   exp_like_kernels   linear_cpu_driver.hpp's exp_ps (Cody-Waite by ln 2, degree-7 Taylor,
+//   exp_like_kernels   linear/driver.hpp's exp_ps (Cody-Waite by ln 2, degree-7 Taylor,
 //                      then the power of two exactly, as vscalefps)
 //   silu_mul_like_kernels   gate * up / (1 + e^-gate), as silu_mul
 //   bf16_bits_like_vcvtneps2bf16   the SDM's vcvtneps2bf16: round to nearest even, zero and

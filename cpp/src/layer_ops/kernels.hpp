@@ -1,7 +1,30 @@
-// The fused layer ops (layer_ops_cpu.cpp has the overview), included once per ISA level by
-// layer_ops_cpu.cpp, each time in its own namespace (PAGEDSERVE_ISA_NS) under its own
-// `#pragma GCC target`: the same plain loops, vectorized for the level, the same float32 bits
-// (no contraction, explicit std::fma where torch fuses).
+// The fused layer ops (dispatch.cpp has the overview), included once per ISA level by that
+// level's file (portable.cpp, avx2.cpp, avx512.cpp), each time in its own namespace
+// (PAGEDSERVE_ISA_NS) under its own target (PAGEDSERVE_ISA_TARGET; undefined: portable): the same
+// plain loops, vectorized for the level, the same float32 bits (no contraction, explicit std::fma
+// where torch fuses). The headers come before the target pragma (see attention/kernels.hpp).
+#pragma once
+
+// GCC contracts a * b + c into an FMA under -std=gnu++17; torch's kernels round each step. Set
+// before the includes, so that inline helpers share the option and can still be inlined.
+#pragma GCC optimize("fp-contract=off")
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu/arch.hpp"
+#include "layer_ops/levels.hpp"
+#include "pagedserve/cpu_features.hpp"
+#include "pagedserve/layer_ops.hpp"
+#include "pagedserve/rows.hpp"
+
+#ifdef PAGEDSERVE_ISA_TARGET
+#pragma GCC push_options
+PAGEDSERVE_TARGET_PRAGMA(PAGEDSERVE_ISA_TARGET)
+#endif
 
 namespace pagedserve::PAGEDSERVE_ISA_NS {
 namespace {
@@ -222,3 +245,7 @@ void silu_and_mul(RowView out, RowView gate_up, std::int64_t num_rows,
 }
 
 }  // namespace pagedserve::PAGEDSERVE_ISA_NS
+
+#ifdef PAGEDSERVE_ISA_TARGET
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,72 @@
+// Quantized linear layers (linear_quant.hpp): the entry, its checks, and the run-time choice among
+// the paths of kernels.hpp (one file per ISA level) by cpu_isa().
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/arch.hpp"
+#include "linear/amx.hpp"
+#include "linear/driver.hpp"
+#include "linear_quant/kernels.hpp"
+#include "linear_quant/layout.hpp"
+#include "pagedserve/cpu_features.hpp"
+#include "pagedserve/linear_quant.hpp"
+
+namespace pagedserve {
+namespace {
+
+using linear_detail::amx_usable;
+using linear_detail::check_linear;
+using linear_detail::check_linear_args;
+
+// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
+// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
+bool vnni_supported() {
+    return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
+}
+
+bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
+
+}  // namespace
+
+const char* quant_linear_path() {
+    if (vnni_supported()) return "avx512-vnni";
+    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
+}
+
+bool quant_linear_amx_supported() { return vnni_supported() && hardware_bf16() && amx_usable(true); }
+
+void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_portable) {
+    check_linear(quant_type_supported(args.ggml_type),
+                 "quant_linear: no kernel for ggml type " + std::to_string(args.ggml_type));
+    check_linear(args.k > 0 && args.k % quant_block_features(args.ggml_type) == 0,
+                 "quant_linear: k must be a multiple of the type's block size");
+    if (!check_linear_args(args, "quant_linear")) return;
+    check_linear(args.amx_from_rows >= 0, "quant_linear: amx_from_rows must be >= 0");
+    const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
+    // Per calling thread, grown to the largest call seen: a step calls this several times per
+    // layer, so the int8 rows are not allocated each time.
+    thread_local std::vector<std::uint8_t> acts;
+    if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
+    if (args.dequant_bf16) {
+        check_linear(vnni_supported() && hardware_bf16() && !args.float32 && !force_portable,
+                     "quant_linear: dequant_bf16 needs bf16 x on an AVX512-BF16 CPU");
+#if PAGEDSERVE_X86  // elsewhere the check above has thrown
+        return quant_detail::quant_linear_dequant_bf16(args, acts.data(), row_bytes,
+                                                       std::max(1, num_threads));
+#endif
+    }
+    quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
+                                       acts.data(), num_threads, force_portable);
+    const int threads = std::max(1, num_threads);
+    if (force_portable || !cpu_isa_at_least(CpuIsa::kAvx2))
+        return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
+#if PAGEDSERVE_X86  // the vector paths (elsewhere cpu_isa() is portable: returned above)
+    if (!vnni_supported())
+        return quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
+    quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, threads, hardware_bf16());
+#endif
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,36 @@
+// The quantized linear kernel's paths, one file per ISA level, all on the same packed blocks
+// (layout.hpp, pack.cpp) and int8 activation rows (activations.cpp), and all giving the same bits
+// (int32 group sums, then fp32 FMAs over the groups in order; epilogue rounding from
+// cpu/kernel_math.hpp). dispatch.cpp (quant_linear, linear_quant.hpp) picks one by cpu_isa():
+//
+//   level                     file              how the int8 dot products are summed
+//   portable                  portable.cpp      plain loops
+//   avx2 (or avx512, no VNNI) avx2.cpp          vpmaddubsw pairs in int16, vpmaddwd to int32
+//   avx512 + AVX512-VNNI      avx512_vnni.cpp   vpdpbusd; bf16 outputs rounded by integer ops
+//   avx512_bf16               avx512_vnni.cpp   vpdpbusd; vcvtneps2bf16; the dequant-bf16 option
+//   amx                       amx.hpp           AMX-INT8 tiles (from amx_from_rows rows)
+//
+// A new ISA level adds a file here with one entry below and one line in dispatch.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedserve/linear_quant.hpp"
+
+namespace pagedserve::quant_detail {
+
+// Each takes the int8 activation rows of quantize_activations (act_row_bytes apart) and writes
+// args.out. The vector entries are defined on x86 only.
+void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts,
+                           std::int64_t act_row_bytes, int num_threads);
+void quant_linear_avx2(const QuantLinearArgs& args, const std::uint8_t* acts,
+                       std::int64_t act_row_bytes, int num_threads);
+// hardware_bf16: the CPU has AVX512-BF16 (bf16 outputs by vcvtneps2bf16, AMX tiles allowed).
+void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
+                              std::int64_t act_row_bytes, int num_threads, bool hardware_bf16);
+// The measured alternative to int8 activations: weights widened to bf16 in registers, AVX512-BF16
+// dot products with bf16 x (sums: the per-row scratch, act_row_bytes apart).
+void quant_linear_dequant_bf16(const QuantLinearArgs& args, std::uint8_t* scratch,
+                               std::int64_t act_row_bytes, int num_threads);
+
+}  // namespace pagedserve::quant_detail
