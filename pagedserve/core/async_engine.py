@@ -24,6 +24,7 @@ from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
+from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class OutputStream:
 class _Add:
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
 
 
 @dataclass
@@ -159,9 +160,10 @@ class AsyncEngine:
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if self._errored is not None:
             raise EngineDeadError(self._errored)
+        if not self.engine.can_generate:
+            raise ValueError("this model has no LM head: it serves embeddings only")
         self.engine.resolve_max_tokens(num_prompt_tokens, params)
-        if self._stats.num_waiting + self._num_queued_adds >= self.max_waiting:
-            raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
+        self._check_queue()
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -173,6 +175,26 @@ class AsyncEngine:
         arriving together is counted one by one (no await between check and enqueue).
         """
         self.check_admission(len(prompt_token_ids), params)
+        return self._submit(request_id, prompt_token_ids, params)
+
+    def embed(
+        self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
+    ) -> OutputStream:
+        """Admits an embedding request now (as generate does); its last output carries the
+        vector."""
+        if self._errored is not None:
+            raise EngineDeadError(self._errored)
+        self.engine.check_pooling(len(prompt_token_ids), params)
+        self._check_queue()
+        return self._submit(request_id, prompt_token_ids, params)
+
+    def _check_queue(self) -> None:
+        if self._stats.num_waiting + self._num_queued_adds >= self.max_waiting:
+            raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
+
+    def _submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams
+    ) -> OutputStream:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop

@@ -16,6 +16,7 @@ DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
 CPU_ISAS = ("auto", "portable", "avx2", "avx512", "avx512_bf16", "amx")
+TASKS = ("auto", "generate", "embed")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,20 @@ class ModelConfig:
     the log says what the rest would gain. GGUF weights kept quantized always run their native
     kernels."""
 
+    task: str = "auto"
+    """What the model serves: generate (chat and completions) or embed (/v1/embeddings:
+    decoder-only embedders pooled as sentence-transformers' files or the GGUF's pooling_type
+    say, else last token, L2-normalized). auto: embed when the model says it is an embedder
+    (sentence-transformers' modules.json, a bare-backbone architecture such as Qwen3Model, a
+    GGUF pooling_type), else generate."""
+    matryoshka: bool | None = None
+    """Whether embedding requests may ask for fewer `dimensions` (Matryoshka truncation, then
+    renormalization). Default: as the model's config.json declares (is_matryoshka or
+    matryoshka_dimensions, as vLLM reads them)."""
+
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"cpu_linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
         if self.cpu_linear == "torch" and self.deterministic:

@@ -3,7 +3,9 @@
 A step is three named calls: `plan = scheduler.schedule()`, `result = model_runner.execute(...)`,
 `outputs = output_processor.process(plan, result)`. Tensors (the sampling batch, per-sequence
 generators) live in the model runner, token -> text -> output work in the output processor; this
-module holds admission and the request tables' life cycle. Everything here runs on the engine
+module holds admission and the request tables' life cycle. An embedding request (PoolingParams)
+is a prefill-only request through the same scheduler: it holds a seat and KV pages while its
+prompt runs, batches with every other request, and finishes in the step its prompt ends. Everything here runs on the engine
 thread (or the caller's, offline); AsyncEngine is the only bridge to asyncio.
 """
 
@@ -21,6 +23,7 @@ from pagedserve.core.errors import ContextLengthError, EngineDeadError
 from pagedserve.core.model_runner import PromptLogprobsSpec
 from pagedserve.core.output_processor import OutputProcessor
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
+from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
 from pagedserve.core.request import Request, Sequence
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.scheduler import StepPlan
@@ -56,6 +59,9 @@ class LLMEngine:
         self._finished_reasons = self.output_processor.finished_reasons
         self.grammars = GrammarCache(parts.tokenizer)
         """Compiled grammars; the server fills it off the event loop before adding a request."""
+        self.pooler = parts.pooler
+        """How embedding requests pool; None: the model serves none."""
+        self.can_generate = parts.can_generate
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -79,14 +85,37 @@ class LLMEngine:
             )
         return wanted
 
+    def check_pooling(self, num_prompt_tokens: int, params: PoolingParams) -> None:
+        """An embedding request's admission: ValueError (ContextLengthError for the length)
+        when the model serves no embeddings or the input cannot run."""
+        if self.pooler is None:
+            raise ValueError("this model is not an embedding model (it serves task generate)")
+        if num_prompt_tokens == 0:
+            raise ContextLengthError("the input is empty: give at least one token", "input")
+        if num_prompt_tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"the input has {num_prompt_tokens} tokens. Shorten it (or set "
+                "truncate_prompt_tokens).",
+                "input",
+            )
+        self.pooler.check_dimensions(params.dimensions)
+
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if isinstance(params, PoolingParams):
+            return self._add_pooling(request_id, prompt_token_ids, params)
+        if not self.can_generate:
+            raise ValueError("this model has no LM head: it serves embeddings only")
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
@@ -101,9 +130,22 @@ class LLMEngine:
             self._add_sequence(request)
         self._requests[request_id] = request
 
+    def _add_pooling(
+        self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
+    ) -> None:
+        self.check_pooling(len(prompt_token_ids), params)
+        metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
+        # One placeholder token "sampled" at the prompt's end: the scheduler's prefill-only
+        # request (the model runner pools instead; the token is never kept).
+        request = Request(request_id, list(prompt_token_ids), _PREFILL_ONLY, 1, metrics)
+        request.pooling = params
+        self._add_sequence(request)
+        self._requests[request_id] = request
+
     def _add_sequence(self, request: Request) -> None:
         index = request.num_children_added
         params = request.params
+        pooled = request.pooling is not None
         seq = Sequence(
             seq_id=next(self._seq_ids),
             index=index,
@@ -113,12 +155,15 @@ class LLMEngine:
                 stop=params.stop,
                 include_stop_str_in_output=params.include_stop_str_in_output,
                 skip_special_tokens=params.skip_special_tokens,
-                prompt_token_ids=request.prompt_token_ids,
+                prompt_token_ids=() if pooled else request.prompt_token_ids,
             ),
             grammar=GrammarState(request.grammar) if request.grammar is not None else None,
         )
-        # Prompt logprobs need every prompt token computed, so output 0 skips the cache.
+        # Prompt logprobs need every prompt token computed, so output 0 skips the cache; so do
+        # mean and cls pooling (the cache would skip the hidden states they sum or take).
         use_cache = not (index == 0 and params.prompt_logprobs is not None)
+        if pooled and self.pooler is not None and self.pooler.uses_every_token:
+            use_cache = False
         self.scheduler.add_request(
             seq.seq_id, request.prompt_token_ids, request.max_tokens, use_prefix_cache=use_cache
         )
@@ -194,9 +239,10 @@ class LLMEngine:
         self._note_scheduled(plan)
         try:
             sample_seqs, prompt_specs = self._sample_seqs(plan), self._prompt_specs(plan)
+            pooling_specs = self._pooling_specs(plan)
             if before_execute is not None:
                 before_execute()
-            result = self.model_runner.execute(plan, sample_seqs, prompt_specs)
+            result = self.model_runner.execute(plan, sample_seqs, prompt_specs, pooling_specs)
         except Exception as exc:  # a fault in one step fails that step's requests, not the server
             if self.model_runner.fault is not None:  # unless the tensor-parallel ranks are lost
                 raise EngineDeadError(self.model_runner.fault) from exc
@@ -218,8 +264,29 @@ class LLMEngine:
                 preempted.request.metrics.num_preemptions += 1
 
     def _sample_seqs(self, plan: StepPlan) -> list[Sequence]:
-        """The sequences that sample a token this step, in the plan's order."""
-        return [self._seqs[seq_id] for seq_id in plan.sample_seq_ids.tolist()]
+        """The sequences that sample a token this step, in the plan's order (embedding
+        requests pool instead)."""
+        seqs = (self._seqs[seq_id] for seq_id in plan.sample_seq_ids.tolist())
+        return [seq for seq in seqs if seq.request.pooling is None]
+
+    def _pooling_specs(self, plan: StepPlan) -> list[PoolingSpec]:
+        """The chunks of embedding requests in this step (last pooling needs only the final
+        one; mean and cls every one)."""
+        if self.pooler is None:
+            return []
+        every_chunk = self.pooler.uses_every_token
+        specs = []
+        for i, seq_id in enumerate(plan.seq_ids.tolist()):
+            request = self._seqs[seq_id].request
+            if request.pooling is None:
+                continue
+            start, num_rows = int(plan.num_computed_tokens[i]), int(plan.num_scheduled_tokens[i])
+            last = start + num_rows >= len(request.prompt_token_ids)
+            if last or every_chunk:
+                row_start = int(plan.query_start_loc[i])
+                dims = request.pooling.dimensions
+                specs.append(PoolingSpec(seq_id, row_start, num_rows, start, last, dims))
+        return specs
 
     def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
         specs = []
@@ -272,6 +339,9 @@ class LLMEngine:
 
     def all_request_ids(self) -> list[str]:
         return list(self._requests)
+
+
+_PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 def _num_unfinished(request: Request) -> int:

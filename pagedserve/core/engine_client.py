@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pagedserve.core.chat_template import ChatTemplate
     from pagedserve.core.outputs import EngineStats, RequestOutput
+    from pagedserve.core.pooling_params import PoolerConfig, PoolingParams
     from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
     from pagedserve.core.tokenizer import Tokenizer
 
@@ -39,6 +40,10 @@ class ModelInfo:
     weights: str = ""
     """What runs the weights, e.g. "Q4_1 x 210, Q8_0 x 1 kept quantized (native avx512-vnni)"
     or "bfloat16" (dequantized or unquantized)."""
+    task: str = "generate"
+    """What the model serves: "generate" or "embed" (ModelConfig.task, resolved)."""
+    pooler: PoolerConfig | None = None
+    """How an embedding model pools (None when the task is generate)."""
 
 
 class RequestStream(Protocol):
@@ -77,6 +82,13 @@ class EngineClient(Protocol):
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> RequestStream:
         """Admit the request and return the stream of its outputs."""
+
+    def embed(
+        self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
+    ) -> RequestStream:
+        """Admit an embedding request (prefill only); its one output carries `embedding`.
+        Raises ContextLengthError, QueueFullError, EngineDeadError, or ValueError when the
+        model serves no embeddings."""
 
     def compile_grammar(self, spec: StructuredOutputs) -> None:
         """Compile the spec's grammar where `generate` will find it (any thread; raises

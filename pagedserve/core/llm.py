@@ -18,6 +18,7 @@ from pagedserve.core.config import (
 )
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -77,13 +78,33 @@ class LLM:
         )
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params: give one, or one per prompt")
+        return self._run(self._add_all(prompt_list, params_list), use_tqdm)
+
+    def embed(
+        self,
+        inputs: Prompt | Sequence[Prompt],
+        *,
+        dimensions: int | None = None,
+        use_tqdm: bool = False,
+    ) -> list[list[float]]:
+        """The embedding of every input (texts are tokenized with the model's special tokens,
+        as sentence-transformers does), in input order; needs an embedding model (task
+        embed). The requests batch like any others."""
+        input_list = self._as_list(inputs)
+        params = [PoolingParams(dimensions=dimensions)] * len(input_list)
+        outputs = self._run(self._add_all(input_list, params), use_tqdm)
+        return [o.embedding for o in outputs if o.embedding is not None]
+
+    def _add_all(
+        self, prompts: list[Prompt], params: Sequence[SamplingParams | PoolingParams]
+    ) -> list[str]:
         ids = []
-        for prompt, p in zip(prompt_list, params_list, strict=True):
+        for prompt, p in zip(prompts, params, strict=True):
             request_id = f"offline-{next(self._ids)}"
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             self.engine.add_request(request_id, token_ids, p)
             ids.append(request_id)
-        return self._run(ids, use_tqdm)
+        return ids
 
     def chat(
         self,

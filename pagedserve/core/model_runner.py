@@ -4,14 +4,15 @@ The scheduler's plan arrays are numpy views; they become tensors here with one c
 (torch.from_numpy shares memory on the CPU, so the copy is the dtype cast or the upload). The
 sampling batch is built here from the sampling sequences, with each seeded sequence's own
 torch.Generator (kept here, keyed by seq_id, from `add_sequence` until `release`). What leaves
-is plain: token ids as numpy, logprobs as TokenLogprob.
+is plain: token ids as numpy, logprobs as TokenLogprob, embeddings as lists of floats (the
+Pooler pools the hidden states of embedding requests, core/pooler.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ from pagedserve.core.kv_cache import KVCacheSpec
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.outputs import TokenLogprob
+from pagedserve.core.pooler import Pooler
+from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
 from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.scheduler import StepPlan
@@ -48,6 +51,9 @@ class StepResult:
     """Per sampled row when any row asked (None for the rows that did not); None otherwise."""
     prompt_logprobs: dict[int, list[TokenLogprob]]
     """seq_id -> the logprobs of this step's prompt chunk (PromptLogprobsSpec.target_ids)."""
+    embeddings: dict[int, list[float]] = field(default_factory=dict)
+    """seq_id -> the vector of each embedding request whose prompt ended this step (its
+    entry in token_ids is a placeholder 0)."""
 
 
 class ModelRunner:
@@ -63,9 +69,14 @@ class ModelRunner:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         tp: TensorParallel | None = None,
+        pooler: PoolerConfig | None = None,
     ) -> None:
         """`arch` is the model's shape on this rank (model.arch: a rank's share of the heads
-        under tensor parallelism, whose KV cache holds its own heads only)."""
+        under tensor parallelism, whose KV cache holds its own heads only). `pooler`: how
+        embedding requests pool (None: the model serves none; never under tensor parallelism,
+        whose workers compute the logits of every sampled row)."""
+        assert pooler is None or tp is None, "embeddings run at tensor_parallel_size 1"
+        self.pooler = Pooler(pooler) if pooler is not None else None
         self.model = model
         self.tp = tp
         self.arch = arch
@@ -111,6 +122,8 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
         self._generators.pop(seq_id, None)
+        if self.pooler is not None:
+            self.pooler.release(seq_id)
 
     def _generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -123,20 +136,50 @@ class ModelRunner:
         plan: StepPlan,
         sample_seqs: list[Sequence],
         prompt_specs: list[PromptLogprobsSpec],
+        pooling_specs: list[PoolingSpec] | None = None,
     ) -> StepResult:
-        """`sample_seqs`: the sequences of plan.sample_seq_ids, in that order."""
+        """`sample_seqs`: the sequences of plan.sample_seq_ids that sample, in that order
+        (all of them but the embedding requests, whose chunks are `pooling_specs`)."""
         with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
             inputs = self._inputs(plan, prompt_specs)
             m = self.model
             hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-            logits = m.compute_logits(hidden[inputs.sample_rows])  # [num_sampled, vocab] fp32
+            embeddings = self._pool(hidden, pooling_specs or [])
+            sample_rows, keep = self._sampling_rows(plan, inputs.sample_rows, embeddings)
+            # [num_sampling, vocab] fp32; none at all in a step of embedding requests only
+            logits = m.compute_logits(hidden[sample_rows]) if sample_seqs else None
             prompt_logits = self._prompt_logits(hidden, prompt_specs)
-        sampled = self.sampler(logits, self._sampling_batch(sample_seqs))
+        token_ids = np.zeros(len(plan.sample_seq_ids), dtype=np.int32)
+        logprobs = None
+        if logits is not None:
+            sampled = self.sampler(logits, self._sampling_batch(sample_seqs))
+            token_ids[keep] = sampled.token_ids.numpy()
+            logprobs = _scatter(sampled.logprobs, keep, len(token_ids))
         return StepResult(
-            token_ids=sampled.token_ids.numpy().astype(np.int32),
-            logprobs=sampled.logprobs,
+            token_ids=token_ids,
+            logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs(prompt_logits, prompt_specs),
+            embeddings=embeddings,
         )
+
+    def _pool(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
+        if not specs:
+            return {}
+        if self.pooler is None:
+            raise ValueError("this model serves no embeddings (it has no pooler)")
+        return self.pooler(hidden, specs)
+
+    @staticmethod
+    def _sampling_rows(
+        plan: StepPlan, sample_rows: torch.Tensor, embeddings: dict[int, list[float]]
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The rows that sample (every sampled row but the embedding requests'), and their
+        indices among plan.sample_seq_ids."""
+        if not embeddings:
+            return sample_rows, np.arange(len(plan.sample_seq_ids))
+        seq_ids = plan.sample_seq_ids.tolist()
+        keep = np.array([i for i, s in enumerate(seq_ids) if s not in embeddings], dtype=np.int64)
+        return sample_rows[torch.from_numpy(keep).to(sample_rows.device)], keep
 
     def _collectives(self) -> contextlib.AbstractContextManager[None]:
         return self.tp.stepping() if self.tp is not None else contextlib.nullcontext()
@@ -224,3 +267,15 @@ class ModelRunner:
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         # A copy: the plan's (read-only) views are reused by the next schedule().
         return torch.tensor(array, dtype=dtype, device=self.device)
+
+
+def _scatter(
+    logprobs: list[TokenLogprob | None] | None, keep: np.ndarray, size: int
+) -> list[TokenLogprob | None] | None:
+    """Per-sampling-row logprobs laid out per entry of the plan's sample_seq_ids."""
+    if logprobs is None or len(keep) == size:
+        return logprobs
+    full: list[TokenLogprob | None] = [None] * size
+    for index, logprob in zip(keep.tolist(), logprobs, strict=True):
+        full[index] = logprob
+    return full

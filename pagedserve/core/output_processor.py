@@ -3,7 +3,8 @@
 For each sampled token: append it, detokenize, check the stops (EOS, stop token ids, stop
 strings, length), and emit one delta per touched request. It owns the table of live requests
 and their sequences; finishing a sequence frees its pages in the scheduler and its state in the
-model runner (`release`). n > 1: when output 0 has its first token (its prompt pages are then
+model runner (`release`). An embedding request finishes when its prompt has run: its vector
+comes with the step's result instead of a token. n > 1: when output 0 has its first token (its prompt pages are then
 filled and cached), the other outputs are queued here and the engine adds them at the start of
 its next step, so this phase never re-enters admission.
 """
@@ -61,7 +62,13 @@ class OutputProcessor:
         touched: dict[str, Request] = {}
         for i, seq_id in enumerate(plan.sample_seq_ids.tolist()):
             seq = self.seqs[seq_id]
-            self._append_token(seq, sampled[i], result.logprobs[i] if result.logprobs else None)
+            embedding = result.embeddings.get(seq_id)
+            if embedding is not None:
+                seq.request.embedding = embedding
+                self._finish(seq, "stop", None, flush=False)
+            else:
+                logprob = result.logprobs[i] if result.logprobs else None
+                self._append_token(seq, sampled[i], logprob)
             touched[seq.request.request_id] = seq.request
         return [self._emit(request) for request in touched.values()]
 
@@ -124,6 +131,7 @@ class OutputProcessor:
             request.prompt_logprobs_sent = True
         if request.finished:
             output.finished = True
+            output.embedding = request.embedding
             request.metrics.finished_time = time.monotonic()
             output.metrics = request.metrics
             self.requests.pop(request.request_id, None)

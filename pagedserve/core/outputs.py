@@ -83,6 +83,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     """Set when the engine failed the request (finish_reason 'error')."""
+    embedding: list[float] | None = None
+    """An embedding request's vector (on its one, finished output)."""
 
     def merge(self, later: RequestOutput) -> None:
         """Fold a later delta into this one (a consumer lagged behind the engine)."""
@@ -98,6 +100,7 @@ class RequestOutput:
         self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
         self.metrics = later.metrics or self.metrics
         self.error = later.error or self.error
+        self.embedding = later.embedding or self.embedding
 
 
 @dataclass

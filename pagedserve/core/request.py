@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pagedserve.core.outputs import CompletionOutput, RequestMetrics, TokenLogprob
+from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class Request:
     """How many of the n sequences have been handed to the scheduler so far."""
     grammar: CompiledGrammar | None = None
     """The compiled grammar its outputs follow (params.structured), shared by the n outputs."""
+    pooling: PoolingParams | None = None
+    """Set for an embedding request: prefill only, `params` is a placeholder (one token)."""
+    embedding: list[float] | None = None
+    """An embedding request's vector, once its prompt has run."""
 
     @property
     def finished(self) -> bool:

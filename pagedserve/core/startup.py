@@ -33,6 +33,7 @@ from pagedserve.core.models.linear_dispatch import (
     tiles_agree_with_avx512,
 )
 from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.pooling_config import resolve_pooler
 from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
@@ -41,6 +42,7 @@ from pagedserve.core.ops.attention import cpu_attention_path
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
 from pagedserve.core.ops.linear import amx_available
 from pagedserve.core.ops.linear_quant import quant_linear_path
+from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
 
@@ -63,6 +65,10 @@ class EngineParts:
     """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
     weights: str = ""
     """What runs the weights (ModelInfo.weights)."""
+    pooler: PoolerConfig | None = None
+    """How embedding requests pool (task embed); None: the model generates."""
+    can_generate: bool = True
+    """The model has an LM head (an embedding checkpoint may have none)."""
 
     @property
     def model_info(self) -> ModelInfo:
@@ -76,6 +82,8 @@ class EngineParts:
             device=str(self.model_runner.device),
             batch_invariant=self.batch_invariant,
             weights=self.weights,
+            task="embed" if self.pooler is not None else "generate",
+            pooler=self.pooler,
         )
 
 
@@ -135,6 +143,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
     attention = get_attention_backend(mc.attention_backend, mc.deterministic)
+    pooler = resolve_pooler(mc.task, resolved, read_arch(resolved).hidden_size, mc.matryoshka)
+    if pooler is not None and config.parallel.tensor_parallel_size > 1:
+        raise ValueError("task embed runs at tensor_parallel_size 1")
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
@@ -149,6 +160,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             group=tp.group if tp else None,
             quantization=mc.quantization,
             pack=False,
+            head_optional=pooler is not None,
         )
         linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
         weights = model.quantization or str(dtype).removeprefix("torch.")
@@ -177,6 +189,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         vocab_size=tokenizer.vocab_size,
         eos_token_ids=tokenizer.eos_token_ids,
         tp=tp,
+        pooler=pooler,
     )
     scheduler = Scheduler(
         num_pages=num_pages,
@@ -184,17 +197,20 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         max_num_seqs=sc.max_num_seqs,
         max_num_batched_tokens=sc.max_num_batched_tokens,
         max_prefill_tokens_while_decoding=sc.max_prefill_tokens_while_decoding,
-        max_model_len=max_model_len,
+        # An embedding request's prompt may fill the context: the placeholder token it
+        # "samples" (never computed, never in the KV cache) is the one beyond.
+        max_model_len=max_model_len + (pooler is not None),
         enable_prefix_caching=cc.enable_prefix_caching,
     )
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     invariant = tp is None and is_batch_invariant(model, attention, device)
     logger.info(
-        "model %s (%s) on %s in %s, weights: %s, tensor_parallel_size %d, attention %s, "
-        "%sbatch-invariant; %s",
+        "model %s (%s, task %s) on %s in %s, weights: %s, tensor_parallel_size %d, "
+        "attention %s, %sbatch-invariant; %s",
         resolved.name,
         arch.architecture,
+        _describe_task(pooler),
         device,
         dtype,
         weights,
@@ -214,7 +230,16 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         layout,
         invariant,
         weights,
+        pooler,
+        model.has_lm_head,
     )
+
+
+def _describe_task(pooler: PoolerConfig | None) -> str:
+    if pooler is None:
+        return "generate"
+    normalized = ", normalized" if pooler.normalize else ""
+    return f"embed: {pooler.pooling} pooling{normalized}, {pooler.dimensions} dimensions"
 
 
 def pack_for_dispatch(

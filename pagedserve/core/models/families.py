@@ -203,7 +203,25 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# Encoder-only (BERT-family) model types: bidirectional attention and absolute positions, which
+# the paged decoder does not run; named so the refusal says what they are.
+ENCODER_ONLY = frozenset({
+    "bert", "roberta", "xlm-roberta", "distilbert", "deberta", "deberta-v2", "electra",
+    "mpnet", "nomic_bert", "new", "modernbert", "jina-bert-v2", "nomic-bert", "camembert",
+})  # fmt: skip
+
+
+def refuse_encoder_only(architecture: str) -> None:
+    if architecture.lower() in ENCODER_ONLY:
+        raise ValueError(
+            f"{architecture!r} is an encoder-only (BERT-family) model: pagedserve runs "
+            "decoder-only models, embedders included (e.g. Qwen3-Embedding, gte-Qwen2); "
+            "serve encoder-only embedders with sentence-transformers or text-embeddings-inference"
+        )
+
+
 def family(architecture: str) -> Family:
+    refuse_encoder_only(architecture)
     if architecture not in FAMILIES:
         raise ValueError(
             f"architecture {architecture!r} is not supported (supported: {', '.join(FAMILIES)})"

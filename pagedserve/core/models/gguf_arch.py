@@ -23,7 +23,7 @@ _COMMON_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
-    "rope.scaling.finetuned", "tensor_data_layout",
+    "rope.scaling.finetuned", "tensor_data_layout", "pooling_type",
 })  # fmt: skip
 _MOE_KEYS = frozenset({
     "expert_count", "expert_used_count", "expert_feed_forward_length",

@@ -190,6 +190,7 @@ class LlamaForCausalLM(nn.Module):
         self.amx_int8_from = 0  # and the quantized kernel AMX-INT8 tiles
         self.amx_tile_order = False  # bf16 steps below amx_from sum in the tiles' order
         self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
+        self.has_lm_head = True  # False: an embedding backbone's stand-in head (load_model)
 
     def tie_weights(self) -> None:
         weight = self.embed_tokens.weight

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 
 from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.families import refuse_encoder_only
 from pagedserve.core.models.gguf_arch import arch_fields
 
 Q = GGMLQuantizationType
@@ -161,6 +162,7 @@ def _experts(reader: GGUFReader, arch: str) -> dict[str, Any]:
 
 def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
     arch = _field(reader, "general.architecture")
+    refuse_encoder_only(str(arch))
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported "

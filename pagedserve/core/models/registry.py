@@ -87,6 +87,8 @@ def _layer_part(suffix: str) -> tuple[str, int, int] | None:
 
 
 def _target(hf_name: str, renames: dict[str, str]) -> tuple[str, int, int] | None:
+    if not hf_name.startswith(("model.", "lm_head.")):
+        hf_name = "model." + hf_name  # a bare backbone's checkpoint (Qwen3Model, embedders)
     if hf_name in _TOP_PARTS:
         return _TOP_PARTS[hf_name], 0, 1
     if hf_name.endswith(_IGNORED_SUFFIXES):
@@ -173,6 +175,7 @@ def load_model(
     group: TPGroup | None = None,
     quantization: str = "none",
     pack: bool = True,
+    head_optional: bool = False,
 ) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model in eval mode without gradients, weights in `dtype` on `device`.
 
@@ -184,6 +187,9 @@ def load_model(
     tensor-parallel shards are dequantized (the quantized layers are not sharded).
     pack=False leaves model.pack_weights() to the caller (startup.py, which first decides
     whether the weights stay unpacked too: models/linear_dispatch.py).
+    head_optional: an embedding checkpoint without lm_head.weight (a bare backbone) loads,
+    with model.has_lm_head False (the embeddings stand in, so the module stays whole; the
+    engine refuses to sample from it).
     """
     plan = None
     if quantization == "auto" and resolved.format == "gguf" and group is None:
@@ -215,8 +221,10 @@ def load_model(
     tied = arch.tie_word_embeddings and not (plan is not None and plan.keeps_lm_head)
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
-    if tied:
+    headless = head_optional and not tied and "lm_head.weight" not in state
+    if tied or headless:
         state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.has_lm_head = not headless
     model.load_state_dict(state, strict=True, assign=True)
     if tied:
         model.tie_weights()
