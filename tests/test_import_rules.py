@@ -12,7 +12,15 @@ import pytest
 import pagedserve
 
 PACKAGE = Path(pagedserve.__file__).parent
-STDLIB_ONLY = ["config", "sampling_params", "request", "outputs", "errors", "kv_cache"]
+STDLIB_ONLY = [
+    "config",
+    "sampling_params",
+    "pooling_params",
+    "request",
+    "outputs",
+    "errors",
+    "kv_cache",
+]
 NO_TORCH = [
     "scheduler",
     "kv_cache",

@@ -21,6 +21,7 @@ from pagedserve.core.outputs import (
     RequestOutput,
     TokenLogprob,
 )
+from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
 from pagedserve.core.tokenizer import Tokenizer, TokenizerMeta
 
@@ -130,6 +131,12 @@ class FakeEngine:
         self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)
         return FakeStream(self, request_id, self._outputs(request_id, prompt_token_ids, params))
+
+    def embed(
+        self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
+    ) -> FakeStream:
+        """The fake is a generation model: as AsyncEngine.embed on one, it refuses."""
+        raise ValueError(f"{self.model_info.name} is not an embedding model")
 
     def abort(self, request_id: str) -> None:
         if request_id in self.active:
