@@ -221,7 +221,12 @@ def load_model(
     tied = arch.tie_word_embeddings and not (plan is not None and plan.keeps_lm_head)
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
-    headless = head_optional and not tied and "lm_head.weight" not in state
+    headless = not tied and "lm_head.weight" not in state
+    if headless and not head_optional:
+        raise ValueError(
+            f"{resolved.name} has no LM head (lm_head.weight): a bare backbone such as "
+            "Qwen3Model cannot generate; serve it with task embed (--task embed)"
+        )
     if tied or headless:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.has_lm_head = not headless
