@@ -40,6 +40,13 @@ class ServerConfig:
     reasoning_parser: str = "auto"
     """Split <think>...</think> into reasoning_content: think (also deepseek_r1, qwen3), none,
     or auto: when the chat template writes </think>."""
+    response_store_size: int = 1000
+    """Most /v1/responses responses kept in memory for previous_response_id, GET, DELETE and
+    cancel (0: none). Per process; the least recently used goes first."""
+    response_store_mb: int = 256
+    """Most megabytes of stored responses' JSON (with their conversations)."""
+    response_store_ttl: float = 3600.0
+    """Seconds a stored response is kept after it was written."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -50,6 +57,10 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.graceful_timeout < 0:
             raise ValueError(f"graceful_timeout must be >= 0, got {self.graceful_timeout}")
+        if self.response_store_size < 0 or self.response_store_mb < 0:
+            raise ValueError("response_store_size and response_store_mb must be >= 0")
+        if self.response_store_ttl <= 0:
+            raise ValueError(f"response_store_ttl must be > 0, got {self.response_store_ttl}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(
                 f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"

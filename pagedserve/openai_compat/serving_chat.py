@@ -79,7 +79,7 @@ def chat_token_ids(
 
 
 @dataclass
-class _Prepared:
+class Prepared:
     prompt_ids: list[int]
     spec: StructuredOutputs | None
     output: OutputPlan
@@ -94,7 +94,7 @@ class ChatService:
         ctx = self.ctx
         ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
-        prep = await off_loop(chat_chars(req.messages), self._prepare, req)
+        prep = await off_loop(chat_chars(req.messages), self.prepare, req)
         await compile_off_loop(ctx.engine, prep.spec)
         top_k = (req.top_logprobs or 0) if req.logprobs else None
         skip = False if prep.keep_special_tokens else None
@@ -115,8 +115,9 @@ class ChatService:
         final = await until_disconnect(receive, collect([stream], ctx.metrics, "messages"))
         return JSONResponse(self._response(head, final[0], top_k, prep.output))
 
-    def _prepare(self, req: ChatCompletionRequest) -> _Prepared:
-        """Tools, constraint and prompt (a worker thread runs this for long conversations)."""
+    def prepare(self, req: ChatCompletionRequest) -> Prepared:
+        """Tools, constraint and prompt (a worker thread runs this for long conversations);
+        /v1/responses prepares its chat request here too."""
         ctx = self.ctx
         template = require_template(ctx)
         tools = plan_tools(req, template, ctx.tool_call_parser)
@@ -134,7 +135,7 @@ class ChatService:
         reasoning = spec is None and wants_reasoning(ctx.reasoning_parser, template.source)
         output = OutputPlan(reasoning, text, tools.parser, req.parallel_tool_calls is False)
         prompt_ids = ctx.engine.tokenizer.encode(text, add_special_tokens=False)
-        return _Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
+        return Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
 
     def _response(
         self, head: dict[str, Any], out: RequestOutput, top_k: int | None, plan: OutputPlan

@@ -1,0 +1,386 @@
+"""The request body of POST /v1/responses (OpenAI's Responses API), as pydantic models.
+
+The same rules as protocol.py: unknown fields are a 400 naming them, and OpenAI fields that
+pagedserve does not implement are declared and refused unless their value changes nothing.
+Input items are the shapes the SDKs send back, OpenAI's output items included (an output
+message, function call or reasoning item is a valid input item), so a client can replay a
+response's `output` as the next request's `input`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
+
+from pagedserve.openai_compat.protocol import FieldError, _no_nul, _Strict
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+def _tag(default: str, message: str) -> Any:
+    """A discriminator on `type` that reads dicts and models, with a default for dicts
+    without one (OpenAI's "easy" message has no type). Tags are bracketed: the error
+    envelope's `param` leaves them out of the field path."""
+
+    def read(value: Any) -> str:
+        if isinstance(value, dict):
+            kind = value.get("type", default)
+            return f"[{kind}]" if isinstance(kind, str) else "?"
+        return f"[{getattr(value, 'type', default)}]"
+
+    return Discriminator(read, custom_error_type="unsupported_kind", custom_error_message=message)
+
+
+def _other(known: tuple[str, ...]) -> Any:
+    """Like _tag, but every type outside `known` is tagged "other"."""
+
+    def read(value: Any) -> str:
+        if isinstance(value, str):
+            return "[mode]"
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return f"[{kind}]" if kind in known else "[other]"
+
+    return Discriminator(read)
+
+
+class InputText(_Strict):
+    type: Literal["input_text"]
+    text: Text
+
+
+class OutputText(_Strict):
+    type: Literal["output_text"]
+    text: Text
+    annotations: list[dict[str, Any]] | None = None
+    logprobs: list[dict[str, Any]] | None = None
+
+
+class Refusal(_Strict):
+    type: Literal["refusal"]
+    refusal: Text
+
+
+class MediaPart(BaseModel):
+    """Images, files and audio: declared so the error names them; this server reads text."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["input_image", "input_file", "input_audio"]
+
+    @model_validator(mode="after")
+    def _refuse(self) -> MediaPart:
+        raise FieldError("input", f"{self.type} content is not supported: the model reads text")
+
+
+def _json_type(value: Any) -> str:
+    return "[text]" if isinstance(value, str) else "[items]"
+
+
+# `str | list[...]` fields tagged by the value's JSON type, so errors come from the branch it
+# picks (a plain union would report the string branch's complaint about a list).
+_BY_JSON_TYPE = Discriminator(_json_type)
+
+
+ContentPart = Annotated[
+    Annotated[InputText, Tag("[input_text]")]
+    | Annotated[OutputText, Tag("[output_text]")]
+    | Annotated[Refusal, Tag("[refusal]")]
+    | Annotated[MediaPart, Tag("[input_image]")]
+    | Annotated[MediaPart, Tag("[input_file]")]
+    | Annotated[MediaPart, Tag("[input_audio]")],
+    _tag("?", "content parts are input_text, output_text or refusal"),
+]
+
+
+Content = Annotated[
+    Annotated[Text, Tag("[text]")] | Annotated[list[ContentPart], Tag("[items]")], _BY_JSON_TYPE
+]
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Content
+    id: str | None = None
+    status: ItemStatus | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class _CallItemFields(_Strict):
+    call_id: str = Field(min_length=1)
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallItem(_CallItemFields):
+    type: Literal["function_call"]
+    name: str = Field(min_length=1)
+    arguments: Text
+
+
+class FunctionCallOutputItem(_CallItemFields):
+    type: Literal["function_call_output"]
+    output: Content
+
+
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: Text
+
+
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: Text
+
+
+class ReasoningItem(_Strict):
+    """Earlier thinking: accepted and left out of the prompt (as chat's reasoning_content)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("[message]")]
+    | Annotated[FunctionCallItem, Tag("[function_call]")]
+    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
+    | Annotated[ReasoningItem, Tag("[reasoning]")],
+    _tag(
+        "message",
+        "items are message, function_call, function_call_output or reasoning (no other kind "
+        "is supported)",
+    ),
+]
+
+
+Input = Annotated[
+    Annotated[Text, Tag("[text]")] | Annotated[list[InputItem], Tag("[items]")], _BY_JSON_TYPE
+]
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class BuiltinTool(BaseModel):
+    """OpenAI's hosted tools (web_search, file_search, computer_use_preview, code_interpreter,
+    image_generation, mcp, ...): refused by name, never silently ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+
+    @model_validator(mode="after")
+    def _refuse(self) -> BuiltinTool:
+        raise FieldError(
+            "tools",
+            f"the built-in tool {self.type!r} is not supported by this server "
+            "(only function tools are)",
+        )
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("[function]")] | Annotated[BuiltinTool, Tag("[other]")],
+    _other(("function",)),
+]
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class ToolChoiceAllowed(_Strict):
+    """Restrict the tools to a subset: `mode` auto or required over those named."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[ToolChoiceFunction] = Field(min_length=1)
+
+
+class ToolChoiceBuiltin(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+
+    @model_validator(mode="after")
+    def _refuse(self) -> ToolChoiceBuiltin:
+        raise FieldError(
+            "tool_choice", f"tool_choice {self.type!r} is not supported (only function tools are)"
+        )
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("[mode]")]
+    | Annotated[ToolChoiceFunction, Tag("[function]")]
+    | Annotated[ToolChoiceAllowed, Tag("[allowed_tools]")]
+    | Annotated[ToolChoiceBuiltin, Tag("[other]")],
+    _other(("function", "allowed_tools", "mode")),
+]
+
+
+class TextFormatText(_Strict):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(_Strict):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    type: Literal["json_schema"]
+    name: str = Field(min_length=1, max_length=64)
+    json_schema: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = Annotated[
+    TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")
+]
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """A style hint: accepted, and changes nothing here."""
+
+
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """"none" turns thinking off in templates that read `enable_thinking`; other levels change
+    nothing."""
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    """Any value: the reasoning item's summary repeats its whole text."""
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class StreamOptions(_Strict):
+    include_obfuscation: bool | None = None
+
+
+Includable = Literal[
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+]
+
+_RESPONSES_HARMLESS: dict[str, Callable[[Any], bool]] = {
+    "metadata": lambda v: True,
+    "prompt_cache_key": lambda v: True,
+    "safety_identifier": lambda v: True,
+    "service_tier": lambda v: v in (None, "auto", "default"),
+    "prompt_cache_retention": lambda v: True,
+    "prompt_cache_options": lambda v: True,
+    "stream_options": lambda v: True,
+    "top_logprobs": lambda v: v in (None, 0),
+    "prompt": lambda v: v is None,
+    "conversation": lambda v: v is None,
+    "context_management": lambda v: v is None,
+    "background_options": lambda v: v is None,
+    "moderation": lambda v: v is None,
+    "image": lambda v: v is None,
+    "access_programs": lambda v: v is None,
+    "max_tool_calls": lambda v: v is None,
+    # Asked for data this server never produces (logprobs, encrypted reasoning, hosted tools'
+    # results): there is nothing to include.
+    "include": lambda v: True,
+}
+
+
+def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return value
+    if len(value) > 16:
+        raise ValueError("at most 16 pairs")
+    if any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
+        raise ValueError("keys are at most 64 characters, values at most 512")
+    return value
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: Input | None = None
+    instructions: Text | None = None
+    """A system message before the input; not carried over by previous_response_id."""
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    tools: list[ResponsesTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    background: bool | None = False
+    metadata: Annotated[dict[str, str] | None, AfterValidator(_metadata)] = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    """"auto" is accepted; an input that does not fit is a 400 either way."""
+    include: list[Includable] | None = None
+    # Declared so the schema documents them; refused by refuse_unsupported.
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    stream_options: StreamOptions | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    prompt: dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = None
+    context_management: list[dict[str, Any]] | None = None
+    background_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    access_programs: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+
+    @model_validator(mode="after")
+    def refuse_unsupported(self) -> ResponsesRequest:
+        for name, accept in _RESPONSES_HARMLESS.items():
+            if not accept(getattr(self, name)):
+                raise FieldError(name, "is not supported by this server")
+        if self.background and self.store is False:
+            raise FieldError("background", "background responses need store (not false)")
+        if self.background and self.stream:
+            raise FieldError("background", "streamed background responses are not supported")
+        if self.input is None and self.previous_response_id is None:
+            raise FieldError("input", "is required (unless previous_response_id is given)")
+        return self
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as item dicts (a string is one user message)."""
+        if self.input is None:
+            return []
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return [item.model_dump(exclude_none=True, by_alias=True) for item in self.input]
+
+
+RESPONSES_REQUEST_MODELS: dict[str, type[BaseModel]] = {"/v1/responses": ResponsesRequest}
+"""The POST bodies of the Responses routes (used by /openapi.json)."""
