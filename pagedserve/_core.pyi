@@ -109,6 +109,8 @@ class StepPlan:
     @property
     def logits_indices(self) -> numpy.ndarray: ...
     @property
+    def num_draft_tokens(self) -> numpy.ndarray: ...
+    @property
     def max_pages(self) -> int: ...
     @property
     def max_query_len(self) -> int: ...
@@ -186,6 +188,14 @@ class Scheduler:
     def num_computed_tokens(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> int: ...
     def page_ids(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> list[int]: ...
     def ref_count(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> int: ...
+    def propose(
+        self,
+        seq_id: typing.SupportsInt | typing.SupportsIndex,
+        draft_token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+    ) -> None:
+        """
+        Draft tokens of a decoding sequence for the next schedule() only
+        """
     def schedule(self) -> StepPlan:
         """
         The next step's plan: a view of the scheduler's buffers, valid until the next schedule()
@@ -195,6 +205,7 @@ class Scheduler:
         self,
         step: typing.SupportsInt | typing.SupportsIndex,
         sampled_token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+        num_accepted: typing.Annotated[numpy.typing.ArrayLike, numpy.int32] | None = None,
     ) -> None: ...
     @property
     def has_unfinished(self) -> bool: ...

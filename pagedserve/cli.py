@@ -22,11 +22,13 @@ from pagedserve import __version__
 from pagedserve.core.config import (
     CPU_ISAS,
     CPU_LINEARS,
+    SPECULATIVE_METHODS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     field_docs,
 )
 from pagedserve.core.engine_client import EngineClient
@@ -71,6 +73,12 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (SchedulerConfig, "max_num_batched_tokens", {"type": int}),
     (SchedulerConfig, "max_prefill_tokens_while_decoding", {"type": int}),
     (SchedulerConfig, "max_waiting", {"type": int}),
+    (SpeculativeConfig, "speculative_method", {"choices": list(SPECULATIVE_METHODS)}),
+    (SpeculativeConfig, "num_speculative_tokens", {"type": int}),
+    (SpeculativeConfig, "ngram_max", {"type": int}),
+    (SpeculativeConfig, "ngram_min", {"type": int}),
+    (SpeculativeConfig, "speculative_model", {}),
+    (SpeculativeConfig, "speculative_max_batch", {"type": int}),
     # default None: the environment (_PARALLEL_ENV) fills what no flag gives, then the field.
     (ParallelConfig, "tensor_parallel_size", {"type": int, "default": None}),
     (ParallelConfig, "nnodes", {"type": int, "default": None}),
@@ -126,6 +134,7 @@ def configs_from_args(
         cache=CacheConfig(**pick(CacheConfig)),
         scheduler=SchedulerConfig(**pick(SchedulerConfig)),
         parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
+        speculative=SpeculativeConfig(**pick(SpeculativeConfig)),
     )
     return server, engine
 
@@ -155,7 +164,8 @@ def _announce(config: ServerConfig, engine: EngineClient) -> None:
     print(
         f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
         f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len}; "
-        f"{'' if model.batch_invariant else 'not '}batch-invariant; weights: {model.weights})",
+        f"{'' if model.batch_invariant else 'not '}batch-invariant; weights: {model.weights}; "
+        f"speculative decoding: {model.speculative})",
         file=sys.stderr,
         flush=True,
     )

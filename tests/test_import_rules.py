@@ -29,6 +29,9 @@ NO_TORCH = [
     "engine",
     "output_processor",
     "engine_client",
+    "spec_decode.ngram",
+    "spec_decode.speculator",
+    "spec_decode.verify",
 ]
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 

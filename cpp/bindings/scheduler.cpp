@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,7 @@ void bind_step_plan(py::module_& m) {
     def_array(plan, "input_ids", &StepPlan::input_ids, tokens);
     def_array(plan, "positions", &StepPlan::positions, tokens);
     def_array(plan, "slot_mapping", &StepPlan::slot_mapping, tokens);
+def_array(plan, "num_draft_tokens", &StepPlan::num_draft_tokens, reqs);
     def_array(plan, "logits_indices", &StepPlan::logits_indices, sampled);
     def_array(plan, "sample_seq_ids", &StepPlan::sample_seq_ids, sampled);
     def_array(plan, "preempted_seq_ids", &StepPlan::preempted_seq_ids,
@@ -116,12 +118,27 @@ void bind_scheduler(py::module_& m) {
              "The next step's plan: a view of the scheduler's buffers, valid until the next "
              "schedule()")
         .def(
-            "update",
-            [](Scheduler& s, int64_t step, const IntArray& sampled) {
-                if (sampled.ndim() != 1) throw py::value_error("sampled_token_ids must be 1-D");
-                s.update(step, sampled.data(), static_cast<int32_t>(sampled.shape(0)));
+            "propose",
+            [](Scheduler& s, int64_t seq_id, const IntArray& draft) {
+                if (draft.ndim() != 1) throw py::value_error("draft_token_ids must be 1-D");
+                s.propose(seq_id, draft.data(), static_cast<int32_t>(draft.shape(0)));
             },
-            py::arg("step"), py::arg("sampled_token_ids"))
+            py::arg("seq_id"), py::arg("draft_token_ids"),
+            "Draft tokens of a decoding sequence for the next schedule() only")
+        .def(
+            "update",
+            [](Scheduler& s, int64_t step, const IntArray& sampled,
+               const std::optional<IntArray>& accepted) {
+                if (sampled.ndim() != 1) throw py::value_error("sampled_token_ids must be 1-D");
+                const int32_t* counts = nullptr;
+                if (accepted.has_value()) {
+                    if (accepted->ndim() != 1 || accepted->shape(0) != s.last_plan().num_reqs)
+                        throw py::value_error("num_accepted must have one entry per plan row");
+                    counts = accepted->data();
+                }
+                s.update(step, sampled.data(), static_cast<int32_t>(sampled.shape(0)), counts);
+            },
+            py::arg("step"), py::arg("sampled_token_ids"), py::arg("num_accepted") = py::none())
         .def("finish", &Scheduler::finish, py::arg("seq_id"))
         .def("abort", &Scheduler::abort, py::arg("seq_id"))
         .def_property_readonly("num_running", &Scheduler::num_running)

@@ -36,6 +36,9 @@ struct Sequence {
     int32_t reg_parent = PageAllocator::kNoPage;
     uint32_t reg_parent_generation = 0;
     bool reg_broken = false;
+    // Speculative decoding: draft tokens proposed for the plan of step draft_step only.
+    std::vector<int32_t> draft;
+    int64_t draft_step = -1;
 
     int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
     // All max_tokens are out: it waits for the engine's finish() and is never scheduled again.
@@ -67,8 +70,10 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     plan_.num_computed_tokens.resize(seqs);
     plan_.seq_lens.resize(seqs);
     plan_.query_start_loc.resize(seqs + 1);
-    plan_.logits_indices.resize(seqs);
-    plan_.sample_seq_ids.resize(seqs);
+    plan_.num_draft_tokens.resize(seqs);
+    // Verification chunks sample at every draft position: up to one logits row per token.
+    plan_.logits_indices.resize(std::max(seqs, tokens));
+    plan_.sample_seq_ids.resize(std::max(seqs, tokens));
     plan_.input_ids.resize(tokens);
     plan_.positions.resize(tokens);
     plan_.slot_mapping.resize(tokens);
@@ -138,6 +143,17 @@ SchedulerStats Scheduler::stats() const {
                           allocator_.num_free_pages(),   allocator_.num_cached_pages(),
                           allocator_.num_used_pages(),   c.query_tokens,
                           c.hit_tokens,                  num_preemptions_};
+}
+
+void Scheduler::propose(int64_t seq_id, const int32_t* draft_token_ids,
+                        int32_t num_draft_tokens) {
+    auto it = sequences_.find(seq_id);
+    if (it == sequences_.end()) return;
+    for (int32_t i = 0; i < num_draft_tokens; ++i)
+        if (draft_token_ids[i] < 0) throw std::invalid_argument("draft_token_ids must be >= 0");
+    Sequence& r = *it->second;
+    r.draft.assign(draft_token_ids, draft_token_ids + std::max(num_draft_tokens, 0));
+    r.draft_step = plan_.step + 1;
 }
 
 void Scheduler::finish(int64_t seq_id) { remove(seq_id); }
@@ -214,8 +230,10 @@ void Scheduler::schedule_running(StepBudget& budget) {
         if (r.length_done() || num_new <= 0) continue;
         // Only requests after i (not yet in the plan) or r itself can be preempted here.
         if (!ensure_pages(r, r.num_computed + num_new)) break;
-        emit(r, num_new);
-        budget.tokens -= num_new;
+        // Drafts take only what no later decode has reserved.
+        const int32_t num_draft = decode ? take_draft(r, budget.tokens - 1 - budget.decodes) : 0;
+        emit(r, num_new, num_draft);
+        budget.tokens -= num_new + num_draft;
         if (!decode) budget.prefill -= num_new;
     }
 }
@@ -291,17 +309,36 @@ bool Scheduler::try_admit(Sequence& r, int32_t budget) {
         r.reg_parent = r.pages[hits - 1];
         r.reg_parent_generation = allocator_.generation(r.reg_parent);
     }
-    emit(r, num_new);
+    emit(r, num_new, 0);
     return true;
 }
 
-void Scheduler::emit(Sequence& r, int32_t num_new) {
+int32_t Scheduler::take_draft(Sequence& r, int32_t room) {
+    if (r.draft_step != plan_.step || r.draft.empty()) return 0;
+    const int32_t page_size = config_.page_size;
+    // The target's own token after the accepted drafts must still fit in max_tokens.
+    const int32_t left = r.max_tokens - (r.num_tokens() - r.num_prompt_tokens) - 1;
+    int32_t n = std::min({static_cast<int32_t>(r.draft.size()), left, room});
+    if (n <= 0) return 0;
+    // Pages for the drafts come only from what is available: a draft never preempts.
+    const int32_t held = static_cast<int32_t>(r.pages.size());
+    const int32_t most = (held + allocator_.num_available_pages()) * page_size;
+    n = std::min(n, most - r.num_tokens());
+    if (n <= 0) return 0;
+    const int32_t need = ceil_div(r.num_tokens() + n, page_size) - held;
+    if (need > 0 && !allocator_.allocate(need, r.pages)) return 0;
+    return n;
+}
+
+void Scheduler::emit(Sequence& r, int32_t num_new, int32_t num_draft) {
     StepPlan& p = plan_;
     const int32_t row = p.num_reqs++;
     const int32_t computed = r.num_computed;
     const int32_t page_size = config_.page_size;
     plan_sequences_.push_back(&r);
     p.seq_ids[row] = r.seq_id;
+    p.num_draft_tokens[row] = num_draft;
+    num_new += num_draft;  // the drafts follow the known tokens (the chunk reaches their end)
     p.num_scheduled_tokens[row] = num_new;
     p.num_computed_tokens[row] = computed;
     p.seq_lens[row] = computed + num_new;
@@ -311,17 +348,20 @@ void Scheduler::emit(Sequence& r, int32_t num_new) {
     const int32_t* pages = r.pages.data();
     for (int32_t j = 0; j < num_new; ++j) {
         const int32_t position = computed + j;
-        ids[j] = r.token_ids[position];
+        ids[j] = position < r.num_tokens() ? r.token_ids[position]
+                                           : r.draft[position - r.num_tokens()];
         pos[j] = position;
         slots[j] = static_cast<int64_t>(pages[position / page_size]) * page_size +
                    position % page_size;
     }
     p.num_tokens += num_new;
     p.query_start_loc[row + 1] = p.num_tokens;
-    if (computed + num_new == r.num_tokens()) {  // the chunk reaches the end of known tokens
-        p.logits_indices[p.num_sampled] = p.num_tokens - 1;
-        p.sample_seq_ids[p.num_sampled] = r.seq_id;
-        ++p.num_sampled;
+    if (computed + num_new == r.num_tokens() + num_draft) {  // it reaches the known end
+        for (int32_t j = num_draft; j >= 0; --j) {  // the last known token, then each draft
+            p.logits_indices[p.num_sampled] = p.num_tokens - 1 - j;
+            p.sample_seq_ids[p.num_sampled] = r.seq_id;
+            ++p.num_sampled;
+        }
     }
     p.max_query_len = std::max(p.max_query_len, num_new);
     p.max_seq_len = std::max(p.max_seq_len, computed + num_new);
@@ -341,7 +381,8 @@ void Scheduler::finish_plan() {
     }
 }
 
-void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled) {
+void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled,
+                       const int32_t* num_accepted) {
     if (!plan_pending_ || step != plan_.step)
         throw std::invalid_argument("update() takes the plan of the last schedule(), once");
     if (num_sampled != plan_.num_sampled)
@@ -350,17 +391,59 @@ void Scheduler::update(int64_t step, const int32_t* sampled_token_ids, int32_t n
                                     std::to_string(plan_.num_sampled));
     for (int32_t k = 0; k < num_sampled; ++k)
         if (sampled_token_ids[k] < 0) throw std::invalid_argument("sampled_token_ids must be >= 0");
-    plan_pending_ = false;
+    // First every row's first logits entry and accepted drafts (-1: it does not sample), so
+    // that a bad num_accepted throws before anything changes.
+    first_logits_.assign(static_cast<size_t>(plan_.num_reqs), -1);
+    accepted_.assign(static_cast<size_t>(plan_.num_reqs), 0);
     int32_t k = 0;  // index into the sampled tokens, in row order like logits_indices
     for (int32_t row = 0; row < plan_.num_reqs; ++row) {
+        const int32_t last = k + plan_.num_draft_tokens[row];  // the row's last logits entry
+        if (last >= num_sampled || plan_.logits_indices[last] != plan_.query_start_loc[row + 1] - 1)
+            continue;
+        first_logits_[row] = k;
+        accepted_[row] = accept(*plan_sequences_[row], row, sampled_token_ids + k, num_accepted);
+        k = last + 1;
+    }
+    plan_pending_ = false;
+    for (int32_t row = 0; row < plan_.num_reqs; ++row) {
         Sequence& r = *plan_sequences_[row];
-        const bool samples = k < num_sampled && plan_.logits_indices[k] ==
-                                                    plan_.query_start_loc[row + 1] - 1;
-        const int32_t token = samples ? sampled_token_ids[k++] : 0;
         if (r.status != Status::kRunning) continue;  // finished or aborted since schedule()
-        r.num_computed += plan_.num_scheduled_tokens[row];
-        if (samples) r.token_ids.push_back(token);
+        if (first_logits_[row] < 0) {
+            r.num_computed += plan_.num_scheduled_tokens[row];
+        } else {
+            const int32_t* sampled = sampled_token_ids + first_logits_[row];
+            const int32_t accepted = accepted_[row];
+            const int32_t rejected = plan_.num_draft_tokens[row] - accepted;
+            r.num_computed += plan_.num_scheduled_tokens[row] - rejected;
+            r.token_ids.insert(r.token_ids.end(), sampled, sampled + accepted + 1);
+            if (rejected > 0) trim_pages(r);
+        }
         register_full_pages(r);
+    }
+}
+
+int32_t Scheduler::accept(Sequence& r, int32_t row, const int32_t* sampled,
+                          const int32_t* num_accepted) {
+    const int32_t num_draft = plan_.num_draft_tokens[row];
+    const int32_t* draft = plan_.input_ids.data() + plan_.query_start_loc[row + 1] - num_draft;
+    int32_t matching = 0;
+    while (matching < num_draft && sampled[matching] == draft[matching]) ++matching;
+    if (num_accepted == nullptr) return matching;
+    const int32_t accepted = num_accepted[row];
+    if (accepted < 0 || accepted > matching)
+        throw std::invalid_argument("num_accepted[" + std::to_string(row) + "] = " +
+                                    std::to_string(accepted) + " for seq_id " +
+                                    std::to_string(r.seq_id) + ": only " +
+                                    std::to_string(matching) + " drafts match the samples");
+    return accepted;
+}
+
+void Scheduler::trim_pages(Sequence& r) {
+    // Pages past the verified tokens held only rejected drafts' KV: back to the allocator.
+    const size_t keep = static_cast<size_t>(ceil_div(r.num_computed, config_.page_size));
+    while (r.pages.size() > keep) {
+        allocator_.release(r.pages.back());
+        r.pages.pop_back();
     }
 }
 

@@ -201,4 +201,61 @@ TEST(prefill_cap_is_checked) {
     CHECK_THROWS(std::invalid_argument, Scheduler(SchedulerConfig{8, 4, 4, 64, 32, false, -1}));
 }
 
+TEST(verification_chunk_keeps_accepted_prefix_and_frees_rejected_pages) {
+    // page_size 4: prompt of 3, one decode, then a draft of 5 that spills into two new pages.
+    Scheduler s(SchedulerConfig{16, 4, 4, 32, 64, true});
+    add(s, 1, iota_tokens(3), 20);
+    step(s, 50);  // prompt; 50 sampled -> 4 tokens, 3 computed
+    const std::vector<int32_t> draft{51, 52, 53, 54, 55};
+    s.propose(1, draft.data(), 5);
+    const StepPlan& p = s.schedule();
+    CHECK(p.num_reqs == 1 && p.num_tokens == 6 && p.num_draft_tokens[0] == 5);
+    CHECK(p.input_ids[0] == 50 && p.input_ids[1] == 51 && p.input_ids[5] == 55);
+    CHECK(p.positions[5] == 8 && p.seq_lens[0] == 9 && p.max_pages == 3);
+    CHECK(p.num_sampled == 6 && p.logits_indices[0] == 0 && p.logits_indices[5] == 5);
+    CHECK(p.sample_seq_ids[5] == 1);
+    // The target agrees with 51, 52, then says 90: two drafts kept, then 90.
+    const std::vector<int32_t> sampled{51, 52, 90, 1, 2, 3};
+    s.update(p.step, sampled.data(), 6);
+    CHECK(s.num_computed_tokens(1) == 6);  // 3 prompt + 50, 51, 52
+    CHECK(s.page_ids(1).size() == 2);     // the third page held only rejected drafts
+    const StepPlan& q = s.schedule();      // a plain decode of 90 at position 6
+    CHECK(q.num_tokens == 1 && q.input_ids[0] == 90 && q.positions[0] == 6);
+    CHECK(q.num_draft_tokens[0] == 0 && q.num_sampled == 1);
+    s.update(q.step, sampled.data(), 1);  // samples 51
+    // Only the verified page (tokens 1, 2, 3, 50) is cached: a new request hits one page.
+    std::vector<int32_t> prompt{1, 2, 3, 50, 51, 52, 90, 51, 7};
+    add(s, 2, prompt, 1);
+    const StepPlan& r = s.schedule();
+    CHECK(s.num_cached_tokens(2) == 4);
+    s.update(r.step, sampled.data(), r.num_sampled);
+}
+
+TEST(draft_is_cut_by_max_tokens_budget_and_explicit_acceptance) {
+    Scheduler s(SchedulerConfig{16, 4, 4, 6, 64, false});
+    add(s, 1, iota_tokens(3), 4);  // 4 tokens at most: after the first, 3 left
+    add(s, 2, iota_tokens(2, 10), 10);
+    step(s, 50);
+    const std::vector<int32_t> draft{51, 52, 53, 54, 55};
+    s.propose(1, draft.data(), 5);
+    s.propose(2, draft.data(), 5);
+    const StepPlan& p = s.schedule();
+    // seq 1: max_tokens leaves 2 drafts (its own token is the third); seq 2: the budget of 6
+    // leaves 6 - 3 - 1 = 2 after seq 1's chunk of 3 and its own token.
+    CHECK(p.num_draft_tokens[0] == 2 && p.num_draft_tokens[1] == 2 && p.num_tokens == 6);
+    CHECK(p.num_sampled == 6);
+    const std::vector<int32_t> sampled{51, 52, 60, 51, 9, 9};
+    const std::vector<int32_t> bad{2, 0};  // seq 1's samples match only 2 drafts: fine
+    const std::vector<int32_t> too_many{2, 2};  // seq 2 matches 1
+    CHECK_THROWS(std::invalid_argument, s.update(p.step, sampled.data(), 6, too_many.data()));
+    s.update(p.step, sampled.data(), 6, bad.data());
+    CHECK(s.num_computed_tokens(1) == 6 && s.num_computed_tokens(2) == 3);
+    // A draft counts for the next schedule() only.
+    s.propose(2, draft.data(), 5);
+    const StepPlan& used = step(s);
+    CHECK(used.num_reqs == 1 && used.num_draft_tokens[0] == 5);  // seq 1 is length-done
+    const StepPlan& q = s.schedule();
+    CHECK(q.num_reqs == 1 && q.num_draft_tokens[0] == 0);
+}
+
 int main() { return check::run_all_tests(); }

@@ -17,6 +17,7 @@ QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
 CPU_ISAS = ("auto", "portable", "avx2", "avx512", "avx512_bf16", "amx")
 TASKS = ("auto", "generate", "embed")
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -215,11 +216,64 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_method: str | None = None
+    """Speculative decoding: ngram (prompt lookup: the tokens that followed the last n tokens
+    where they occurred before in the request's own prompt and output) or draft (a small model
+    of the same tokenizer, --speculative-model); the target verifies the proposed tokens in one
+    forward and keeps exactly the tokens it would have produced. Default: off."""
+    num_speculative_tokens: int = 4
+    """Most tokens proposed per sequence and step (the scheduler gives fewer, or none, to a
+    sequence whose proposals are seldom accepted and to large batches)."""
+    ngram_max: int = 4
+    """ngram: the longest suffix matched (tried first)."""
+    ngram_min: int = 2
+    """ngram: the shortest suffix matched."""
+    speculative_model: str | None = None
+    """draft: the draft model (a local .gguf file or HF folder with the target's tokenizer)."""
+    speculative_max_batch: int = 8
+    """Most sequences in a step for which the engine still speculates: verification costs
+    compute for every proposed token, which a large batch has no room for (measured in
+    bench/RESULTS.md)."""
+
+    def __post_init__(self) -> None:
+        method = self.speculative_method
+        if method is not None and method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_method must be one of {SPECULATIVE_METHODS}, got {method!r}"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must be >= 1 and <= ngram_max ({self.ngram_max})"
+            )
+        if method == "draft" and not self.speculative_model:
+            raise ValueError("speculative_model: the draft method needs a model path")
+        if self.speculative_max_batch < 1:
+            raise ValueError(
+                f"speculative_max_batch must be >= 1, got {self.speculative_max_batch}"
+            )
+
+    def describe(self) -> str:
+        """The start-up line's words for it ("off" when off)."""
+        if self.speculative_method is None:
+            return "off"
+        k = self.num_speculative_tokens
+        if self.speculative_method == "ngram":
+            return f"ngram (n {self.ngram_max}..{self.ngram_min}, k {k})"
+        return f"draft {self.speculative_model} (k {k})"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 @cache

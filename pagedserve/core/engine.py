@@ -27,6 +27,7 @@ from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
 from pagedserve.core.request import Request, Sequence
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.spec_decode.speculator import Speculator
 from pagedserve.core.startup import EngineParts, build_engine_parts
 from pagedserve.core.structured import GrammarCache, GrammarState
 
@@ -38,15 +39,19 @@ class LLMEngine:
         self.config = config
         self.tokenizer = parts.tokenizer
         self.chat_template = parts.chat_template
-        self.model_info = parts.model_info
+        self.model_info = dataclasses.replace(
+            parts.model_info, speculative=config.speculative.describe()
+        )
         self.scheduler = parts.scheduler
         self.model_runner = parts.model_runner
         self.max_model_len = parts.max_model_len
+        self.speculator = _speculator(config, parts)
         self.output_processor = OutputProcessor(
             self.scheduler,
             eos_token_ids=parts.tokenizer.eos_token_ids,
             max_model_len=self.max_model_len,
-            release=self.model_runner.release,
+            release=self._release,
+            observe=self.speculator.observe if self.speculator is not None else None,
         )
         # The output processor's tables: it retires what finishes, the engine adds and aborts.
         self._requests = self.output_processor.requests
@@ -197,8 +202,14 @@ class LLMEngine:
             return
         for seq in request.seqs:
             self.scheduler.abort(seq.seq_id)
-            self.model_runner.release(seq.seq_id)
+            self._release(seq.seq_id)
             self._seqs.pop(seq.seq_id, None)
+
+    def _release(self, seq_id: int) -> None:
+        """A sequence is done: drop what the model runner and the speculator keep for it."""
+        self.model_runner.release(seq_id)
+        if self.speculator is not None:
+            self.speculator.release(seq_id)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -209,12 +220,16 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
+        spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             **dataclasses.asdict(scheduler.stats()),
             num_generated_tokens=self.output_processor.num_generated_tokens,
             finished_reasons=dict(self._finished_reasons),
+            spec_decode=dataclasses.replace(spec, accepted_per_pos=list(spec.accepted_per_pos))
+            if spec is not None
+            else None,
         )
 
     def on_fault(self, callback: Callable[[str], None]) -> None:
@@ -233,6 +248,8 @@ class LLMEngine:
         """One step; `before_execute` runs once the step is planned, just before the model
         does (AsyncEngine hands the previous step's outputs to the event loop there)."""
         self._add_queued_children()
+        if self.speculator is not None:
+            self.speculator.propose(self._seqs.values(), self.scheduler.num_running)
         plan = self.scheduler.schedule()
         if plan.num_reqs == 0:
             return []
@@ -342,6 +359,21 @@ class LLMEngine:
 
 
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def _speculator(config: EngineConfig, parts: EngineParts) -> Speculator | None:
+    spec = config.speculative
+    if spec.speculative_method is None:
+        return None
+    if spec.speculative_method != "ngram":
+        raise ValueError(f"speculative_method {spec.speculative_method!r} is not built yet")
+    return Speculator(spec, parts.scheduler.propose, _grammar_prefix)
+
+
+def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
+    """The part of a draft that the sequence's grammar accepts (structured output)."""
+    assert seq.grammar is not None
+    return draft[: seq.grammar.valid_prefix(draft)]
 
 
 def _num_unfinished(request: Request) -> int:

@@ -44,6 +44,8 @@ class ModelInfo:
     """What the model serves: "generate" or "embed" (ModelConfig.task, resolved)."""
     pooler: PoolerConfig | None = None
     """How an embedding model pools (None when the task is generate)."""
+    speculative: str = "off"
+    """Speculative decoding, as the start-up line names it (SpeculativeConfig.describe)."""
 
 
 class RequestStream(Protocol):

@@ -15,6 +15,7 @@ from pagedserve.core.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from pagedserve.core.engine import LLMEngine
 from pagedserve.core.outputs import RequestOutput
@@ -31,7 +32,8 @@ def _field_names(cls: type) -> set[str]:
 def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
     """Route each keyword to the config that owns the field; unknown keywords are an error."""
     parts: dict[type, dict[str, Any]] = {
-        cls: {} for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+        cls: {}
+        for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, SpeculativeConfig)
     }
     for key, value in kwargs.items():
         owner = next((cls for cls in parts if key in _field_names(cls)), None)
@@ -43,12 +45,14 @@ def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
         cache=CacheConfig(**parts[CacheConfig]),
         scheduler=SchedulerConfig(**parts[SchedulerConfig]),
         parallel=ParallelConfig(**parts[ParallelConfig]),
+        speculative=SpeculativeConfig(**parts[SpeculativeConfig]),
     )
 
 
 class LLM:
-    """Offline engine. Keywords are the fields of ModelConfig, CacheConfig, SchedulerConfig and
-    ParallelConfig (tensor_parallel_size=2 starts a worker process: close() stops it).
+    """Offline engine. Keywords are the fields of ModelConfig, CacheConfig, SchedulerConfig,
+    ParallelConfig and SpeculativeConfig (tensor_parallel_size=2 starts a worker process:
+    close() stops it).
 
     >>> llm = LLM(dtype="float32")                      # the bundled SmolLM2-135M-Instruct
     >>> llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text

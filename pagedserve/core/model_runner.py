@@ -2,10 +2,14 @@
 
 The scheduler's plan arrays are numpy views; they become tensors here with one copy each
 (torch.from_numpy shares memory on the CPU, so the copy is the dtype cast or the upload). The
-sampling batch is built here from the sampling sequences, with each seeded sequence's own
-torch.Generator (kept here, keyed by seq_id, from `add_sequence` until `release`). What leaves
-is plain: token ids as numpy, logprobs as TokenLogprob, embeddings as lists of floats (the
-Pooler pools the hidden states of embedding requests, core/pooler.py).
+sampling batch is built here from the sampling sequences. A seeded sequence draws the token at
+output position i from a torch.Generator seeded from (its seed, i) (the seed is kept here,
+keyed by seq_id, from `add_sequence` until `release`): its tokens then depend on nothing but
+the request, whatever the batch, preemptions or speculation did. A verification chunk's rows
+sample as the decode steps they stand for (spec_decode/verify.py), and the result says how many
+drafts each row keeps. What leaves is plain: token ids as numpy, logprobs as TokenLogprob,
+embeddings as lists of floats (the Pooler pools the hidden states of embedding requests,
+core/pooler.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
 from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.spec_decode.verify import Verification, num_accepted, verification
 
 
 @dataclass
@@ -46,7 +51,8 @@ class PromptLogprobsSpec:
 @dataclass
 class StepResult:
     token_ids: np.ndarray
-    """int32, one sampled token per entry of the plan's sample_seq_ids, in that order."""
+    """int32, one sampled token per entry of the plan's sample_seq_ids, in that order (a
+    verification chunk's entries: the target's token at each of its positions)."""
     logprobs: list[TokenLogprob | None] | None
     """Per sampled row when any row asked (None for the rows that did not); None otherwise."""
     prompt_logprobs: dict[int, list[TokenLogprob]]
@@ -54,6 +60,12 @@ class StepResult:
     embeddings: dict[int, list[float]] = field(default_factory=dict)
     """seq_id -> the vector of each embedding request whose prompt ended this step (its
     entry in token_ids is a placeholder 0)."""
+    num_accepted: np.ndarray | None = None
+    """int32 per plan row: the draft tokens each verification chunk keeps (None: no row of
+    the step had drafts)."""
+    verified: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """First logits entry of each verification chunk -> (its drafts, the drafts kept): its
+    entries first..first + kept are the tokens it emits."""
 
 
 class ModelRunner:
@@ -87,7 +99,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.sampler = Sampler()
-        self._generators: dict[int, torch.Generator] = {}
+        self._seeds: dict[int, int] = {}
         self._unseeded = torch.Generator(device=device)
         """Draws of the rows without a seed: one generator, seeded by `seed_unseeded`."""
         shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
@@ -110,9 +122,9 @@ class ModelRunner:
         )
 
     def add_sequence(self, seq_id: int, seed: int | None) -> None:
-        """A new sequence; a seeded one samples from its own generator, whatever the batch."""
+        """A new sequence; a seeded one samples from its own generators, whatever the batch."""
         if seed is not None:
-            self._generators[seq_id] = self._generator(seed)
+            self._seeds[seq_id] = seed
 
     def seed_unseeded(self, seed: int) -> None:
         """Seed the generator of unseeded rows (once, from --seed): the same requests in the
@@ -121,13 +133,14 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
-        self._generators.pop(seq_id, None)
+        self._seeds.pop(seq_id, None)
         if self.pooler is not None:
             self.pooler.release(seq_id)
 
-    def _generator(self, seed: int) -> torch.Generator:
+    def _generator(self, seed: int, position: int) -> torch.Generator:
+        """The draws of output position `position` of a sequence seeded `seed`."""
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed)
+        generator.manual_seed(_mix(seed, position))
         return generator
 
     @torch.inference_mode()
@@ -151,16 +164,22 @@ class ModelRunner:
             prompt_logits = self._prompt_logits(hidden, prompt_specs)
         token_ids = np.zeros(len(plan.sample_seq_ids), dtype=np.int32)
         logprobs = None
+        checks = verification(plan)
         if logits is not None:
-            sampled = self.sampler(logits, self._sampling_batch(sample_seqs))
+            batch = self._sampling_batch(sample_seqs, _prefixes(checks, keep))
+            sampled = self.sampler(logits, batch)
             token_ids[keep] = sampled.token_ids.numpy()
             logprobs = _scatter(sampled.logprobs, keep, len(token_ids))
-        return StepResult(
+        result = StepResult(
             token_ids=token_ids,
             logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs(prompt_logits, prompt_specs),
             embeddings=embeddings,
         )
+        if checks is not None:
+            result.num_accepted = accepted = num_accepted(plan, checks, token_ids)
+            result.verified = {first: (d, int(accepted[row])) for row, first, d in checks.groups}
+        return result
 
     def _pool(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
         if not specs:
@@ -211,17 +230,27 @@ class ModelRunner:
         if self.tp is not None:
             self.tp.close()
 
-    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+    def _sampling_batch(
+        self, seqs: list[Sequence], prefixes: list[list[int]] | None = None
+    ) -> SamplingBatch:
+        """One row per sampling entry; `prefixes` (aligned, for a step with verification
+        chunks): the drafts an entry's position comes after, as if already produced."""
         rows = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             request = seq.request
+            output: list[int] = seq.output_token_ids
+            drafts = prefixes[i] if prefixes is not None else []
+            if drafts:
+                output = output + drafts
+            seed = self._seeds.get(seq.seq_id)
             rows.append(
                 SamplingRow(
                     params=request.params,
                     prompt_token_ids=request.prompt_token_ids,
-                    output_token_ids=seq.output_token_ids,
-                    generator=self._generators.get(seq.seq_id),
+                    output_token_ids=output,
+                    generator=None if seed is None else self._generator(seed, len(output)),
                     grammar=seq.grammar,
+                    grammar_prefix=drafts,
                 )
             )
         return SamplingBatch.build(
@@ -267,6 +296,24 @@ class ModelRunner:
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         # A copy: the plan's (read-only) views are reused by the next schedule().
         return torch.tensor(array, dtype=dtype, device=self.device)
+
+
+def _mix(seed: int, position: int) -> int:
+    """A 64-bit generator seed from (seed, position): splitmix64's finalizer over both."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _prefixes(checks: Verification | None, keep: np.ndarray) -> list[list[int]] | None:
+    """The drafts before each sampling row's position (rows: the kept logits entries)."""
+    if checks is None:
+        return None
+    return [checks.prefixes[i] for i in keep.tolist()]
 
 
 def _scatter(

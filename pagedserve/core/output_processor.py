@@ -1,7 +1,9 @@
 """OutputProcessor: a step's sampled tokens -> request state -> RequestOutputs (no tensors).
 
 For each sampled token: append it, detokenize, check the stops (EOS, stop token ids, stop
-strings, length), and emit one delta per touched request. It owns the table of live requests
+strings, length), and emit one delta per touched request. A verification chunk (speculative
+decoding) brings its kept drafts and the target's token after them: they are appended one by
+one the same way, so a stop among them ends the output there and the rest are dropped. It owns the table of live requests
 and their sequences; finishing a sequence frees its pages in the scheduler and its state in the
 model runner (`release`). An embedding request finishes when its prompt has run: its vector
 comes with the step's result instead of a token. n > 1: when output 0 has its first token (its prompt pages are then
@@ -32,11 +34,14 @@ class OutputProcessor:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         release: Callable[[int], None],
+        observe: Callable[[int, int, int], None] | None = None,
     ) -> None:
+        """`observe(seq_id, num_draft, num_accepted)`: told of each verification chunk."""
         self.scheduler = scheduler
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self._release = release
+        self._observe = observe
         self.requests: dict[str, Request] = {}
         """Live requests by id; a request leaves when its last output is emitted."""
         self.seqs: dict[int, Sequence] = {}
@@ -54,22 +59,31 @@ class OutputProcessor:
 
     def process(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         sampled = result.token_ids.tolist()
-        self.scheduler.update(plan, result.token_ids)
+        self.scheduler.update(plan, result.token_ids, result.num_accepted)
         for seq_id, logprobs in result.prompt_logprobs.items():
             request = self.seqs[seq_id].request
             if request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(logprobs)
         touched: dict[str, Request] = {}
-        for i, seq_id in enumerate(plan.sample_seq_ids.tolist()):
-            seq = self.seqs[seq_id]
-            embedding = result.embeddings.get(seq_id)
+        seq_ids = plan.sample_seq_ids.tolist()
+        i = 0
+        while i < len(seq_ids):
+            seq = self.seqs[seq_ids[i]]
+            embedding = result.embeddings.get(seq.seq_id)
+            num_draft, num_kept = result.verified.get(i, (0, 0))
             if embedding is not None:
                 seq.request.embedding = embedding
                 self._finish(seq, "stop", None, flush=False)
             else:
-                logprob = result.logprobs[i] if result.logprobs else None
-                self._append_token(seq, sampled[i], logprob)
+                for j in range(i, i + num_kept + 1):
+                    logprob = result.logprobs[j] if result.logprobs else None
+                    self._append_token(seq, sampled[j], logprob)
+                    if seq.finished:  # a stop or the length: the rest are dropped
+                        break
+            if num_draft and self._observe is not None:
+                self._observe(seq.seq_id, num_draft, num_kept)
             touched[seq.request.request_id] = seq.request
+            i += num_draft + 1
         return [self._emit(request) for request in touched.values()]
 
     def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:

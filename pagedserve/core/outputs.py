@@ -12,6 +12,18 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class SpecDecodeStats:
+    """Speculative decoding's cumulative counters (vLLM's vllm:spec_decode_* series)."""
+
+    num_drafts: int = 0
+    """Verification chunks run (a sequence's draft of >= 1 token in a step)."""
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    """[i]: drafts whose token at position i was accepted (num_speculative_tokens entries)."""
+
+
+@dataclass
 class TokenLogprob:
     token_id: int
     logprob: float
@@ -122,6 +134,8 @@ class EngineStats:
     finished_reasons: Mapping[str, int] = field(default_factory=dict)
     """Ended outputs (each of a request's n) by finish reason: stop, length, abort (its client
     left), error."""
+    spec_decode: SpecDecodeStats | None = None
+    """Speculative decoding's counters; None when it is off."""
 
     @property
     def kv_cache_usage(self) -> float:

@@ -67,7 +67,7 @@ class Sampler:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
             raw_logprobs = torch.log_softmax(logits.index_select(0, rows), dim=-1)
         if batch.grammar_rows:
-            self._masker.apply(logits, batch.grammar_rows, batch.grammars)
+            self._masker.apply(logits, batch.grammar_rows, batch.grammars, batch.grammar_prefixes)
         if batch.argmax_only:
             return SamplerOutput(kernels.argmax_rows(logits).cpu(), None)
         if batch.edits is not None:

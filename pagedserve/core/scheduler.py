@@ -34,7 +34,10 @@ class StepPlan:
     positions: np.ndarray  # int32 [num_tokens]
     slot_mapping: np.ndarray  # int64 [num_tokens] page_id * page_size + offset
     page_table: np.ndarray  # int32 [num_reqs, max_pages_in_this_batch], unused entries 0
-    logits_indices: np.ndarray  # int32 [num_sampled] token row of each sampling request
+    num_draft_tokens: np.ndarray  # int32 [num_reqs] draft tokens ending each row's chunk
+    # int32 [num_sampled] token row of each logits entry: a sampling row's last known token,
+    # then (a verification chunk) each of its drafts
+    logits_indices: np.ndarray
     sample_seq_ids: np.ndarray  # int64 [num_sampled] same order as logits_indices
     preempted_seq_ids: np.ndarray  # int64: preempted by this schedule(), back in waiting
     num_reqs: int
@@ -109,12 +112,26 @@ class Scheduler:
         plan = self._native.schedule()  # the bound C++ StepPlan: named fields, numpy views
         return StepPlan(**{name: getattr(plan, name) for name in _PLAN_FIELDS})
 
-    def update(self, plan: StepPlan, sampled_token_ids: np.ndarray) -> None:
+    def propose(self, seq_id: int, draft_token_ids: Sequence[int]) -> None:
+        """Draft tokens (speculative decoding) for the next schedule() only: planned after the
+        sequence's last token if it decodes then, cut to what the token budget, max_tokens
+        and the free pages allow (drafts never preempt). Unknown ids are ignored."""
+        self._native.propose(seq_id, np.asarray(draft_token_ids, dtype=np.int32))
+
+    def update(
+        self,
+        plan: StepPlan,
+        sampled_token_ids: np.ndarray,
+        num_accepted: np.ndarray | None = None,
+    ) -> None:
         """Advance every request of `plan` (the last one scheduled) and append its samples.
 
         `sampled_token_ids` holds one token per entry of `plan.logits_indices`, in that order.
+        `num_accepted` (int32 per plan row; None: the longest prefix that matches): the drafts
+        each verification chunk keeps, which its samples must match; the row appends them and
+        the sample after them, and gives back the KV slots and pages of the rest.
         """
-        self._native.update(plan.step, sampled_token_ids)
+        self._native.update(plan.step, sampled_token_ids, num_accepted)
 
     def finish(self, seq_id: int) -> None:
         """The engine is done with it (stop or length): its pages are freed now."""

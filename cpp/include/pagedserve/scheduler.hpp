@@ -69,6 +69,9 @@ struct StepPlan {
     std::vector<int32_t> positions;
     std::vector<int64_t> slot_mapping;
     std::vector<int32_t> page_table;  // num_reqs x max_pages, row-major, unused entries 0
+    std::vector<int32_t> num_draft_tokens;  // num_reqs: draft tokens at the end of each chunk
+    // One entry per logits row: a sampling chunk's last known token, and after it each of its
+    // draft tokens (a verification chunk of d drafts has d + 1 rows, for the same seq_id).
     std::vector<int32_t> logits_indices;
     std::vector<int64_t> sample_seq_ids;
     std::vector<int64_t> preempted_seq_ids;
@@ -89,9 +92,17 @@ class Scheduler {
     // Throws AdmissionError when it can never run, std::invalid_argument for a duplicate id.
     void add_request(int64_t seq_id, const int32_t* prompt_token_ids, int32_t num_prompt_tokens,
                      int64_t max_tokens, bool use_prefix_cache = true);
+    // Draft tokens for the next schedule() only (then dropped); used if the sequence decodes
+    // then, cut to what the budget, max_tokens (the target's own token stays) and pages allow.
+    // Unknown id: no-op.
+    void propose(int64_t seq_id, const int32_t* draft_token_ids, int32_t num_draft_tokens);
     const StepPlan& schedule();
     // sampled_token_ids: one per plan.logits_indices entry of the last plan, in that order.
-    void update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled);
+    // num_accepted (num_reqs entries, or null): the draft tokens each row keeps, a prefix that
+    // the sampled tokens must match (row j's sample equals draft j); null: the longest prefix
+    // that matches. A verifying row appends its accepted drafts and then the sample after them.
+    void update(int64_t step, const int32_t* sampled_token_ids, int32_t num_sampled,
+                const int32_t* num_accepted = nullptr);
     void finish(int64_t seq_id);  // unknown id: no-op
     void abort(int64_t seq_id);   // unknown id: no-op
 
@@ -118,7 +129,10 @@ class Scheduler {
     bool ensure_pages(Sequence& r, int32_t num_tokens);
     Sequence* pick_victim();
     void preempt(Sequence& r);
-    void emit(Sequence& r, int32_t num_new);
+    int32_t take_draft(Sequence& r, int32_t room);
+    void emit(Sequence& r, int32_t num_new, int32_t num_draft);
+    int32_t accept(Sequence& r, int32_t row, const int32_t* sampled, const int32_t* num_accepted);
+    void trim_pages(Sequence& r);
     void finish_plan();
     void register_full_pages(Sequence& r);
     void release(Sequence& r);
@@ -132,6 +146,7 @@ class Scheduler {
     std::vector<Sequence*> plan_sequences_;  // the requests of plan_, in row order
     StepPlan plan_;
     bool plan_pending_ = false;  // plan_ awaits its update()
+    std::vector<int32_t> first_logits_, accepted_;  // update()'s scratch, per plan row
     int32_t max_pages_per_seq_;
     int64_t num_preemptions_ = 0;
 };

@@ -35,6 +35,9 @@ class SamplingRow:
     """The sequence's own RNG (seeded from params.seed); None: the global RNG."""
     grammar: GrammarState | None = None
     """The sequence's GrammarState (core.structured) when its output is constrained."""
+    grammar_prefix: Sequence[int] = ()
+    """Tokens the grammar takes as produced before this row's position (a verification
+    chunk's drafts; its state itself stays as it is)."""
 
 
 @dataclass
@@ -83,6 +86,8 @@ class SamplingBatch:
     grammar_rows: list[int] = field(default_factory=list)
     """Rows whose output is constrained; `grammars` holds their states, aligned."""
     grammars: list[GrammarState] = field(default_factory=list)
+    grammar_prefixes: list[Sequence[int]] = field(default_factory=list)
+    """Aligned with `grammars`: SamplingRow.grammar_prefix."""
 
     @property
     def argmax_only(self) -> bool:
@@ -115,6 +120,7 @@ class SamplingBatch:
             logprob_ks=[rows[i].params.logprobs or 0 for i in asked],
             grammar_rows=constrained,
             grammars=[g for g in (r.grammar for r in rows) if g is not None],
+            grammar_prefixes=[r.grammar_prefix for r in rows if r.grammar is not None],
         )
 
 
