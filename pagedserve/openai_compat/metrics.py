@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedserve.core.engine_client import EngineClient
-from pagedserve.core.outputs import EngineStats, RequestMetrics
+from pagedserve.core.outputs import EngineStats, RequestMetrics, SpecDecodeStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -39,7 +39,10 @@ class EngineStatsCollector(Collector):
         engine = self._get_engine()
         if engine is None:
             return
-        yield from self._gauges(engine.stats())
+        stats = engine.stats()
+        yield from self._gauges(stats)
+        if stats.spec_decode is not None:
+            yield from self._spec_decode(stats.spec_decode)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "KV cache configuration (block_size is the page size).",
@@ -97,6 +100,29 @@ class EngineStatsCollector(Collector):
         for reason, count in sorted(stats.finished_reasons.items()):
             success.add_metric([self._model_name, reason], count)
         yield success
+
+    def _spec_decode(self, stats: SpecDecodeStats) -> Iterator[Metric]:
+        """vLLM's speculative decoding counters (only while it is on)."""
+        counter = partial(self._family, CounterMetricFamily)
+        yield counter(
+            "vllm:spec_decode_num_drafts", "Verification chunks (drafts) run.", stats.num_drafts
+        )
+        yield counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed and verified.",
+            stats.num_draft_tokens,
+        )  # fmt: skip
+        yield counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens the target accepted.",
+            stats.num_accepted_tokens,
+        )  # fmt: skip
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position (0 = first) was accepted.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(stats.accepted_per_pos):
+            per_pos.add_metric([self._model_name, str(position)], count)
+        yield per_pos
 
 
 class ServerMetrics:
