@@ -137,6 +137,14 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens processed.", label, registry=reg
         )
+        self.embedding_requests = Counter(
+            "pagedserve:embedding_requests", "Requests to /v1/embeddings admitted.", label,
+            registry=reg,
+        )  # fmt: skip
+        self.embedding_inputs = Counter(
+            "pagedserve:embedding_inputs", "Inputs (engine requests) of /v1/embeddings; their "
+            "prompt tokens count in vllm:prompt_tokens.", label, registry=reg,
+        )  # fmt: skip
         self.ttft = self._histogram("vllm:time_to_first_token_seconds", "Time to first token.")
         self.itl = self._histogram("vllm:inter_token_latency_seconds", "Time between tokens.")
         self.e2e = self._histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
@@ -162,6 +170,10 @@ class ServerMetrics:
         itl = self.itl.labels(model)
         for latency in metrics.inter_token_latencies:
             itl.observe(latency)
+
+    def record_embedding_request(self, num_inputs: int) -> None:
+        self.embedding_requests.labels(self.model_name).inc()
+        self.embedding_inputs.labels(self.model_name).inc(num_inputs)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,10 +5,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from pagedserve import __version__
 from pagedserve.openai_compat.protocol import REQUEST_MODELS
+from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
+
+ROUTE_MODELS: dict[str, type[BaseModel]] = {**REQUEST_MODELS, "/v1/embeddings": EmbeddingRequest}
+"""The request body of every POST route (protocol.py's and the newer modules')."""
 
 _REF = "#/components/schemas/{model}"
 _ERROR_SCHEMA = {
@@ -38,11 +43,11 @@ def _responses() -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict[str, Any]:
-    models = list(REQUEST_MODELS.values())
+    models = list(ROUTE_MODELS.values())
     _, top = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     schemas = {**top.get("$defs", {}), "Error": _ERROR_SCHEMA}
     paths: dict[str, Any] = {}
-    for path, model in REQUEST_MODELS.items():
+    for path, model in ROUTE_MODELS.items():
         body = {"$ref": _REF.format(model=model.__name__)}
         paths[path] = {
             "post": {

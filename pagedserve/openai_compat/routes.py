@@ -18,9 +18,15 @@ from pagedserve.openai_compat.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
 from pagedserve.openai_compat.responses import JSONResponse, endpoint
 from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
-from pagedserve.openai_compat.serving_common import off_loop, require_in_vocabulary
+from pagedserve.openai_compat.serving_common import (
+    ServingContext,
+    off_loop,
+    require_in_vocabulary,
+)
+from pagedserve.openai_compat.serving_embeddings import embedding_only
 from pagedserve.openai_compat.state import ServerState
 
 
@@ -33,7 +39,7 @@ def _state(request: Request) -> ServerState:
 @endpoint
 async def chat(request: Request) -> Response:
     state = _state(request)
-    state.ready()
+    _generating(state.ready(), "/v1/chat/completions")
     body = await parse(request, ChatCompletionRequest, state.config.max_body_bytes)
     assert state.chat is not None  # set with ctx, which ready() checked
     return await state.chat.create(body, request.receive)
@@ -42,10 +48,25 @@ async def chat(request: Request) -> Response:
 @endpoint
 async def completions(request: Request) -> Response:
     state = _state(request)
-    state.ready()
+    _generating(state.ready(), "/v1/completions")
     body = await parse(request, CompletionRequest, state.config.max_body_bytes)
     assert state.completion is not None
     return await state.completion.create(body, request.receive)
+
+
+@endpoint
+async def embeddings(request: Request) -> Response:
+    state = _state(request)
+    state.ready()
+    body = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
+    assert state.embeddings is not None
+    return await state.embeddings.create(body, request.receive)
+
+
+def _generating(ctx: ServingContext, route: str) -> None:
+    """A 400 naming the task when the server embeds rather than generates."""
+    if ctx.engine.model_info.task == "embed":
+        raise embedding_only(ctx.model_name, route)
 
 
 @endpoint
@@ -108,6 +129,7 @@ async def openapi(request: Request) -> Response:
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),
@@ -134,4 +156,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "batch_invariant": ctx.engine.model_info.batch_invariant,
         # What runs the weights, e.g. GGUF blocks kept quantized on the int8 kernels (issue 12).
         "weights": ctx.engine.model_info.weights,
+        # generate (chat, completions) or embed (/v1/embeddings), issue 25.
+        "task": ctx.engine.model_info.task,
     }

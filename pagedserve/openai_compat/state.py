@@ -11,6 +11,7 @@ from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.serving_chat import ChatService
 from pagedserve.openai_compat.serving_common import ServingContext
 from pagedserve.openai_compat.serving_completion import CompletionService
+from pagedserve.openai_compat.serving_embeddings import EmbeddingService
 
 
 class ServerState:
@@ -23,6 +24,7 @@ class ServerState:
         self.ctx: ServingContext | None = None
         self.chat: ChatService | None = None
         self.completion: CompletionService | None = None
+        self.embeddings: EmbeddingService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
 
     def attach(self, engine: EngineClient) -> None:
@@ -37,6 +39,7 @@ class ServerState:
         )
         self.chat = ChatService(self.ctx)
         self.completion = CompletionService(self.ctx)
+        self.embeddings = EmbeddingService(self.ctx)
         self.engine = engine
 
     def ready(self) -> ServingContext:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from schemathesis import GenerationMode
 
-from pagedserve.openai_compat.protocol import REQUEST_MODELS
+from pagedserve.openai_compat.openapi import ROUTE_MODELS
 
 MAX_TOKENS_CAP = 2
 N_CAP = 2
@@ -108,7 +108,7 @@ def response_problem(response: schemathesis.Response) -> str | None:
 
 def _strictly_invalid(path: str, body: Any) -> bool:
     try:
-        REQUEST_MODELS[path].model_validate(body, strict=True)
+        ROUTE_MODELS[path].model_validate(body, strict=True)
     except ValidationError:
         return True
     return False

@@ -19,7 +19,13 @@ from tests.reliability.schema_fuzz import (
 )
 
 # Examples per (operation, mode): generation routes cost engine steps, the others do not.
-EXAMPLES = {"/v1/chat/completions": 15, "/v1/completions": 15, "/tokenize": 10, "/detokenize": 10}
+EXAMPLES = {
+    "/v1/chat/completions": 15,
+    "/v1/completions": 15,
+    "/tokenize": 10,
+    "/detokenize": 10,
+    "/v1/embeddings": 10,
+}
 
 
 def test_published_schema_covers_every_post_route(rserver: Server) -> None:

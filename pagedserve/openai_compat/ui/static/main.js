@@ -17,6 +17,10 @@ async function connect() {
     const models = await getJSON("v1/models");
     model = models.data[0].id;
     $("model-name").textContent = model;
+    // An embedding server (task embed) answers no chat: say so instead of offering it.
+    const embedOnly = models.data[0].task === "embed";
+    $("chat-unavailable").hidden = !embedOnly;
+    $("composer").hidden = embedOnly;
     const maxLen = models.data[0].max_model_len;
     $("max_tokens").max = String(maxLen);
     // Leave room for the conversation: the server refuses prompt + max_tokens > max_model_len.
