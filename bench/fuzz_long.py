@@ -7,6 +7,7 @@ derandomized) generation. Kept out of CI. Prints one JSON line.
     python bench/fuzz_long.py                         # starts its own server, 10,000 cases
     python bench/fuzz_long.py --tiny                  # the same on a tiny random model
     python bench/fuzz_long.py --url http://127.0.0.1:8000 --cases 2000
+    python bench/fuzz_long.py --tiny --paths /v1/responses '/v1/responses/{response_id}/cancel'
 
 On the default model 10,000 cases take hours on 2 CPU cores, nearly all of it in prefill of the
 generated prompts. `--tiny` serves a tiny random Llama GGUF (tests/tiny_models.py: its own BPE
@@ -39,8 +40,10 @@ from tests.reliability.schema_fuzz import (  # noqa: E402
 from tests.tiny_models import write_gguf_llama  # noqa: E402
 
 
-def fuzz(base_url: str, cases: int) -> dict:
+def fuzz(base_url: str, cases: int, paths: list[str] | None = None) -> dict:
     ops = post_operations(load_schema(base_url))
+    if paths:
+        ops = [op for op in ops if op.path in paths]
     modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
     per_run = max(1, cases // (len(ops) * len(modes)))
     report = FuzzReport()
@@ -69,6 +72,7 @@ def main() -> int:
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--tiny", action="store_true", help="serve a tiny random model")
+    parser.add_argument("--paths", nargs="+", metavar="PATH", help="only these POST routes")
     args = parser.parse_args()
     server = None
     if args.url is None:
@@ -80,7 +84,7 @@ def main() -> int:
             flags[flags.index("--max-model-len") + 1] = "256"  # the tiny model's context
         server = start_server(folder, *flags)
     try:
-        result = fuzz(args.url or server.base_url, args.cases)
+        result = fuzz(args.url or server.base_url, args.cases, args.paths)
     finally:
         if server is not None:
             result_code = stop_server(server)

@@ -99,6 +99,8 @@ def create_app(
         finally:
             if not task.done():
                 task.cancel()  # the loading thread cannot be stopped; it dies with the process
+            if state.responses is not None:
+                await state.responses.shutdown()  # background responses: abort them first
             if state.engine is not None:
                 await state.engine.shutdown()
 

@@ -11,8 +11,13 @@ from pydantic.json_schema import models_json_schema
 from pagedserve import __version__
 from pagedserve.openai_compat.protocol import REQUEST_MODELS
 from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
+from pagedserve.openai_compat.protocol_responses import RESPONSES_REQUEST_MODELS
 
-ROUTE_MODELS: dict[str, type[BaseModel]] = {**REQUEST_MODELS, "/v1/embeddings": EmbeddingRequest}
+ROUTE_MODELS: dict[str, type[BaseModel]] = {
+    **REQUEST_MODELS,
+    "/v1/embeddings": EmbeddingRequest,
+    **RESPONSES_REQUEST_MODELS,
+}
 """The request body of every POST route (protocol.py's and the newer modules')."""
 
 _REF = "#/components/schemas/{model}"
@@ -33,6 +38,20 @@ _ERROR_SCHEMA = {
     },
 }
 _GET_PATHS = ("/v1/models", "/health", "/metrics", "/version")
+_RESPONSE_ID = [
+    {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^resp_[0-9a-f]{48}$"},
+    }
+]
+_STORED_RESPONSE_PATHS = {
+    "/v1/responses/{response_id}": ("get", "delete"),
+    "/v1/responses/{response_id}/cancel": ("post",),
+    "/v1/responses/{response_id}/input_items": ("get",),
+}
+"""Routes on a stored response: no body, the id in the path."""
 
 
 def _responses() -> dict[str, Any]:
@@ -61,6 +80,9 @@ def openapi_document() -> dict[str, Any]:
         }
     for path in _GET_PATHS:
         paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
+    for path, methods in _STORED_RESPONSE_PATHS.items():
+        op = {"parameters": _RESPONSE_ID, "responses": _responses()}
+        paths[path] = {method: {**op, "operationId": f"{method}_{path}"} for method in methods}
     return {
         "openapi": "3.1.0",
         "info": {"title": "pagedserve", "version": __version__},

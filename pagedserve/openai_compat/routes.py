@@ -19,6 +19,7 @@ from pagedserve.openai_compat.protocol import (
     TokenizeRequest,
 )
 from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
+from pagedserve.openai_compat.protocol_responses import ResponsesRequest
 from pagedserve.openai_compat.responses import JSONResponse, endpoint
 from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
 from pagedserve.openai_compat.serving_common import (
@@ -27,6 +28,7 @@ from pagedserve.openai_compat.serving_common import (
     require_in_vocabulary,
 )
 from pagedserve.openai_compat.serving_embeddings import embedding_only
+from pagedserve.openai_compat.serving_responses import ResponsesService
 from pagedserve.openai_compat.state import ServerState
 
 
@@ -61,6 +63,43 @@ async def embeddings(request: Request) -> Response:
     body = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
     assert state.embeddings is not None
     return await state.embeddings.create(body, request.receive)
+
+
+@endpoint
+async def responses(request: Request) -> Response:
+    state = _state(request)
+    _generating(state.ready(), "/v1/responses")
+    body = await parse(request, ResponsesRequest, state.config.max_body_bytes)
+    assert state.responses is not None
+    return await state.responses.create(body, request.receive)
+
+
+@endpoint
+async def response(request: Request) -> Response:
+    """GET or DELETE /v1/responses/{response_id}."""
+    service, response_id = _stored_response(request)
+    if request.method == "DELETE":
+        return JSONResponse(service.delete(response_id))
+    return JSONResponse(service.retrieve(response_id))
+
+
+@endpoint
+async def cancel_response(request: Request) -> Response:
+    service, response_id = _stored_response(request)
+    return JSONResponse(await service.cancel(response_id))
+
+
+@endpoint
+async def response_input_items(request: Request) -> Response:
+    service, response_id = _stored_response(request)
+    return JSONResponse(service.input_items(response_id, dict(request.query_params)))
+
+
+def _stored_response(request: Request) -> tuple[ResponsesService, str]:
+    state = _state(request)
+    state.ready()
+    assert state.responses is not None  # set with ctx, which ready() checked
+    return state.responses, request.path_params["response_id"]
 
 
 def _generating(ctx: ServingContext, route: str) -> None:
@@ -130,6 +169,10 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
+    Route("/v1/responses/{response_id}", response, methods=["GET", "DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),

@@ -7,11 +7,13 @@ import time
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.metrics import ServerMetrics
+from pagedserve.openai_compat.response_store import ResponseStore
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.serving_chat import ChatService
 from pagedserve.openai_compat.serving_common import ServingContext
 from pagedserve.openai_compat.serving_completion import CompletionService
 from pagedserve.openai_compat.serving_embeddings import EmbeddingService
+from pagedserve.openai_compat.serving_responses import ResponsesService
 
 
 class ServerState:
@@ -25,6 +27,7 @@ class ServerState:
         self.chat: ChatService | None = None
         self.completion: CompletionService | None = None
         self.embeddings: EmbeddingService | None = None
+        self.responses: ResponsesService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
 
     def attach(self, engine: EngineClient) -> None:
@@ -40,6 +43,10 @@ class ServerState:
         self.chat = ChatService(self.ctx)
         self.completion = CompletionService(self.ctx)
         self.embeddings = EmbeddingService(self.ctx)
+        config = self.config
+        store = ResponseStore(config.response_store_size, config.response_store_mb << 20,
+                              config.response_store_ttl)  # fmt: skip
+        self.responses = ResponsesService(self.ctx, store)
         self.engine = engine
 
     def ready(self) -> ServingContext:

@@ -36,7 +36,7 @@ def post_operations(schema: Any) -> list[Any]:
     return [op for op in ops if op.method.upper() == "POST"]
 
 
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def clamp(body: Any) -> Any:
@@ -45,7 +45,7 @@ def clamp(body: Any) -> Any:
     if not isinstance(body, dict):
         return body
     body = dict(body)
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(name)
         if type(value) in (int, float) and value > MAX_TOKENS_CAP:
             body[name] = MAX_TOKENS_CAP
@@ -53,6 +53,10 @@ def clamp(body: Any) -> Any:
         # Absent or null means "up to the context length": ~1000 tokens, minutes on a CPU.
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_TOKENS_CAP
+    if ("input" in body or "previous_response_id" in body) and body.get(
+        "max_output_tokens"
+    ) is None:
+        body["max_output_tokens"] = MAX_TOKENS_CAP
     if type(body.get("n")) is int and body["n"] > N_CAP:
         body["n"] = N_CAP
     if type(body.get("min_tokens")) is int and body["min_tokens"] > MAX_TOKENS_CAP:
@@ -80,12 +84,17 @@ def envelope_problem(payload: Any) -> str | None:
 
 
 def stream_problem(text: str) -> str | None:
-    """A 200 event stream must not carry a server-error frame."""
+    """A 200 event stream must not carry a server-error frame: chat's error object, or the
+    Responses API's `error` event / response.failed with code server_error. Frames may carry
+    an `event:` line before their `data:` line (the Responses API's do)."""
     for frame in text.split("\n\n"):
-        data = frame.removeprefix("data: ")
+        data = next((ln[6:] for ln in frame.split("\n") if ln.startswith("data: ")), "")
         if data.startswith("{") and '"error"' in data:
-            error = orjson.loads(data).get("error")
-            if isinstance(error, dict) and error.get("type") == "server_error":
+            payload = orjson.loads(data)
+            if payload.get("type") == "response.failed":
+                payload = payload.get("response") or {}
+            error = payload.get("error") if payload.get("type") != "error" else payload
+            if isinstance(error, dict) and "server_error" in (error.get("type"), error.get("code")):
                 return f"server error frame mid-stream: {data[:300]}"
     return None
 
@@ -107,6 +116,8 @@ def response_problem(response: schemathesis.Response) -> str | None:
 
 
 def _strictly_invalid(path: str, body: Any) -> bool:
+    if path not in ROUTE_MODELS:
+        return True  # no body (e.g. POST /v1/responses/{response_id}/cancel): the path broke it
     try:
         ROUTE_MODELS[path].model_validate(body, strict=True)
     except ValidationError:

@@ -25,6 +25,8 @@ EXAMPLES = {
     "/tokenize": 10,
     "/detokenize": 10,
     "/v1/embeddings": 10,
+    "/v1/responses": 15,
+    "/v1/responses/{response_id}/cancel": 5,
 }
 
 
