@@ -14,15 +14,16 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.responses import Response
 from starlette.types import Receive
 
 from pagedserve.core.engine_client import RequestStream
+from pagedserve.core.outputs import RequestOutput
 from pagedserve.openai_compat import errors
 from pagedserve.openai_compat.chat_output import OutputPlan
 from pagedserve.openai_compat.protocol_responses import ResponsesRequest
@@ -43,6 +44,7 @@ from pagedserve.openai_compat.streaming import SSEResponse, until_disconnect
 from pagedserve.openai_compat.structured import compile_off_loop
 
 logger = logging.getLogger("pagedserve.server")
+T = TypeVar("T")
 
 CANCEL_WAIT_S = 30.0
 """How long /cancel waits for a run to stop before answering with what it has."""
@@ -63,7 +65,8 @@ class _Run:
     num_prompt: int
     summary: bool
     store: bool
-    cancelled: bool = False
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by /cancel."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -138,20 +141,18 @@ class ResponsesService:
         parser = run.plan.new_choice()
         builder = OutputBuilder(run.summary)
         reason, counts = None, [0, 0]  # generated tokens, cached prompt tokens
-        outputs = stream_outputs([run.stream], self.ctx.metrics)
+        outputs = self._outputs(run)
         run.response["status"] = "in_progress"
         status, error = "cancelled", None
         try:
             with engine_errors("input"):
-                async for _, out in outputs:
+                async for out in outputs:
                     counts[1] = out.metrics.num_cached_tokens if out.metrics else counts[1]
                     for o in out.outputs:
                         counts[0] += len(o.token_ids)
                         reason = o.finish_reason or reason
                         builder.feed(parser.feed(o.text, final=o.finish_reason is not None))
                     yield builder.take()
-                    if run.cancelled:
-                        break
             if reason is not None:
                 status = "incomplete" if reason == "length" else "completed"
         except errors.APIError as exc:
@@ -164,6 +165,25 @@ class ResponsesService:
             await outputs.aclose()  # type: ignore[attr-defined]
             self._finish(run, builder, status, error, counts)
         yield builder.take()
+
+    async def _outputs(self, run: _Run) -> AsyncIterator[RequestOutput]:
+        """The run's outputs until it ends or /cancel stops it. The wait for the first one
+        (queue, prefill) races the cancel; later ones come every engine step, and the cancel
+        is read between them. Ending early closes the engine stream (an abort)."""
+        outputs = stream_outputs([run.stream], self.ctx.metrics)
+        try:
+            first = await _unless_set(outputs.__anext__(), run.cancel)
+            if first is None:
+                return
+            yield first[1]
+            while not run.cancel.is_set():
+                try:
+                    _, out = await outputs.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield out
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
 
     def _finish(
         self,
@@ -258,7 +278,7 @@ class ResponsesService:
             if not entry.response.get("background"):
                 raise errors.invalid("Only background or in-flight responses can be cancelled.")
             return entry.response
-        run.cancelled = True
+        run.cancel.set()
         try:
             await asyncio.wait_for(run.done.wait(), CANCEL_WAIT_S)
         except TimeoutError:
@@ -296,6 +316,26 @@ class ResponsesService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _unless_set(work: Awaitable[T], event: asyncio.Event) -> T | None:
+    """`work`'s result, or None once `event` is set first (`work` is then cancelled); a work
+    that ends without a value (StopAsyncIteration) is None too."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return None
+    try:
+        return task.result()
+    except StopAsyncIteration:
+        return None
 
 
 def _not_found(response_id: str) -> errors.APIError:

@@ -5,10 +5,12 @@ background runs, tools, reasoning and every refusal as OpenAI's error envelope."
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
@@ -21,6 +23,7 @@ from pagedserve.openai_compat.server_config import ServerConfig
 from tests.openai_compat.fake_app import fake_client
 from tests.openai_compat.fake_engine import FakeEngine
 from tests.openai_compat.test_app_tools_reasoning import CALL, QWEN_LIKE
+from tests.openai_compat.test_disconnect_fake import LiveServer, _wait
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
@@ -329,3 +332,60 @@ def test_stream_failure_is_an_error_then_response_failed(client, engine: FakeEng
     assert seq[-1]["response"]["status"] == "failed"
     assert seq[-1]["response"]["error"]["code"] == "server_error"
     assert error(client.post("/v1/responses", json={"input": "x"}), 500)["type"] == "server_error"
+
+
+def test_cancel_before_the_first_token_is_prompt(client: TestClient, engine: FakeEngine) -> None:
+    engine.token_delay = 20.0  # the first token would take 20 s (a long queue, a long prefill)
+    body = create(client, background=True)
+    start = time.monotonic()
+    cancelled = client.post(f"/v1/responses/{body['id']}/cancel").json()
+    assert time.monotonic() - start < 5 and cancelled["status"] == "cancelled"
+    assert cancelled["output"][0]["content"][0]["text"] == ""
+    assert body["id"] in engine.aborted and not engine.active
+
+
+def test_cancel_a_streamed_response(client: TestClient, engine: FakeEngine) -> None:
+    engine.token_delay = 0.02
+    seen: list[dict[str, Any]] = []
+
+    def read() -> None:
+        body = {"input": "hi", "max_output_tokens": 1000, "stream": True}
+        with client.stream("POST", "/v1/responses", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(orjson.loads(line[6:]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while len(seen) < 5:
+        time.sleep(0.01)
+    rid = seen[0]["response"]["id"]
+    assert client.post(f"/v1/responses/{rid}/cancel").json()["status"] == "cancelled"
+    reader.join(10)
+    assert seen[-1]["type"] == "response.incomplete"
+    assert seen[-1]["response"]["status"] == "cancelled" and rid in engine.aborted
+    for event in seen:
+        EVENTS.validate_python(event)
+
+
+def test_client_gone_aborts_and_stores_cancelled() -> None:
+    """Over a real socket: a client that leaves a stream, or a whole answer before it is
+    ready, has its engine request aborted; the stored response says cancelled."""
+    engine = FakeEngine(token_delay=0.02)
+    engine.model_info = dataclasses.replace(engine.model_info, max_model_len=10_000)
+    server = LiveServer(engine)
+    try:
+        body = {"input": "x", "max_output_tokens": 2000, "stream": True}
+        with httpx.stream("POST", server.base + "/v1/responses", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            created = orjson.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        rid = created["response"]["id"]
+        _wait(lambda: not engine.active and rid in engine.aborted)
+        stored = httpx.get(f"{server.base}/v1/responses/{rid}").json()
+        assert stored["status"] == "cancelled"
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.base + "/v1/responses", json={**body, "stream": False}, timeout=0.5)
+        _wait(lambda: not engine.active and len(engine.aborted) == 2)
+    finally:
+        server.stop()
+        server.join()
