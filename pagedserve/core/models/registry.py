@@ -218,10 +218,11 @@ def load_model(
         rank = group.rank
         shard = lambda name, w: shard_weight(name, w, arch, rank, tp)  # noqa: E731
     state = fuse_weights(iter(bar), dtype, device, arch, shard)
-    tied = arch.tie_word_embeddings and not (plan is not None and plan.keeps_lm_head)
+    head_kept_quantized = plan is not None and plan.keeps_lm_head
+    tied = arch.tie_word_embeddings and not head_kept_quantized
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
-    headless = not tied and "lm_head.weight" not in state
+    headless = not tied and not head_kept_quantized and "lm_head.weight" not in state
     if headless and not head_optional:
         raise ValueError(
             f"{resolved.name} has no LM head (lm_head.weight): a bare backbone such as "
