@@ -172,15 +172,18 @@ def test_openai_agents_sdk_with_a_function_tool(server: Server) -> None:
                   model=OpenAIResponsesModel(model=server.model, openai_client=aclient),
                   model_settings=ModelSettings(max_tokens=60, temperature=0))  # fmt: skip
 
-    async def both() -> tuple[Any, Any]:  # one event loop: the client's connections live in it
+    async def run_all() -> tuple[Any, Any, list[str]]:  # one loop: the client's connections
+        streamed = Runner.run_streamed(plain, "Say hi.", max_turns=1)
+        kinds = [event.type async for event in streamed.stream_events()]
         return (
             await Runner.run(agent, "What is the weather in Paris?", max_turns=3),
-            await Runner.run(plain, "Say hi.", max_turns=1),
+            streamed,
+            kinds,
         )
 
-    result, answer = asyncio.run(both())
+    result, streamed, kinds = asyncio.run(run_all())
     assert len(calls) == 1 and result.final_output == f"21 C and sunny in {calls[0]}"
-    assert answer.final_output
+    assert streamed.final_output and "raw_response_event" in kinds
 
 
 def test_langchain_use_responses_api_with_bind_tools(server: Server) -> None:
