@@ -208,3 +208,16 @@ def test_encoder_only_models_are_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="encoder-only"):
         _llm(tmp_path)
+
+
+def test_task_embed_on_a_plain_causal_lm(tmp_path: Path) -> None:
+    """No sentence-transformers files: auto generates; --task embed pools the last token and
+    normalizes (as Qwen3-Embedding and gte-Qwen2 do)."""
+    backbone = write_tiny_embedder(tmp_path, lm_head=True, sentence_transformers=False, seed=5)
+    assert _llm(tmp_path).engine.pooler is None
+    llm = _llm(tmp_path, task="embed")
+    assert llm.engine.pooler is not None and llm.engine.can_generate
+    by_hand = [
+        pool_by_hand(hidden_states(backbone, llm.tokenizer.encode(t)), "last") for t in TEXTS
+    ]
+    _assert_close(llm.embed(TEXTS), torch.stack(by_hand))

@@ -35,6 +35,7 @@ TEXTS = [
     "x",
 ]
 MAX_MODEL_LEN = 64
+PROMPT = "query: "
 HIDDEN = 64
 TOLERANCE = 1e-5
 
@@ -42,7 +43,9 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("embedder") / "tiny-qwen3-embedder"
-    write_tiny_embedder(folder, seed=1, is_matryoshka=True)
+    # A default prompt, as sentence-transformers applies it to every text (ids are taken as is).
+    write_tiny_embedder(folder, seed=1, is_matryoshka=True, prompts={"query": PROMPT},
+                        default_prompt_name="query")  # fmt: skip
     return folder
 
 
@@ -114,11 +117,20 @@ def test_single_text_and_token_ids(
     assert len(one.data) == 1
     assert_close([one.data[0].embedding], reference[:1])
     ids = httpx.post(
-        eserver.base_url + "/tokenize", json={"prompt": TEXTS[0]},
+        eserver.base_url + "/tokenize", json={"prompt": PROMPT + TEXTS[0]},
         headers={"Authorization": f"Bearer {API_KEY}"},
     ).json()["tokens"]  # fmt: skip
     as_ids = client.embeddings.create(model=eserver.model, input=ids, encoding_format="float")
     assert_close([as_ids.data[0].embedding], reference[:1])
+    bare_ids = httpx.post(
+        eserver.base_url + "/tokenize", json={"prompt": TEXTS[0]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ).json()["tokens"]  # fmt: skip
+    bare = client.embeddings.create(model=eserver.model, input=bare_ids, encoding_format="float")
+    cos = torch.nn.functional.cosine_similarity(
+        torch.tensor([bare.data[0].embedding], dtype=torch.float64), reference[:1]
+    )
+    assert cos.item() < 0.9999  # without the prompt: another vector
     lists = client.embeddings.create(model=eserver.model, input=[ids, [5, 6, 7]])
     assert len(lists.data) == 2 and lists.usage.prompt_tokens == len(ids) + 3
 
@@ -305,3 +317,15 @@ def test_a_generation_server_answers_not_an_embedding_model() -> None:
         error = assert_envelope(response)  # type: ignore[arg-type]
         assert "is not an embedding model" in error["message"] and error["param"] == "model"
         assert fake.get("/v1/models").json()["data"][0]["task"] == "generate"
+
+
+def test_task_and_matryoshka_flags() -> None:
+    from tests.openai_compat.test_cli import _configs
+
+    _, engine = _configs(["m", "--task", "embed", "--matryoshka"])
+    assert (engine.model.task, engine.model.matryoshka) == ("embed", True)
+    _, engine = _configs(["m", "--no-matryoshka"])
+    assert (engine.model.task, engine.model.matryoshka) == ("auto", False)
+    assert _configs(["m"])[1].model.matryoshka is None
+    with pytest.raises(SystemExit):
+        _configs(["m", "--task", "classify"])
