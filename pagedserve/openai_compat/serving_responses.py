@@ -305,8 +305,8 @@ class ResponsesService:
                 "has_more": len(items) > limit}  # fmt: skip
 
     def _stored(self, response_id: str) -> StoredResponse:
-        run = self.running.get(response_id)
-        entry = run.entry if run is not None and run.store else self.store.get(response_id)
+        """A stored response (a running one is stored from its start)."""
+        entry = self.store.get(response_id)
         if entry is None:
             raise _not_found(response_id)
         return entry

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
 from tests.openai_compat.conftest import API_KEY, Server
 
@@ -111,6 +111,16 @@ def test_text_format_json_schema(client: openai.OpenAI, server: Server) -> None:
     )  # fmt: skip
     assert out.status == "completed", out
     jsonschema.validate(json.loads(out.output_text), schema)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=120)
+
+    parsed = client.responses.parse(
+        model=server.model, input="Describe a person.", text_format=Person,
+        max_output_tokens=60, temperature=0,
+    )  # fmt: skip
+    assert isinstance(parsed.output_parsed, Person)
 
 
 def test_previous_response_id_hits_the_prefix_cache(client: openai.OpenAI, server) -> None:
