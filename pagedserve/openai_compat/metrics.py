@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.outputs import EngineStats, RequestMetrics, SpecDecodeStats
+from pagedserve.openai_compat.response_store import ResponseStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -125,6 +126,27 @@ class EngineStatsCollector(Collector):
         yield per_pos
 
 
+class ResponseStoreCollector(Collector):
+    """How full the /v1/responses store is, read when Prometheus scrapes."""
+
+    def __init__(self, store: ResponseStore, model_name: str) -> None:
+        self._store = store
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._store
+        for kind, name, doc, value in (
+            (GaugeMetricFamily, "pagedserve:responses_stored", "Responses kept.", len(store)),
+            (GaugeMetricFamily, "pagedserve:responses_stored_bytes",
+             "JSON bytes the stored responses reference.", store.num_bytes),
+            (CounterMetricFamily, "pagedserve:responses_evicted",
+             "Stored responses evicted by the store's bounds.", store.num_evicted),
+        ):  # fmt: skip
+            family = kind(name, doc, labels=["model_name"])
+            family.add_metric([self._model_name], value)
+            yield family
+
+
 class ServerMetrics:
     """The app's registry plus the per-request series it records."""
 
@@ -174,6 +196,9 @@ class ServerMetrics:
     def record_embedding_request(self, num_inputs: int) -> None:
         self.embedding_requests.labels(self.model_name).inc()
         self.embedding_inputs.labels(self.model_name).inc(num_inputs)
+
+    def watch_response_store(self, store: ResponseStore) -> None:
+        self.registry.register(ResponseStoreCollector(store, self.model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -46,6 +46,7 @@ class ServerState:
         config = self.config
         store = ResponseStore(config.response_store_size, config.response_store_mb << 20,
                               config.response_store_ttl)  # fmt: skip
+        self.metrics.watch_response_store(store)
         self.responses = ResponsesService(self.ctx, store)
         self.engine = engine
 

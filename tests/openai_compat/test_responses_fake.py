@@ -188,6 +188,9 @@ def test_store_is_bounded(client: TestClient) -> None:
     ids = [create(client, max_output_tokens=1)["id"] for _ in range(5)]
     assert client.get(f"/v1/responses/{ids[0]}").status_code == 404  # size 4: the oldest went
     assert all(client.get(f"/v1/responses/{i}").status_code == 200 for i in ids[1:])
+    metrics = client.get("/metrics").text
+    assert 'pagedserve:responses_stored{model_name="fake-model"} 4.0' in metrics
+    assert 'pagedserve:responses_evicted_total{model_name="fake-model"} 1.0' in metrics
 
 
 def test_store_lru_ttl_and_bytes() -> None:
