@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.spec_decode.ngram import NgramIndex
 from tests.tiny_models import write_gguf_llama, write_hf_model
 from tests.tiny_tokenizers import write_tiny_bpe
@@ -163,3 +164,23 @@ def test_pages_come_back_and_only_verified_pages_are_cached(gguf: str) -> None:
         (len(o.prompt_token_ids) + len(o.outputs[0].token_ids) - 1) // 4 for o in outputs
     )
     assert stats.num_cached_pages == verified
+
+
+# ---- the default model ---------------------------------------------------------------------
+
+
+def test_default_model_greedy_equal_on_a_repeating_prompt(default_model: ResolvedModel) -> None:
+    """SmolLM2-135M (Q4_1, the default dtype: batch-invariant kernels), a rewrite of code it
+    was shown, batched with a prompt that gives nothing to copy."""
+    code = "\n".join(f"    total = total + values[{i}] * {i + 1}" for i in range(12))
+    prompts = [
+        f"def weighted(values):\n    total = 0\n{code}\n    return total\n\n"
+        f"# The same function, unchanged:\ndef weighted(values):\n    total = 0\n",
+        "The capital of France is",
+    ]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, spec = engines(str(default_model.path), max_model_len=512)
+    want = tokens(base, prompts, params)
+    assert tokens(spec, prompts, params) == want
+    stats = spec.engine.stats().spec_decode
+    assert stats is not None and stats.num_accepted_tokens >= 8, stats
