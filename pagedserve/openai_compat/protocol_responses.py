@@ -21,11 +21,18 @@ from pydantic import (
     Tag,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from pagedserve.openai_compat.protocol import FieldError, _no_nul, _Strict
 
 Text = Annotated[str, AfterValidator(_no_nul)]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+def _never(schema: JsonDict) -> None:
+    """The published schema of a shape that is always refused: nothing matches it (so valid
+    generated bodies never hold it; schema-breaking ones may)."""
+    schema["not"] = {}
 
 
 def _tag(default: str, message: str) -> Any:
@@ -74,7 +81,7 @@ class Refusal(_Strict):
 class MediaPart(BaseModel):
     """Images, files and audio: declared so the error names them; this server reads text."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
     type: Literal["input_image", "input_file", "input_audio"]
 
     @model_validator(mode="after")
@@ -184,7 +191,7 @@ class BuiltinTool(BaseModel):
     """OpenAI's hosted tools (web_search, file_search, computer_use_preview, code_interpreter,
     image_generation, mcp, ...): refused by name, never silently ignored."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
     type: str
 
     @model_validator(mode="after")
@@ -216,7 +223,7 @@ class ToolChoiceAllowed(_Strict):
 
 
 class ToolChoiceBuiltin(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
     type: str
 
     @model_validator(mode="after")
@@ -296,7 +303,7 @@ _RESPONSES_HARMLESS: dict[str, Callable[[Any], bool]] = {
     "prompt_cache_retention": lambda v: True,
     "prompt_cache_options": lambda v: True,
     "stream_options": lambda v: True,
-    "top_logprobs": lambda v: v in (None, 0),
+    "top_logprobs": lambda v: v is None or (v == 0 and type(v) is int),
     "prompt": lambda v: v is None,
     "conversation": lambda v: v is None,
     "context_management": lambda v: v is None,
@@ -321,7 +328,28 @@ def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+def _accepts(*values: Any) -> Any:
+    """A field whose published schema is just the values accepted (default None)."""
+
+    def schema(field: JsonDict) -> None:
+        field.clear()
+        field.update({"enum": list(values), "default": None})
+
+    return Field(default=None, json_schema_extra=schema)
+
+
+_INPUT_OR_PREVIOUS: JsonDict = {
+    "anyOf": [
+        {"required": ["input"], "properties": {"input": {"not": {"type": "null"}}}},
+        {"required": ["previous_response_id"],
+         "properties": {"previous_response_id": {"type": "string"}}},
+    ]
+}  # fmt: skip
+
+
 class ResponsesRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_INPUT_OR_PREVIOUS)
+
     model: str | None = None
     input: Input | None = None
     instructions: Text | None = None
@@ -343,22 +371,23 @@ class ResponsesRequest(_Strict):
     truncation: Literal["auto", "disabled"] | None = None
     """"auto" is accepted; an input that does not fit is a 400 either way."""
     include: list[Includable] | None = None
-    # Declared so the schema documents them; refused by refuse_unsupported.
-    service_tier: str | None = None
+    # Declared so the schema documents them; refused by refuse_unsupported unless harmless (the
+    # published schema shows only the accepted values).
+    service_tier: str | None = _accepts(None, "auto", "default")
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
     stream_options: StreamOptions | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    prompt: dict[str, Any] | None = None
-    conversation: str | dict[str, Any] | None = None
-    context_management: list[dict[str, Any]] | None = None
-    background_options: dict[str, Any] | None = None
-    moderation: dict[str, Any] | None = None
-    image: dict[str, Any] | None = None
-    access_programs: dict[str, Any] | None = None
-    max_tool_calls: int | None = None
+    top_logprobs: int | None = _accepts(None, 0)
+    prompt: dict[str, Any] | None = _accepts(None)
+    conversation: str | dict[str, Any] | None = _accepts(None)
+    context_management: list[dict[str, Any]] | None = _accepts(None)
+    background_options: dict[str, Any] | None = _accepts(None)
+    moderation: dict[str, Any] | None = _accepts(None)
+    image: dict[str, Any] | None = _accepts(None)
+    access_programs: dict[str, Any] | None = _accepts(None)
+    max_tool_calls: int | None = _accepts(None)
 
     @model_validator(mode="after")
     def refuse_unsupported(self) -> ResponsesRequest:

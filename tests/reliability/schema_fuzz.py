@@ -39,7 +39,7 @@ def post_operations(schema: Any) -> list[Any]:
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
-def clamp(body: Any) -> Any:
+def clamp(body: Any, path: str = "/v1/chat/completions") -> Any:
     """Bound the engine work of a generated body without changing its validity: positive
     sizes are lowered to small positive sizes, absent or null max_tokens get a small one."""
     if not isinstance(body, dict):
@@ -49,13 +49,11 @@ def clamp(body: Any) -> Any:
         value = body.get(name)
         if type(value) in (int, float) and value > MAX_TOKENS_CAP:
             body[name] = MAX_TOKENS_CAP
-    if "prompt" in body or "messages" in body:
+    if path != "/v1/responses" and ("prompt" in body or "messages" in body):
         # Absent or null means "up to the context length": ~1000 tokens, minutes on a CPU.
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_TOKENS_CAP
-    if ("input" in body or "previous_response_id" in body) and body.get(
-        "max_output_tokens"
-    ) is None:
+    if path == "/v1/responses" and body.get("max_output_tokens") is None:
         body["max_output_tokens"] = MAX_TOKENS_CAP
     if type(body.get("n")) is int and body["n"] > N_CAP:
         body["n"] = N_CAP
@@ -156,7 +154,7 @@ def fuzz_operation(
     @given(case=op.as_strategy(generation_mode=mode), _=st.just(None))
     def one(case: Any, _: None) -> None:
         if op.path in GENERATION_PATHS:  # /tokenize has no max_tokens to clamp
-            case.body = clamp(case.body)
+            case.body = clamp(case.body, op.path)
         try:
             response = case.call(base_url=base_url, session=session, timeout=120)
         except requests.RequestException as exc:
