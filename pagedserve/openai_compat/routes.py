@@ -80,7 +80,7 @@ async def response(request: Request) -> Response:
     service, response_id = _stored_response(request)
     if request.method == "DELETE":
         return JSONResponse(service.delete(response_id))
-    return JSONResponse(service.retrieve(response_id))
+    return JSONResponse(service.retrieve(response_id, dict(request.query_params)))
 
 
 @endpoint

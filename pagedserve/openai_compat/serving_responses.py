@@ -263,7 +263,9 @@ class ResponsesService:
                                   "response.incomplete")  # fmt: skip
         yield frame({"type": final, "response": run.response})
 
-    def retrieve(self, response_id: str) -> dict[str, Any]:
+    def retrieve(self, response_id: str, query: dict[str, str]) -> dict[str, Any]:
+        if query.get("stream", "false") != "false":
+            raise errors.invalid("Streaming a stored response again is not supported.", "stream")
         return self._stored(response_id).response
 
     def delete(self, response_id: str) -> dict[str, Any]:

@@ -137,6 +137,7 @@ def test_retrieve_delete_input_items_and_404s(client: TestClient) -> None:
                                  {"role": "user", "content": [{"type": "input_text", "text": "b"}]}])  # fmt: skip
     rid = body["id"]
     assert client.get(f"/v1/responses/{rid}").json() == body
+    assert error(client.get(f"/v1/responses/{rid}", params={"stream": "true"}))["param"] == "stream"
     items = client.get(f"/v1/responses/{rid}/input_items", params={"order": "asc"}).json()
     assert [i["content"][0]["text"] for i in items["data"]] == ["a", "b"]
     assert all(i["id"].startswith("msg_") for i in items["data"]) and not items["has_more"]
