@@ -29,6 +29,8 @@ WEATHER = {
 TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
                      "parameters": WEATHER, "strict": True}]  # fmt: skip
 NAMED: Any = {"type": "function", "name": "get_weather"}
+YES_NO = {"type": "object", "properties": {"yes": {"type": "boolean"}}, "required": ["yes"],
+          "additionalProperties": False}  # fmt: skip
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
@@ -52,21 +54,23 @@ def test_create_plain(client: openai.OpenAI, server: Server) -> None:
 
 
 def test_stream_helper_and_raw_events(client: openai.OpenAI, server: Server) -> None:
-    # The helper needs response.completed (an incomplete one ends with response.incomplete).
+    # The helper needs response.completed (an incomplete one ends with response.incomplete):
+    # a one-boolean schema makes the answer end after a few tokens.
     with client.responses.stream(
-        model=server.model, input="Say hello.", max_output_tokens=60, temperature=0
-    ) as stream:
+        model=server.model, input="Is the sky blue?", max_output_tokens=30, temperature=0,
+        text={"format": {"type": "json_schema", "name": "yes_no", "schema": YES_NO}},
+    ) as stream:  # fmt: skip
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert deltas and "".join(deltas) == final.output_text
     raw = client.responses.create(
-        model=server.model, input="Count to five.", max_output_tokens=12, temperature=0,
+        model=server.model, input="Count to five.", max_output_tokens=6, temperature=0,
         stream=True,
     )  # fmt: skip
     seen = [event.type for event in raw]
     assert seen[0] == "response.created" and seen[-1] in ("response.completed",
                                                           "response.incomplete")  # fmt: skip
-    body = {"model": server.model, "input": "Count to five.", "max_output_tokens": 12,
+    body = {"model": server.model, "input": "Count to five.", "max_output_tokens": 6,
             "stream": True}  # fmt: skip
     headers = {"Authorization": f"Bearer {API_KEY}"}
     r = httpx.post(server.base_url + "/v1/responses", json=body, headers=headers, timeout=120)
@@ -87,14 +91,14 @@ def test_function_tool_round_trip(client: openai.OpenAI, server: Server) -> None
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}
     second = client.responses.create(
         model=server.model, input=[result], previous_response_id=first.id, tools=TOOLS,
-        tool_choice="none", max_output_tokens=16, temperature=0,
+        tool_choice="none", max_output_tokens=8, temperature=0,
     )  # fmt: skip
     assert second.output_text and second.previous_response_id == first.id
     # The same turn without the store: the earlier output replayed as input.
     replay = [{"role": "user", "content": "What is the weather in Paris?"}, *first.output, result]
     third = client.responses.create(
         model=server.model, input=replay, tools=TOOLS, tool_choice="none", store=False,
-        max_output_tokens=16, temperature=0,
+        max_output_tokens=8, temperature=0,
     )  # fmt: skip
     assert third.output_text == second.output_text
     assert third.usage and second.usage and third.usage.input_tokens == second.usage.input_tokens
@@ -178,12 +182,16 @@ def test_openai_agents_sdk_with_a_function_tool(server: Server) -> None:
         model_settings=ModelSettings(tool_choice="get_weather", max_tokens=40, temperature=0),
         tool_use_behavior="stop_on_first_tool",
     )
-    plain = Agent(name="plain", instructions="Be brief.",
+
+    class Answer(BaseModel):  # structured output: the answer ends after a few tokens
+        yes: bool
+
+    plain = Agent(name="plain", instructions="Answer in JSON.", output_type=Answer,
                   model=OpenAIResponsesModel(model=server.model, openai_client=aclient),
-                  model_settings=ModelSettings(max_tokens=60, temperature=0))  # fmt: skip
+                  model_settings=ModelSettings(max_tokens=30, temperature=0))  # fmt: skip
 
     async def run_all() -> tuple[Any, Any, list[str]]:  # one loop: the client's connections
-        streamed = Runner.run_streamed(plain, "Say hi.", max_turns=1)
+        streamed = Runner.run_streamed(plain, "Is the sky blue?", max_turns=1)
         kinds = [event.type async for event in streamed.stream_events()]
         return (
             await Runner.run(agent, "What is the weather in Paris?", max_turns=3),
@@ -193,7 +201,7 @@ def test_openai_agents_sdk_with_a_function_tool(server: Server) -> None:
 
     result, streamed, kinds = asyncio.run(run_all())
     assert len(calls) == 1 and result.final_output == f"21 C and sunny in {calls[0]}"
-    assert streamed.final_output and "raw_response_event" in kinds
+    assert isinstance(streamed.final_output, Answer) and "raw_response_event" in kinds
 
 
 def test_langchain_use_responses_api_with_bind_tools(server: Server) -> None:
@@ -208,7 +216,7 @@ def test_langchain_use_responses_api_with_bind_tools(server: Server) -> None:
 
     llm = ChatOpenAI(
         model=server.model, base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0,
-        use_responses_api=True, max_tokens=40, temperature=0,
+        use_responses_api=True, max_tokens=30, temperature=0,
     )  # fmt: skip
     assert llm.invoke("Say hello.").text
     bound = llm.bind_tools([get_weather], tool_choice="get_weather")
