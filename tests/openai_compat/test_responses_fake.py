@@ -393,3 +393,31 @@ def test_client_gone_aborts_and_stores_cancelled() -> None:
     finally:
         server.stop()
         server.join()
+
+
+def test_items_become_chat_messages() -> None:
+    from pagedserve.openai_compat.responses_input import chat_messages
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    items = [
+        {"type": "message", "role": "developer", "content": "Rules."},
+        {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                     {"type": "input_text", "text": "b"}]},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Let me check."}]},
+        call,
+        {**call, "call_id": "c2"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2",
+         "output": [{"type": "input_text", "text": "2"}]},
+        {**call, "call_id": "c3"},
+    ]  # fmt: skip
+    messages = chat_messages("Be kind.", items)
+    assert [m["role"] for m in messages] == [
+        "system", "system", "user", "assistant", "tool", "tool", "assistant",
+    ]  # fmt: skip
+    assert messages[2]["content"] == "ab" and messages[3]["content"] == "Let me check."
+    assert [c["id"] for c in messages[3]["tool_calls"]] == ["c1", "c2"]
+    assert messages[5] == {"role": "tool", "tool_call_id": "c2", "content": "2"}
+    assert messages[6]["content"] is None and messages[6]["tool_calls"][0]["id"] == "c3"
