@@ -223,7 +223,15 @@ class ResponsesService:
                 pass
         finally:
             await drive.aclose()  # type: ignore[attr-defined]
+            self._abandon(run)
         return run.response
+
+    def _abandon(self, run: _Run) -> None:
+        """A run whose generation never started (its reader left first): abort it and record
+        it cancelled, as a started one records itself."""
+        if not run.done.is_set():
+            run.stream.close()
+            self._finish(run, OutputBuilder(run.summary), "cancelled", None, [0, 0])
 
     async def _background(self, run: _Run) -> None:
         try:
@@ -244,10 +252,10 @@ class ResponsesService:
             return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
         snapshot = {**run.response, "status": "in_progress"}
-        yield frame({"type": "response.created", "response": snapshot})
-        yield frame({"type": "response.in_progress", "response": snapshot})
         drive = self._drive(run)
         try:
+            yield frame({"type": "response.created", "response": snapshot})
+            yield frame({"type": "response.in_progress", "response": snapshot})
             async for events in drive:
                 for event in events:
                     yield frame(event)
@@ -258,6 +266,7 @@ class ResponsesService:
             yield frame({"type": "error", **error, "param": None})
         finally:
             await drive.aclose()  # type: ignore[attr-defined]
+            self._abandon(run)
         status = run.response["status"]
         final = _FINAL_EVENTS.get(status, "response.failed" if status == "failed" else
                                   "response.incomplete")  # fmt: skip

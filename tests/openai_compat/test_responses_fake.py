@@ -4,6 +4,7 @@ background runs, tools, reasoning and every refusal as OpenAI's error envelope."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -421,3 +422,26 @@ def test_items_become_chat_messages() -> None:
     assert [c["id"] for c in messages[3]["tool_calls"]] == ["c1", "c2"]
     assert messages[5] == {"role": "tool", "tool_call_id": "c2", "content": "2"}
     assert messages[6]["content"] is None and messages[6]["tool_calls"][0]["id"] == "c3"
+
+
+def test_a_stream_left_before_generation_starts_is_aborted_and_recorded() -> None:
+    from pagedserve.openai_compat.metrics import ServerMetrics
+    from pagedserve.openai_compat.protocol_responses import ResponsesRequest
+    from pagedserve.openai_compat.serving_common import ServingContext
+    from pagedserve.openai_compat.serving_responses import ResponsesService
+
+    async def main() -> None:
+        engine = FakeEngine(token_delay=0.05)
+        ctx = ServingContext(engine, "fake-model", ServerMetrics("fake-model", lambda: engine))
+        service = ResponsesService(ctx, ResponseStore(10, 1 << 20, 60))
+        req = ResponsesRequest.model_validate({"input": "hi", "stream": True})
+        run = await service._start(req)
+        frames = service._frames(run)
+        await frames.__anext__()  # response.created went out, then the client left
+        await frames.aclose()  # type: ignore[attr-defined]
+        rid = run.response["id"]
+        assert run.done.is_set() and not service.running and engine.aborted == [rid]
+        stored = service.store.get(rid)
+        assert stored is not None and stored.response["status"] == "cancelled"
+
+    asyncio.run(main())
