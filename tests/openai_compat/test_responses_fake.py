@@ -445,3 +445,10 @@ def test_a_stream_left_before_generation_starts_is_aborted_and_recorded() -> Non
         assert stored is not None and stored.response["status"] == "cancelled"
 
     asyncio.run(main())
+
+
+def test_an_embedding_server_refuses_responses(engine: FakeEngine) -> None:
+    engine.model_info = dataclasses.replace(engine.model_info, task="embed")
+    for client in fake_client(engine):
+        e = error(client.post("/v1/responses", json={"input": "hi"}))
+        assert "/v1/responses is not available" in e["message"] and e["param"] == "model"
