@@ -365,9 +365,9 @@ def _speculator(config: EngineConfig, parts: EngineParts) -> Speculator | None:
     spec = config.speculative
     if spec.speculative_method is None:
         return None
-    if spec.speculative_method != "ngram":
-        raise ValueError(f"speculative_method {spec.speculative_method!r} is not built yet")
-    return Speculator(spec, parts.scheduler.propose, _grammar_prefix)
+    runner = parts.model_runner
+    draft = runner.propose_drafts if spec.speculative_method == "draft" else None
+    return Speculator(spec, parts.scheduler.propose, _grammar_prefix, draft)
 
 
 def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:

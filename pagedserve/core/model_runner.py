@@ -33,6 +33,7 @@ from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
 from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.spec_decode.draft import DraftModel
 from pagedserve.core.spec_decode.verify import Verification, num_accepted, verification
 
 
@@ -82,6 +83,7 @@ class ModelRunner:
         eos_token_ids: frozenset[int],
         tp: TensorParallel | None = None,
         pooler: PoolerConfig | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         """`arch` is the model's shape on this rank (model.arch: a rank's share of the heads
         under tensor parallelism, whose KV cache holds its own heads only). `pooler`: how
@@ -89,6 +91,8 @@ class ModelRunner:
         whose workers compute the logits of every sampled row)."""
         assert pooler is None or tp is None, "embeddings run at tensor_parallel_size 1"
         self.pooler = Pooler(pooler) if pooler is not None else None
+        self.draft = draft
+        """The draft model of --speculative-method draft (its own weights and KV cache)."""
         self.model = model
         self.tp = tp
         self.arch = arch
@@ -136,6 +140,13 @@ class ModelRunner:
         self._seeds.pop(seq_id, None)
         if self.pooler is not None:
             self.pooler.release(seq_id)
+        if self.draft is not None:
+            self.draft.release(seq_id)
+
+    def propose_drafts(self, requests: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
+        """The draft model's tokens: (seq_id, prompt + output, most drafts) -> drafts."""
+        assert self.draft is not None, "no draft model (--speculative-method draft)"
+        return self.draft.propose(requests)
 
     def _generator(self, seed: int, position: int) -> torch.Generator:
         """The draws of output position `position` of a sequence seeded `seed`."""

@@ -44,6 +44,7 @@ from pagedserve.core.ops.linear import amx_available
 from pagedserve.core.ops.linear_quant import quant_linear_path
 from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.spec_decode.draft import DraftModel
 from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             tp.close(polite=False)
         raise
     layout = KVCacheLayout(spec, num_pages)
+    draft = None
+    if config.speculative.speculative_method == "draft":
+        if tp is not None:
+            raise ValueError("speculative_method draft runs at tensor_parallel_size 1")
+        draft = build_draft_model(config, tokenizer, dtype, device, num_pages)
     runner = ModelRunner(
         model,
         model.arch,
@@ -190,6 +196,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         eos_token_ids=tokenizer.eos_token_ids,
         tp=tp,
         pooler=pooler,
+        draft=draft,
     )
     scheduler = Scheduler(
         num_pages=num_pages,
@@ -307,6 +314,33 @@ def start_tensor_parallel(
         parallel=parallel,
     )
     return TensorParallel.start(spec)
+
+
+def build_draft_model(
+    config: EngineConfig,
+    tokenizer: Tokenizer,
+    dtype: torch.dtype,
+    device: torch.device,
+    num_pages: int,
+) -> DraftModel:
+    """--speculative-model, loaded as the target is (dtype, device, kernels), with a KV pool of
+    the target's number of pages; ValueError when its vocabulary is not the target's."""
+    mc, path = config.model, config.speculative.speculative_model
+    assert path, "SpeculativeConfig checks that draft has a model"
+    resolved = resolve_model(path)
+    draft_vocab = load_tokenizer(resolved.path).vocab_size
+    if draft_vocab != tokenizer.vocab_size:
+        raise ValueError(
+            f"speculative_model: {resolved.name} has {draft_vocab} tokens, the target "
+            f"{tokenizer.vocab_size}: a draft model needs the target's tokenizer"
+        )
+    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
+    model, _arch = load_model(resolved, dtype=dtype, device=device, attention=attention,
+                              max_positions=mc.max_model_len, group=None,
+                              quantization=mc.quantization, pack=False)  # fmt: skip
+    pack_for_dispatch(model, config, dtype, device, tensor_parallel=False)
+    page_size = config.cache.page_size
+    return DraftModel(model, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device)
 
 
 def is_batch_invariant(

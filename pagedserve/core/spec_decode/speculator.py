@@ -1,6 +1,7 @@
 """The engine's side of speculative decoding: before each schedule(), a draft for every
-decoding sequence that still pays (ngram.py proposes it); after each step, what the target
-accepted, which tunes the next drafts and feeds /metrics. No torch.
+decoding sequence that still pays (ngram.py proposes it, or the draft model, draft.py, held by
+the model runner, for all of them in one batch); after each step, what the target accepted,
+which tunes the next drafts and feeds /metrics. No torch.
 
 When it pays (docs/design.md, measured in bench/RESULTS.md): a verification chunk costs the
 target one row per proposed token, nearly free while a step is bound by reading the weights
@@ -15,6 +16,7 @@ target one row per proposed token, nearly free while a step is bound by reading 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,9 @@ from pagedserve.core.spec_decode.ngram import NgramIndex
 if TYPE_CHECKING:
     from pagedserve.core.request import Sequence
 
+DraftBatch = Callable[[list[tuple[int, list[int], int]]], dict[int, list[int]]]
+"""(seq_id, prompt + output tokens, most drafts) per sequence -> its drafts (draft.py)."""
+
 _MISSES = 3
 _PAUSE = 8
 _MAX_PAUSE = 256
@@ -32,7 +37,7 @@ _MAX_PAUSE = 256
 
 @dataclass
 class _SeqState:
-    index: NgramIndex
+    index: NgramIndex | None
     length: int
     """Draft length for the next proposal."""
     misses: int = 0
@@ -47,13 +52,16 @@ class Speculator:
         config: SpeculativeConfig,
         propose: Callable[[int, list[int]], None],
         cut: Callable[[Sequence, list[int]], list[int]] | None = None,
+        draft_batch: DraftBatch | None = None,
     ) -> None:
         """`propose(seq_id, draft)`: hands a draft to the scheduler; `cut(seq, draft)`: the
-        prefix its grammar accepts (structured output)."""
-        assert config.speculative_method == "ngram", "the draft model has its own proposer"
+        prefix its grammar accepts (structured output); `draft_batch`: the draft model's
+        proposer (method draft; ngram without)."""
+        assert (config.speculative_method == "draft") == (draft_batch is not None)
         self.config = config
         self._propose = propose
         self._cut = cut
+        self._draft_batch = draft_batch
         self._states: dict[int, _SeqState] = {}
         self.stats = SpecDecodeStats(accepted_per_pos=[0] * config.num_speculative_tokens)
 
@@ -61,30 +69,44 @@ class Speculator:
         """Drafts for the next schedule() (the scheduler uses those of decoding sequences)."""
         if num_running > self.config.speculative_max_batch:
             return
-        for seq in seqs:
-            if not seq.output_token_ids or seq.finished or seq.request.pooling is not None:
-                continue
-            draft = self._draft(seq)
+        wanted = [(seq, state, room) for seq, state, room in self._wanted(seqs) if room > 0]
+        if self._draft_batch is not None:
+            batch = [(s.seq_id, [*s.request.prompt_token_ids, *s.output_token_ids], room)
+                     for s, _, room in wanted]  # fmt: skip
+            found = self._draft_batch(batch) if batch else {}
+            drafts = [(seq, found.get(seq.seq_id, [])) for seq, _, _ in wanted]
+        else:
+            drafts = [(seq, _ngram(state, seq, room)) for seq, state, room in wanted]
+        for seq, draft in drafts:
+            if draft and seq.grammar is not None and self._cut is not None:
+                draft = self._cut(seq, draft)
             if draft:
                 self._propose(seq.seq_id, draft)
 
-    def _draft(self, seq: Sequence) -> list[int]:
-        state = self._states.get(seq.seq_id)
-        if state is None:
-            config = self.config
-            index = NgramIndex(seq.request.prompt_token_ids, config.ngram_min, config.ngram_max)
-            state = self._states[seq.seq_id] = _SeqState(index, config.num_speculative_tokens)
-        if state.pause > 0:
-            state.pause -= 1
-            return []
-        # Never past max_tokens: the target's own token comes after the drafts.
-        room = min(state.length, seq.request.max_tokens - len(seq.output_token_ids) - 1)
-        if room <= 0:
-            return []
-        draft = state.index.propose(seq.output_token_ids, room)
-        if draft and seq.grammar is not None and self._cut is not None:
-            draft = self._cut(seq, draft)
-        return draft
+    def _wanted(self, seqs: Iterable[Sequence]) -> Iterable[tuple[Sequence, _SeqState, int]]:
+        """Each sequence that may speculate now, with its state and its most drafts."""
+        for seq in seqs:
+            if not seq.output_token_ids or seq.finished or seq.request.pooling is not None:
+                continue
+            state = self._states.get(seq.seq_id)
+            if state is None:
+                state = self._states[seq.seq_id] = self._new_state(seq.request.prompt_token_ids)
+            if state.pause > 0:
+                state.pause -= 1
+                continue
+            # Never past max_tokens: the target's own token comes after the drafts.
+            yield (
+                seq,
+                state,
+                min(state.length, seq.request.max_tokens - len(seq.output_token_ids) - 1),
+            )
+
+    def _new_state(self, prompt_token_ids: Seq[int]) -> _SeqState:
+        config = self.config
+        index = None
+        if self._draft_batch is None:
+            index = NgramIndex(prompt_token_ids, config.ngram_min, config.ngram_max)
+        return _SeqState(index, config.num_speculative_tokens)
 
     def observe(self, seq_id: int, num_draft: int, num_accepted: int) -> None:
         """A verification of `num_draft` tokens kept `num_accepted` of them."""
@@ -110,3 +132,8 @@ class Speculator:
 
     def release(self, seq_id: int) -> None:
         self._states.pop(seq_id, None)
+
+
+def _ngram(state: _SeqState, seq: Sequence, room: int) -> list[int]:
+    assert state.index is not None
+    return state.index.propose(seq.output_token_ids, room)
