@@ -1,7 +1,8 @@
-"""A bounded schemathesis run (100 cases) against the live server's /openapi.json: valid and
-schema-breaking bodies for every POST route. No response is a 5xx (nor a server-error frame
-inside a 200 stream), every 4xx is OpenAI's error envelope, and the server is healthy after.
-The 10,000-case run is bench/fuzz_long.py."""
+"""A bounded schemathesis run (EXAMPLES per route and mode: 160 cases) against the live server's
+/openapi.json: valid and schema-breaking bodies for every POST route (the Responses API's cancel
+route: its path id). No response is a 5xx (nor a server-error frame inside a 200 stream),
+every 4xx is OpenAI's error envelope, and the server is healthy after. The 10,000-case run is
+bench/fuzz_long.py."""
 
 from __future__ import annotations
 
