@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 from typing import Any
 
 import httpx
@@ -229,3 +231,20 @@ def test_langchain_use_responses_api_with_bind_tools(server: Server) -> None:
     history = [*ask, message, ToolMessage("21 C", tool_call_id=call["id"])]
     after = llm.bind_tools([get_weather], tool_choice="none").invoke(history)
     assert after.text
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_curl_streaming(server: Server) -> None:
+    body = {"model": server.model, "input": "Hi", "max_output_tokens": 4, "stream": True}
+    out = subprocess.run(
+        ["curl", "-sS", "-N", server.base_url + "/v1/responses",
+         "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {API_KEY}",
+         "-d", orjson.dumps(body).decode()],
+        capture_output=True, timeout=120, check=True,
+    ).stdout.decode()  # fmt: skip
+    frames = [f.split("\n") for f in out.split("\n\n") if f]
+    assert all(len(f) == 2 and f[0].startswith("event: ") for f in frames), out[:500]
+    events = [orjson.loads(f[1].removeprefix("data: ")) for f in frames]
+    assert [f[0][7:] for f in frames] == [e["type"] for e in events]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
