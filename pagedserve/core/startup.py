@@ -109,7 +109,9 @@ def cpu_kernels(deterministic: bool) -> str:
     text = (
         f"cpu kernels: isa {cpu_isa()} (attention {attention}, int8 linear {quant_linear_path()})"
     )
-    if not deterministic and attention in ("portable", "avx2"):
+    if deterministic:  # attention/kernels.hpp: every level rounds alike
+        text += "; deterministic: attention scores alike in any batch, same bits at every level"
+    elif attention in ("portable", "avx2"):
         text += "; --no-deterministic: no faster decode attention at this level"
     return text
 

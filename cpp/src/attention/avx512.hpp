@@ -241,7 +241,9 @@ void softmax_step_avx512(float* s, const Span& span, float& row_max, float& row_
         _mm512_storeu_ps(s + c, e);
         sum = _mm512_add_ps(sum, e);
     }
-    row_sum = row_sum * alpha + _mm512_reduce_add_ps(sum);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    row_sum = std::fma(row_sum, alpha, sum16(lanes));  // as softmax_step: the same bits
     row_max = new_max;
     if (alpha != 1.0f) {
         const __m512 a = _mm512_set1_ps(alpha);

@@ -37,28 +37,46 @@
 #pragma GCC push_options
 PAGEDSERVE_TARGET_PRAGMA(PAGEDSERVE_ISA_TARGET)
 #endif
+// Every level rounds the same (issue 24): no multiply-add is fused unless the source says so
+// (std::fma here, _mm512_fmadd_ps in avx512.hpp, at the same steps), so the portable, AVX2 and
+// AVX-512 copies give the same bits for fp32 (and widened bf16) caches. The int8 activations of
+// a quantized model would turn a last-bit difference here into different tokens.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 
 namespace pagedserve::PAGEDSERVE_ISA_NS {
 namespace {
 // e^x for x <= 0 (scores minus their running max), vectorizable: 2^i * e^f with i = round(x /
 // ln 2) and |f| <= ln(2) / 2, where a degree-7 Taylor polynomial is good to ~1e-8 relative.
+// Step for step what exp_nonpositive16 (avx512.hpp) does on 16 lanes, its fused steps as fma.
 inline float exp_nonpositive(float x) {
     x = std::max(x, -87.0f);  // keeps 2^i a normal float; e^-87 is below fp32 resolution of 1
     const float t = x * 1.44269504088896341f;
     const float i = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-    const float f = (x - i * 0.693359375f) + i * 2.12194440e-4f;  // Cody-Waite: exact i * hi
+    float f = std::fma(-i, 0.693359375f, x);  // Cody-Waite: x - i ln 2, in two steps
+    f = std::fma(i, 2.12194440e-4f, f);
     float p = 1.0f / 5040.0f;
-    p = p * f + 1.0f / 720.0f;
-    p = p * f + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
+    p = std::fma(p, f, 1.0f / 720.0f);
+    p = std::fma(p, f, 1.0f / 120.0f);
+    p = std::fma(p, f, 1.0f / 24.0f);
+    p = std::fma(p, f, 1.0f / 6.0f);
+    p = std::fma(p, f, 0.5f);
+    p = std::fma(p, f, 1.0f);
+    p = std::fma(p, f, 1.0f);
     const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(i) + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, sizeof(scale));
     return p * scale;
+}
+
+// The sum of 16 lanes in one fixed tree (halves, then quarters, then pairs): every level's
+// softmax sums a row's weights into 16 lanes (key j into lane j % 16) and folds them here, so
+// the sum does not depend on the vector width.
+inline float sum16(const float v[16]) {
+    float h[8], q[4];
+    for (int l = 0; l < 8; ++l) h[l] = v[l] + v[l + 8];
+    for (int l = 0; l < 4; ++l) q[l] = h[l] + h[l + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 // The keys [lo, hi) a query vector sees in a key block of n (>= hi) scored keys, and the soft cap
@@ -379,6 +397,7 @@ void attention(const AttentionArgs& args, int num_threads) {
 
 }  // namespace pagedserve::PAGEDSERVE_ISA_NS
 
+#pragma GCC pop_options  // fp-contract
 #ifdef PAGEDSERVE_ISA_TARGET
 #pragma GCC pop_options
 #endif

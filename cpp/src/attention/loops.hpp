@@ -1,7 +1,8 @@
 // Portable score, softmax and value kernels of the CPU paged attention: included by
 // attention/kernels.hpp inside its anonymous namespace (after Scratch and
 // exp_nonpositive), in every ISA level's copy.
-// Plain loops the compiler vectorizes; kD = 0 takes the head size at run time.
+// Plain loops the compiler vectorizes; kD = 0 takes the head size at run time. Their fused steps
+// (std::fma) and sums are the AVX-512 kernels' (avx512.hpp), so every level gives the same bits.
 
 // Scores of kR query vectors (rows of q) against the transposed keys k_t [head_size][width],
 // 16 keys per register, into kR rows of s (stride width). The kR independent accumulators
@@ -17,7 +18,7 @@ void scores_transposed(const float* q, const float* k_t, std::int64_t n, std::in
             for (int r = 0; r < kR; ++r) {
                 const float qd = q[r * d_len + d];
 #pragma omp simd
-                for (int j = 0; j < kChunk; ++j) part[r][j] += qd * row[j];
+                for (int j = 0; j < kChunk; ++j) part[r][j] = std::fma(qd, row[j], part[r][j]);
             }
         }
         for (int r = 0; r < kR; ++r) std::memcpy(s + r * width + c, part[r], sizeof(part[r]));
@@ -42,15 +43,21 @@ void softmax_step(float* s, const Span& span, std::int64_t d_rt, float& row_max,
     // row_max == -inf only before the first block, when acc and row_sum are still zero.
     const float alpha = row_max == -std::numeric_limits<float>::infinity()
                             ? 0.0f : exp_nonpositive(row_max - new_max);
-    float tile_sum = 0.0f;
-#pragma omp simd reduction(+ : tile_sum)
-    for (std::int64_t j = lo; j < hi; ++j) {
-        s[j] = exp_nonpositive(s[j] - new_max);
-        tile_sum += s[j];
+    // 16 keys at a time from the chunk holding lo, as a 16-lane register would (s has room up to
+    // round_up(n)): key j adds to lane j % 16, keys outside [lo, hi) add weight 0.
+    float lanes[kChunk] = {};
+    for (std::int64_t c = lo / kChunk * kChunk; c < hi; c += kChunk) {
+#pragma omp simd
+        for (int l = 0; l < kChunk; ++l) {
+            const std::int64_t j = c + l;
+            const float e = exp_nonpositive(s[j] - new_max);
+            s[j] = j >= lo && j < hi ? e : 0.0f;
+            lanes[l] += s[j];
+        }
     }
     std::fill(s, s + lo, 0.0f);
     std::fill(s + hi, s + span.n, 0.0f);
-    row_sum = row_sum * alpha + tile_sum;
+    row_sum = std::fma(row_sum, alpha, sum16(lanes));
     row_max = new_max;
     if (alpha != 1.0f) {
 #pragma omp simd
@@ -78,7 +85,7 @@ void accumulate_values(const float* s, std::int64_t s_stride, std::int64_t n, co
                 const float pj = s[r * s_stride + key0 + j];
                 float* out = kD ? a[r] : rows[r];
 #pragma omp simd
-                for (std::int64_t d = 0; d < d_len; ++d) out[d] += pj * vr[d];
+                for (std::int64_t d = 0; d < d_len; ++d) out[d] = std::fma(pj, vr[d], out[d]);
             }
         }
     }

@@ -10,6 +10,7 @@ from attention_batches import devices, make_batch
 
 from pagedserve.core.attention import reference
 from pagedserve.core.ops import attention as ops
+from pagedserve.core.ops.cpu_features import forced_cpu_isa
 
 # A mixed batch: a one-token prompt, a request with no query this step, decodes at and across
 # page boundaries, a prefill chunk that starts mid-page and spans pages, and a fresh prompt.
@@ -84,6 +85,29 @@ def test_every_cpu_isa_level_matches_reference(cpu_isa: str, head_size: int, gro
             b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
                            dtype=dtype, device="cpu", seed=i)  # fmt: skip
             assert_close(run_native(b), run_reference(b), dtype)
+
+
+@pytest.mark.parametrize(("head_size", "group"), [(64, 3), (128, 4), (48, 3)])
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (24, 0.0), (0, 5.0)])
+def test_every_cpu_isa_level_gives_the_portable_bits(
+    cpu_isa: str, head_size: int, group: int, window: int, softcap: float
+) -> None:
+    """With --deterministic every level rounds alike (issue 24): fp32 caches, and bf16 ones
+    widened to fp32, give the portable loops' bits on every level; only bf16 with vdpbf16ps
+    (avx512_bf16 and amx: pair products summed in hardware) rounds its own way."""
+    for i, dtype in enumerate((torch.float32, torch.bfloat16)):
+        if dtype == torch.bfloat16 and cpu_isa in ("avx512_bf16", "amx") and head_size % 32 == 0:
+            continue
+        for q_lens, seq_lens in (MIXED, DECODE, EDGES):
+            b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
+                           dtype=dtype, device="cpu", seed=i)  # fmt: skip
+            options = {"sliding_window": window, "logit_softcap": softcap}
+            got = torch.full_like(b.query, float("nan"))
+            ops.paged_attention(*attention_args(b, got), **options)
+            with forced_cpu_isa("portable"):
+                want = torch.full_like(b.query, float("nan"))
+                ops.paged_attention(*attention_args(b, want), **options)
+            assert torch.equal(got, want), (dtype, (got.float() - want.float()).abs().max())
 
 
 @pytest.mark.parametrize("device", devices())
