@@ -1,0 +1,185 @@
+"""Speculative decoding on the serving path (issue 26): output tok/s with speculation off vs
+ngram, side by side in one run, on three chat workloads:
+
+- editing: a function of this repository (25-45 lines) to rewrite with one rename;
+- summarization: ~1k tokens of docs/design.md pasted, to summarize;
+- free: short stories on a few topics (little to copy from the prompt);
+
+at c=1 on each, and at c=8 and c=32 on editing and free text (where speculation has to back
+off). Both servers run at once on free loopback ports (same flags but the speculation ones) and
+are measured alternately, ABAB, --repeats times; each cell is the median. Greedy, natural
+lengths (up to --max-tokens), streaming, through bench/serving.py. Prints one JSON object
+(and a Markdown table with --table). Run it under the bench lock:
+
+    flock /tmp/pagedserve-bench.lock python bench/spec_decode.py --repeats 3 --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import Options, run, run_loop  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"off": [], "ngram": ["--speculative-method", "ngram"]}
+RENAMES = [("seq", "sequence"), ("plan", "step_plan"), ("request", "req"), ("params", "options")]
+
+
+def _functions() -> list[str]:
+    from pagedserve.core import engine, model_runner, output_processor
+
+    picked = [
+        output_processor.OutputProcessor._append_token,
+        engine.LLMEngine._add_sequence,
+        model_runner.ModelRunner._sampling_batch,
+        engine.LLMEngine.resolve_max_tokens,
+    ]
+    return [textwrap.dedent(inspect.getsource(f)) for f in picked]
+
+
+def workloads() -> dict[str, list[str]]:
+    editing = [
+        f"Here is a Python function:\n\n```python\n{code}```\n\nRewrite the whole function "
+        f"with one change: rename `{old}` to `{new}` everywhere. Output only the code."
+        for code, (old, new) in zip(_functions(), RENAMES, strict=True)
+    ]
+    text = (ROOT / "docs" / "design.md").read_text()
+    context = [text[start : start + 4200] for start in (0, 4200, 8400, 12600)]
+    summaries = [
+        f"{chunk}\n\nSummarize the text above in a few sentences, keeping its key terms."
+        for chunk in context
+    ]
+    topics = ["a lighthouse keeper", "a lost dog in a big city", "the first day at a new job",
+              "a storm at sea"]  # fmt: skip
+    free = [f"Write a short story about {topic}." for topic in topics]
+    return {"editing": editing, "summarization": summaries, "free": free}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(name: str, flags: list[str], log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [sys.executable, "-m", "pagedserve", "serve", "--port", str(port),
+               "--num-pages", "2048", "--max-num-seqs", "64", "--max-model-len", "4096", *flags]  # fmt: skip
+    log = (log_dir / f"{name}.log").open("wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} died: {(log_dir / f'{name}.log').read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return proc, url + "/v1"
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"{name}: not ready after 600 s")
+
+
+def one_case(base_url: str, prompts_file: Path, concurrency: int, num: int, max_tokens: int,
+             pid: int) -> dict[str, Any]:  # fmt: skip
+    opts = Options(base_url=base_url, model="", api_key="", server_kind="openai", endpoint="chat",
+                   concurrency=concurrency, request_rate=0.0, num_requests=num,
+                   max_seconds=1200.0, prompt_tokens=1, output_tokens=max_tokens,
+                   prompts_jsonl=str(prompts_file), dump_prompts="", shared_prefix=False,
+                   pid=pid, seed=0, temperature=0.0, timeout=1200.0)  # fmt: skip
+    result: dict[str, Any] = run_loop(run(opts))
+    return result
+
+
+def metrics_text(base_url: str) -> dict[str, float]:
+    body = urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics").read().decode()
+    found = {}
+    for line in body.splitlines():
+        if line.startswith("vllm:spec_decode_num_") and "per_pos" not in line:
+            name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+            found[name.removeprefix("vllm:spec_decode_").removesuffix("_total")] = value
+    return found
+
+
+def cases(quick: bool) -> list[tuple[str, int, int]]:
+    """(workload, concurrency, requests)."""
+    grid = [("editing", 1, 4), ("summarization", 1, 4), ("free", 1, 4)]
+    grid += [("editing", 8, 8), ("free", 8, 8), ("editing", 32, 32), ("free", 32, 32)]
+    return [(w, c, max(c, 2) if quick else n) for w, c, n in grid]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=320)
+    p.add_argument("--quick", action="store_true", help="fewer requests per case")
+    p.add_argument("--table", action="store_true", help="also print a Markdown table")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="spec_decode_"))
+    files = {}
+    for name, prompts in workloads().items():
+        files[name] = work / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
+    servers = {name: start_server(name, flags, work) for name, flags in CONFIGS.items()}
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        for name, (_, url) in servers.items():  # warm-up: one short request each
+            one_case(url, files["free"], 1, 1, 8, 0)
+        for _ in range(args.repeats):
+            for workload, c, num in cases(args.quick):
+                key = f"{workload} c={c}"
+                for name, (proc, url) in servers.items():
+                    out = one_case(url, files[workload], c, num, args.max_tokens, proc.pid)
+                    results.setdefault(key, {}).setdefault(name, []).append(out["output_tok_per_s"])
+                    print(json.dumps({"case": key, "server": name, "tok_s": out["output_tok_per_s"],
+                                      "tokens": out["output_tokens_total"]}),  # fmt: skip
+                          file=sys.stderr, flush=True)
+        spec_counters = metrics_text(servers["ngram"][1])
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+    report = {
+        "cpu": cpu_model(),
+        "repeats": args.repeats,
+        "median_output_tok_per_s": {
+            key: {name: statistics.median(v) for name, v in by.items()}
+            for key, by in results.items()
+        },
+        "ngram_counters": spec_counters,
+    }
+    for by in report["median_output_tok_per_s"].values():
+        by["ratio"] = round(by["ngram"] / by["off"], 3) if by["off"] else 0.0
+    print(json.dumps(report, indent=1))
+    if args.table:
+        print(table(report))
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = ["| case | off tok/s | ngram tok/s | ngram / off |", "| --- | --- | --- | --- |"]
+    for key, by in report["median_output_tok_per_s"].items():
+        rows.append(f"| {key} | {by['off']:.1f} | {by['ngram']:.1f} | {by['ratio']:.2f}x |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
