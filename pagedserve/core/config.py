@@ -231,10 +231,10 @@ class SpeculativeConfig:
     """ngram: the shortest suffix matched."""
     speculative_model: str | None = None
     """draft: the draft model (a local .gguf file or HF folder with the target's tokenizer)."""
-    speculative_max_batch: int = 8
-    """Most sequences in a step for which the engine still speculates: verification costs
-    compute for every proposed token, which a large batch has no room for (measured in
-    bench/RESULTS.md)."""
+    speculative_max_batch: int = 64
+    """Most running sequences at which the engine still drafts. Below it each draft token is
+    proposed only while its expected acceptance pays for its row in a batch that size (the
+    rule in docs/design.md, measured in bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         method = self.speculative_method

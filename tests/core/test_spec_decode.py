@@ -184,3 +184,41 @@ def test_default_model_greedy_equal_on_a_repeating_prompt(default_model: Resolve
     assert tokens(spec, prompts, params) == want
     stats = spec.engine.stats().spec_decode
     assert stats is not None and stats.num_accepted_tokens >= 8, stats
+
+
+# ---- the back-off rule -------------------------------------------------------------------------
+
+
+def test_draft_length_follows_acceptance_and_batch_size() -> None:
+    from pagedserve.core.spec_decode.speculator import draft_length, threshold
+
+    assert [threshold(b) < threshold(2 * b) for b in (1, 4, 16)] == [True] * 3
+    assert draft_length(0.9, 1, 4) == 4 and draft_length(0.9, 32, 4) == 4  # copying: always
+    assert draft_length(0.3, 1, 4) == 1 and draft_length(0.3, 32, 4) == 0  # guessing: alone
+    assert [draft_length(0.7, b, 4) for b in (1, 4, 8, 64)] == [4, 3, 2, 1]
+
+
+def test_a_sequence_whose_drafts_fail_pauses_then_probes() -> None:
+    from types import SimpleNamespace
+
+    from pagedserve.core.config import SpeculativeConfig
+    from pagedserve.core.spec_decode.speculator import Speculator
+
+    proposed: list[list[int]] = []
+    speculator = Speculator(
+        SpeculativeConfig(speculative_method="ngram", ngram_min=1),
+        lambda seq_id, draft: proposed.append(draft),
+    )
+    request = SimpleNamespace(prompt_token_ids=[1, 2, 3] * 10, max_tokens=1000, pooling=None)
+    seq = SimpleNamespace(seq_id=0, request=request, output_token_ids=[1], finished=False,
+                          grammar=None)  # fmt: skip
+    lengths = []
+    for _ in range(40):  # every draft rejected at its first token
+        proposed.clear()
+        speculator.propose([seq], num_running=8)  # type: ignore[list-item]
+        lengths.append(len(proposed[0]) if proposed else 0)
+        if proposed:
+            speculator.observe(0, len(proposed[0]), 0)
+    assert lengths[0] >= 2  # the prior: drafts are worth trying
+    assert lengths.count(0) > 25  # then mostly paused
+    assert lengths[-20:].count(1) >= 1  # with one-token probes
