@@ -102,15 +102,17 @@ def cpu_has_bf16() -> bool:
     return isa_at_least("avx512_bf16")
 
 
-def cpu_kernels(deterministic: bool) -> str:
+def cpu_kernels(deterministic: bool, quantized: bool, dtype: torch.dtype) -> str:
     """The start-up line's CPU kernels, e.g. "cpu kernels: isa avx2 (attention avx2, int8
-    linear avx2)", and what --no-deterministic changes at that level."""
+    linear avx2)" (the int8 path only for weights kept quantized), and what --deterministic
+    means at that level."""
     attention = cpu_attention_path()
-    text = (
-        f"cpu kernels: isa {cpu_isa()} (attention {attention}, int8 linear {quant_linear_path()})"
-    )
-    if deterministic:  # attention/kernels.hpp: every level rounds alike
-        text += "; deterministic: attention scores alike in any batch, same bits at every level"
+    int8 = f", int8 linear {quant_linear_path()}" if quantized else ""
+    text = f"cpu kernels: isa {cpu_isa()} (attention {attention}{int8})"
+    if deterministic:  # attention/kernels.hpp: every level rounds alike, but for vdpbf16ps
+        text += "; deterministic: attention scores alike in any batch"
+        if dtype == torch.float32 or attention != "avx512_bf16":
+            text += ", same bits at every level"
     elif attention in ("portable", "avx2"):
         text += "; --no-deterministic: no faster decode attention at this level"
     return text
@@ -168,7 +170,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
         weights = model.quantization or str(dtype).removeprefix("torch.")
         weights += f"; {linears}" if linears else ""
-        weights += f"; {cpu_kernels(mc.deterministic)}" if device.type == "cpu" else ""
+        if device.type == "cpu":
+            weights += f"; {cpu_kernels(mc.deterministic, bool(model.quantization), dtype)}"
         max_model_len = _max_model_len(mc, arch)
         spec = ModelRunner.kv_spec(model.arch, cc.page_size, dtype)  # this rank's KV heads
         pages_per_request = -(-max_model_len // cc.page_size)
