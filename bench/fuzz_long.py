@@ -8,6 +8,7 @@ derandomized) generation. Kept out of CI. Prints one JSON line.
     python bench/fuzz_long.py --tiny                  # the same on a tiny random model
     python bench/fuzz_long.py --url http://127.0.0.1:8000 --cases 2000
     python bench/fuzz_long.py --tiny --paths /v1/responses '/v1/responses/{response_id}/cancel'
+    python bench/fuzz_long.py --embed --paths /v1/embeddings   # a tiny embedding model
 
 On the default model 10,000 cases take hours on 2 CPU cores, nearly all of it in prefill of the
 generated prompts. `--tiny` serves a tiny random Llama GGUF (tests/tiny_models.py: its own BPE
@@ -37,6 +38,7 @@ from tests.reliability.schema_fuzz import (  # noqa: E402
     load_schema,
     post_operations,
 )
+from tests.tiny_embedders import write_tiny_embedder  # noqa: E402
 from tests.tiny_models import write_gguf_llama  # noqa: E402
 
 
@@ -72,6 +74,8 @@ def main() -> int:
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--cases", type=int, default=10_000)
     parser.add_argument("--tiny", action="store_true", help="serve a tiny random model")
+    parser.add_argument("--embed", action="store_true",
+                        help="serve a tiny random embedding model (tests/tiny_embedders.py)")  # fmt: skip
     parser.add_argument("--paths", nargs="+", metavar="PATH", help="only these POST routes")
     args = parser.parse_args()
     server = None
@@ -82,6 +86,11 @@ def main() -> int:
             write_gguf_llama(folder / "tiny.gguf")
             flags = [str(folder / "tiny.gguf"), "--dtype", "float32", *flags]
             flags[flags.index("--max-model-len") + 1] = "256"  # the tiny model's context
+        elif args.embed:
+            write_tiny_embedder(folder / "embedder", seed=1, is_matryoshka=True)
+            flags = [str(folder / "embedder"), "--dtype", "float32", "--max-waiting", "4096",
+                     *flags]  # fmt: skip
+            flags[flags.index("--max-model-len") + 1] = "256"
         server = start_server(folder, *flags)
     try:
         result = fuzz(args.url or server.base_url, args.cases, args.paths)
