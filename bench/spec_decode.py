@@ -126,16 +126,21 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=320)
     p.add_argument("--quick", action="store_true", help="fewer requests per case")
     p.add_argument("--table", action="store_true", help="also print a Markdown table")
+    p.add_argument("--uncapped", action="store_true",
+                   help="a third server: ngram with --speculative-max-batch 64 (the rule alone)")  # fmt: skip
     args = p.parse_args()
+    configs = dict(CONFIGS)
+    if args.uncapped:
+        configs["ngram64"] = [*CONFIGS["ngram"], "--speculative-max-batch", "64"]
     work = Path(tempfile.mkdtemp(prefix="spec_decode_"))
     files = {}
     for name, prompts in workloads().items():
         files[name] = work / f"{name}.jsonl"
         files[name].write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
-    servers = {name: start_server(name, flags, work) for name, flags in CONFIGS.items()}
+    servers = {name: start_server(name, flags, work) for name, flags in configs.items()}
     results: dict[str, dict[str, list[float]]] = {}
     try:
-        for name, (_, url) in servers.items():  # warm-up: one short request each
+        for _proc, url in servers.values():  # warm-up: one short request each
             one_case(url, files["free"], 1, 1, 8, 0)
         for _ in range(args.repeats):
             for workload, c, num in cases(args.quick):
@@ -143,9 +148,18 @@ def main() -> None:
                 for name, (proc, url) in servers.items():
                     out = one_case(url, files[workload], c, num, args.max_tokens, proc.pid)
                     results.setdefault(key, {}).setdefault(name, []).append(out["output_tok_per_s"])
-                    print(json.dumps({"case": key, "server": name, "tok_s": out["output_tok_per_s"],
-                                      "tokens": out["output_tokens_total"]}),  # fmt: skip
-                          file=sys.stderr, flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                "case": key,
+                                "server": name,
+                                "tok_s": out["output_tok_per_s"],
+                                "tokens": out["output_tokens_total"],
+                            }
+                        ),  # fmt: skip
+                        file=sys.stderr,
+                        flush=True,
+                    )
         spec_counters = metrics_text(servers["ngram"][1])
     finally:
         for proc, _ in servers.values():
@@ -161,7 +175,8 @@ def main() -> None:
         "ngram_counters": spec_counters,
     }
     for by in report["median_output_tok_per_s"].values():
-        by["ratio"] = round(by["ngram"] / by["off"], 3) if by["off"] else 0.0
+        for name in [n for n in by if n != "off"]:
+            by[f"{name}/off"] = round(by[name] / by["off"], 3) if by["off"] else 0.0
     print(json.dumps(report, indent=1))
     if args.table:
         print(table(report))
@@ -175,9 +190,14 @@ def cpu_model() -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = ["| case | off tok/s | ngram tok/s | ngram / off |", "| --- | --- | --- | --- |"]
+    first = next(iter(report["median_output_tok_per_s"].values()))
+    names = [n for n in first if "/" not in n]
+    ratios = [n for n in first if "/" in n]
+    rows = ["| case | " + " | ".join(f"{n} tok/s" for n in names) + " | " + " | ".join(ratios)
+            + " |", "| --- " * (1 + len(names) + len(ratios)) + "|"]  # fmt: skip
     for key, by in report["median_output_tok_per_s"].items():
-        rows.append(f"| {key} | {by['off']:.1f} | {by['ngram']:.1f} | {by['ratio']:.2f}x |")
+        cells = [f"{by[n]:.1f}" for n in names] + [f"{by[r]:.2f}x" for r in ratios]
+        rows.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

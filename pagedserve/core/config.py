@@ -231,8 +231,8 @@ class SpeculativeConfig:
     """ngram: the shortest suffix matched."""
     speculative_model: str | None = None
     """draft: the draft model (a local .gguf file or HF folder with the target's tokenizer)."""
-    speculative_max_batch: int = 64
-    """Most running sequences at which the engine still drafts. Below it each draft token is
+    speculative_max_batch: int = 16
+    """Most running sequences at which the engine still drafts. Up to it each draft token is
     proposed only while its expected acceptance pays for its row in a batch that size (the
     rule in docs/design.md, measured in bench/RESULTS.md)."""
 
