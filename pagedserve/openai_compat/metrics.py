@@ -160,7 +160,7 @@ class ServerMetrics:
             "vllm:prompt_tokens", "Prompt tokens processed.", label, registry=reg
         )
         self.embedding_requests = Counter(
-            "pagedserve:embedding_requests", "Requests to /v1/embeddings admitted.", label,
+            "pagedserve:embedding_requests", "Valid requests to /v1/embeddings.", label,
             registry=reg,
         )  # fmt: skip
         self.embedding_inputs = Counter(

@@ -1,5 +1,6 @@
 """POST /v1/embeddings: one prefill-only engine request per input, all admitted at once so that
-they batch with each other (and with whatever else runs); the vectors come back in input order.
+they batch with each other (and with whatever else runs; the rest as earlier ones finish when
+the waiting queue is full); the vectors come back in input order.
 
 Texts are tokenized with the model's special tokens and its sentence-transformers default
 prompt (when it names one); token-id inputs are taken as they are. `truncate_prompt_tokens`
@@ -9,6 +10,7 @@ little-endian float32 bytes, base64-encoded, which is what the OpenAI SDK decode
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -71,9 +73,9 @@ class EmbeddingService:
         except ValueError as exc:
             raise errors.invalid(str(exc), param="dimensions") from None
         prompts = await self._token_ids(req, pooler)
-        streams = self._start(new_id("embd"), prompts, PoolingParams(dimensions=req.dimensions))
+        params = PoolingParams(dimensions=req.dimensions)
         ctx.metrics.record_embedding_request(len(prompts))
-        finals = await until_disconnect(receive, collect(streams, ctx.metrics, "input"))
+        finals = await until_disconnect(receive, self._embed_all(new_id("embd"), prompts, params))
         return JSONResponse(self._response(req, finals, sum(len(p) for p in prompts)))
 
     async def _token_ids(self, req: EmbeddingRequest, pooler: PoolerConfig) -> list[list[int]]:
@@ -106,25 +108,51 @@ class EmbeddingService:
             require_in_vocabulary(ids, tokenizer.vocab_size, "input")
         return prompts
 
-    def _start(
+    async def _embed_all(
         self, request_id: str, prompts: list[list[int]], params: PoolingParams
-    ) -> list[RequestStream]:
-        """Admit every input now, before any header is sent; all or nothing (a refusal closes
-        the streams already started, which aborts them)."""
-        streams: list[RequestStream] = []
+    ) -> list[RequestOutput]:
+        """Every input's final output, in input order. Inputs are admitted at once, so they
+        batch; when the waiting queue fills (`--max-waiting` below the number of inputs), the
+        rest are admitted as this request's earlier ones finish, rather than the whole request
+        being refused with a 429 that no retry could mend. A 429 comes only when none of its
+        inputs got in. Leaving early (an error, the client gone) aborts the ones admitted."""
+        finals: list[RequestOutput | None] = [None] * len(prompts)
+        running: dict[asyncio.Future[list[RequestOutput]], tuple[int, RequestStream]] = {}
+        admitted = 0
+
+        def admit() -> None:
+            nonlocal admitted
+            while admitted < len(prompts):
+                try:
+                    stream = self._admit(f"{request_id}-{admitted}", prompts[admitted], params)
+                except errors.APIError as exc:
+                    if exc.status == 429 and running:
+                        return  # our own inputs fill the queue: more when one finishes
+                    raise
+                task = asyncio.ensure_future(collect([stream], self.ctx.metrics, "input"))
+                running[task] = (admitted, stream)
+                admitted += 1
+
+        try:
+            admit()
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index, _ = running.pop(task)
+                    finals[index] = task.result()[0]
+                admit()
+        finally:
+            for task, (_, stream) in running.items():
+                task.cancel()
+                stream.close()  # aborts the request and frees its pages
+        return [f for f in finals if f is not None]
+
+    def _admit(self, request_id: str, prompt: list[int], params: PoolingParams) -> RequestStream:
         try:
             with engine_errors("input"):
-                for i, ids in enumerate(prompts):
-                    streams.append(self.ctx.engine.embed(f"{request_id}-{i}", ids, params))
+                return self.ctx.engine.embed(request_id, prompt, params)
         except ValueError as exc:  # what check_pooling refuses past the checks above
-            for stream in streams:
-                stream.close()
             raise errors.invalid(str(exc), param="input") from None
-        except BaseException:
-            for stream in streams:
-                stream.close()
-            raise
-        return streams
 
     def _response(
         self, req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int

@@ -53,7 +53,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def eserver(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     flags = [str(folder), "--api-key", API_KEY, "--dtype", "float32", "--quantization", "none",
              "--max-model-len", str(MAX_MODEL_LEN), "--num-pages", "256", "--page-size", "8",
-             "--max-num-seqs", "32", "--max-num-batched-tokens", "64", "--max-waiting", "4096",
+             "--max-num-seqs", "32", "--max-num-batched-tokens", "64", "--max-waiting", "64",
              "--no-ui"]  # fmt: skip
     srv = start_server(tmp_path_factory.mktemp("eserver"), *flags)
     yield srv
@@ -267,6 +267,10 @@ def test_model_name_and_many_inputs(eserver: Server) -> None:
     data = many.json()["data"]
     assert [d["index"] for d in data] == list(range(2048))
     assert many.json()["usage"]["prompt_tokens"] == 2048
+    # --max-waiting 64: the inputs went in waves, each vector still in its place.
+    for i in (0, 5, 299, 1000, 2047):
+        alone = post(eserver, {"input": [[i % 300 + 3]]}).json()["data"][0]["embedding"]
+        assert np.allclose(data[i]["embedding"], alone, atol=1e-6), i
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -292,6 +296,8 @@ def test_metrics_count_embedding_requests_and_tokens(eserver: Server) -> None:
 
 
 def test_a_client_that_leaves_aborts_its_inputs(eserver: Server) -> None:
+    """2000 inputs, 64 waiting at most: the client leaves while they run in waves; every one
+    admitted so far is aborted and nothing is left running or waiting."""
     before = eserver.metrics()
     body = {"input": [list(range(3, 3 + MAX_MODEL_LEN))] * 2000}  # seconds of prefill
     with pytest.raises(httpx.TimeoutException):
@@ -300,10 +306,9 @@ def test_a_client_that_leaves_aborts_its_inputs(eserver: Server) -> None:
     assert not any(wait_idle(eserver).values())
     aborted = 'vllm:request_success_total{finished_reason="abort"'
     after = eserver.metrics()
-    assert eserver.metric(aborted[:-1], after) >= 0  # the series exists once any ended
     count = sum(v for k, v in after.items() if k.startswith(aborted))
     count_before = sum(v for k, v in before.items() if k.startswith(aborted))
-    assert count - count_before > 1000, (count, count_before)
+    assert count - count_before >= 32, (count, count_before)  # at least the running ones
     assert post(eserver, {"input": "x"}).status_code == 200
     assert "Traceback" not in eserver.log()
 
