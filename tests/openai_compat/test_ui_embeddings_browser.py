@@ -5,23 +5,16 @@ where no Chromium is installed, as test_ui_browser.py is."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import BrowserContext
 
+from tests.openai_compat import test_ui_browser
 from tests.openai_compat.fake_engine import FakeEngine
 from tests.openai_compat.test_disconnect_fake import LiveServer
-from tests.openai_compat.ui_browser import Console, chromium, find_chromium
+from tests.openai_compat.ui_browser import Console
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[BrowserContext]:
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip("no Chromium found (apt-get install chromium, or set PAGEDSERVE_CHROMIUM)")
-    with chromium(executable) as context:
-        yield context
+browser = test_ui_browser.browser  # its headless Chromium fixture (skips without Chromium)
 
 
 @pytest.mark.parametrize("task", ["embed", "generate"])
