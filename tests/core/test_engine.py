@@ -168,7 +168,7 @@ def test_n_outputs_join_at_the_start_of_the_next_step(llm: LLM) -> None:
     while engine.has_unfinished():
         outputs += engine.step()
     assert sorted({o.index for out in outputs for o in out.outputs}) == [0, 1, 2]
-    assert not engine.model_runner._generators  # each seeded output's generator was released
+    assert not engine.model_runner._seeds  # each seeded output's seed was released
 
 
 def test_stop_string_and_stop_token(llm: LLM) -> None:
