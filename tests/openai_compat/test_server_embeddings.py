@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import shutil
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -295,20 +297,44 @@ def test_metrics_count_embedding_requests_and_tokens(eserver: Server) -> None:
     )
 
 
+def _post_then_leave_while_running(server: Server, body: bytes) -> bool:
+    """Sends the request on a raw socket, waits until the server holds some of its inputs
+    (running or waiting), then closes the connection; False when the answer began before any
+    was seen (a quiet machine embeds 2000 inputs in well under a second)."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            samples = server.metrics()
+            if server.metric("vllm:num_requests_running", samples) + server.metric(
+                "vllm:num_requests_waiting", samples
+            ):
+                return True  # leaving now: the with block closes the socket
+            sock.settimeout(0.0)
+            try:
+                if sock.recv(1, socket.MSG_PEEK):
+                    return False  # the answer has begun: nothing left to abort
+            except BlockingIOError:
+                pass
+            time.sleep(0.005)
+    return False
+
+
 def test_a_client_that_leaves_aborts_its_inputs(eserver: Server) -> None:
     """2000 inputs, 64 waiting at most: the client leaves while they run in waves; every one
     admitted so far is aborted and nothing is left running or waiting."""
     before = eserver.metrics()
-    body = {"input": [list(range(3, 3 + MAX_MODEL_LEN))] * 2000}  # seconds of prefill
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(eserver.base_url + "/v1/embeddings", json=body, timeout=0.5,
-                   headers={"Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    body = orjson.dumps({"input": [list(range(3, 3 + MAX_MODEL_LEN))] * 2000})
+    assert any(_post_then_leave_while_running(eserver, body) for _ in range(5))
     assert not any(wait_idle(eserver).values())
     aborted = 'vllm:request_success_total{finished_reason="abort"'
     after = eserver.metrics()
     count = sum(v for k, v in after.items() if k.startswith(aborted))
     count_before = sum(v for k, v in before.items() if k.startswith(aborted))
-    assert count - count_before >= 32, (count, count_before)  # at least the running ones
+    assert count - count_before >= 1, (count, count_before)  # those running when it left
     assert post(eserver, {"input": "x"}).status_code == 200
     assert "Traceback" not in eserver.log()
 
