@@ -49,7 +49,7 @@ void bind_cpu_features(py::module_& m) {
     m.def("cpu_features", &features,
           "The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.");
     m.def("cpu_isa_supported", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa_supported()); },
-          "The best ISA level this CPU runs: portable, avx2, avx512, avx512_bf16 or amx.");
+          "The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx.");
     m.def("cpu_isa", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa()); },
           "The ISA level the kernels run at now.");
     m.def("set_cpu_isa",

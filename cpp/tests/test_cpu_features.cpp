@@ -29,6 +29,7 @@ TEST(isa_level_follows_the_features) {
     const pagedserve::CpuFeatures& f = pagedserve::cpu_features();
     const CpuIsa level = pagedserve::cpu_isa_supported();
     CHECK((level >= CpuIsa::kAvx2) == (f.avx2 && f.fma && f.f16c));
+    if (level == CpuIsa::kAvx2Vnni) CHECK(f.avx_vnni);
     if (level >= CpuIsa::kAvx512) CHECK(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq);
     if (level >= CpuIsa::kAvx512Bf16) CHECK(f.avx512_bf16);
     if (level >= CpuIsa::kAmx) CHECK(f.amx_permitted && f.amx_bf16 && f.amx_int8);
@@ -43,6 +44,12 @@ TEST(set_cpu_isa_is_capped_and_restorable) {
     CHECK(pagedserve::set_cpu_isa(CpuIsa::kAmx) == best);  // capped at what the CPU has
     CHECK(pagedserve::cpu_isa() == best);
     CHECK(std::string(pagedserve::cpu_isa_name(CpuIsa::kAvx512Bf16)) == "avx512_bf16");
+    // avx2_vnni on a CPU without AVX-VNNI (Zen 4, Ice Lake: AVX-512 but no VEX VNNI) is avx2.
+    if (best >= CpuIsa::kAvx2Vnni) {
+        const CpuIsa want = pagedserve::cpu_features().avx_vnni ? CpuIsa::kAvx2Vnni : CpuIsa::kAvx2;
+        CHECK(pagedserve::set_cpu_isa(CpuIsa::kAvx2Vnni) == want);
+        CHECK(pagedserve::set_cpu_isa(best) == best);
+    }
 }
 
 int main() { return check::run_all_tests(); }

@@ -184,7 +184,7 @@ TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
 TEST(quant_every_isa_path_equals_portable_for_every_type) {
     const CpuIsa best = cpu_isa_supported();
     if (best < CpuIsa::kAvx2) std::fprintf(stderr, "  (no AVX2 on this CPU: only the portable path)\n");
-    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
         if (level > best) break;
         set_cpu_isa(level);
         std::fprintf(stderr, "  %s: %s path\n", cpu_isa_name(level), quant_linear_path());

@@ -15,7 +15,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
-CPU_ISAS = ("auto", "portable", "avx2", "avx512", "avx512_bf16", "amx")
+CPU_ISAS = ("auto", "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
 TASKS = ("auto", "generate", "embed")
 SPECULATIVE_METHODS = ("ngram", "draft")
 

@@ -123,7 +123,9 @@ def apply_cpu_isa(name: str) -> str:
     if name == "auto":
         return set_cpu_isa(cpu_isa_supported())
     level = set_cpu_isa(name)
-    if level != name:
+    if level != name and name == "avx2_vnni":
+        logger.warning("cpu_isa avx2_vnni: this CPU has no AVX-VNNI, so the kernels run at avx2")
+    elif level != name:
         logger.warning("cpu_isa %s: this CPU runs up to %s, so the kernels run at %s", name,
                        cpu_isa_supported(), level)  # fmt: skip
     return level

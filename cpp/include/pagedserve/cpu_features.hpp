@@ -32,18 +32,30 @@ const CpuFeatures& cpu_features();
 
 // ISA levels, each one the level below plus:
 //   avx2         AVX2 + FMA + F16C (x86-64-v3: Haswell, Zen 1-3 and later)
+//   avx2_vnni    AVX-VNNI (VEX vpdpbusd on 256-bit registers: Alder Lake, Sapphire Rapids, Zen 5)
+//                for the int8 kernel; an extension more than a level, as AVX-512 CPUs may lack
+//                it (Zen 4, Ice Lake): it is used from this level up where the CPU has it, and
+//                setting the level on a CPU without it gives avx2
 //   avx512       AVX-512 F/BW/VL/DQ (Skylake-X and later); the int8 kernels also want VNNI
 //   avx512_bf16  AVX512-BF16 (Zen 4, Sapphire Rapids and later)
 //   amx          AMX-BF16 and AMX-INT8 tiles that Linux granted this process
 // A kernel family runs its best path at or below cpu_isa(): its portable loops below avx2.
-enum class CpuIsa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
+enum class CpuIsa : int {
+    kPortable = 0,
+    kAvx2 = 1,
+    kAvx2Vnni = 2,
+    kAvx512 = 3,
+    kAvx512Bf16 = 4,
+    kAmx = 5,
+};
 
 CpuIsa cpu_isa_supported();  // the best level this CPU and OS can run
 CpuIsa cpu_isa();            // the active level: cpu_isa_supported() unless set lower
 // Process-wide, like the thread count: kernels called after it run at min(level, supported).
 // Returns the level now active.
 CpuIsa set_cpu_isa(CpuIsa level);
-const char* cpu_isa_name(CpuIsa level);  // "portable", "avx2", "avx512", "avx512_bf16", "amx"
+// "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx"
+const char* cpu_isa_name(CpuIsa level);
 
 inline bool cpu_isa_at_least(CpuIsa level) {
     return static_cast<int>(cpu_isa()) >= static_cast<int>(level);

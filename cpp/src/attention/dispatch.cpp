@@ -69,7 +69,8 @@ void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
 #if PAGEDSERVE_X86  // the x86 levels' copies exist only there
     switch (cpu_isa()) {
         case CpuIsa::kPortable: return attention_portable::attention(args, num_threads);
-        case CpuIsa::kAvx2: return attention_avx2::attention(args, num_threads);
+        case CpuIsa::kAvx2:
+        case CpuIsa::kAvx2Vnni: return attention_avx2::attention(args, num_threads);
         case CpuIsa::kAvx512: return attention_avx512::attention(args, num_threads);
         default: return attention_avx512_bf16::attention(args, num_threads);
     }
@@ -81,7 +82,8 @@ void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
 const char* paged_attention_cpu_path() {
     switch (cpu_isa()) {
         case CpuIsa::kPortable: return "portable";
-        case CpuIsa::kAvx2: return "avx2";
+        case CpuIsa::kAvx2:
+        case CpuIsa::kAvx2Vnni: return "avx2";
         case CpuIsa::kAvx512: return "avx512";
         default: return "avx512_bf16";
     }

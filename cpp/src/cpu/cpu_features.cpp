@@ -84,7 +84,8 @@ CpuFeatures detect() { return CpuFeatures{}; }
 
 CpuIsa best_level(const CpuFeatures& f) {
     if (!(f.avx2 && f.fma && f.f16c)) return CpuIsa::kPortable;
-    if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq)) return CpuIsa::kAvx2;
+    if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq))
+        return f.avx_vnni ? CpuIsa::kAvx2Vnni : CpuIsa::kAvx2;
     if (!f.avx512_bf16) return CpuIsa::kAvx512;
     if (!(f.amx_bf16 && f.amx_int8 && f.amx_permitted)) return CpuIsa::kAvx512Bf16;
     return CpuIsa::kAmx;
@@ -110,7 +111,9 @@ CpuIsa cpu_isa_supported() {
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(active_level().load(std::memory_order_relaxed)); }
 
 CpuIsa set_cpu_isa(CpuIsa level) {
-    const int capped = std::clamp(static_cast<int>(level), 0, static_cast<int>(cpu_isa_supported()));
+    int capped = std::clamp(static_cast<int>(level), 0, static_cast<int>(cpu_isa_supported()));
+    if (capped == static_cast<int>(CpuIsa::kAvx2Vnni) && !cpu_features().avx_vnni)
+        capped = static_cast<int>(CpuIsa::kAvx2);  // an AVX-512 CPU without AVX-VNNI
     active_level().store(capped, std::memory_order_relaxed);
     return static_cast<CpuIsa>(capped);
 }
@@ -119,6 +122,7 @@ const char* cpu_isa_name(CpuIsa level) {
     switch (level) {
         case CpuIsa::kPortable: return "portable";
         case CpuIsa::kAvx2: return "avx2";
+        case CpuIsa::kAvx2Vnni: return "avx2_vnni";
         case CpuIsa::kAvx512: return "avx512";
         case CpuIsa::kAvx512Bf16: return "avx512_bf16";
         case CpuIsa::kAmx: return "amx";

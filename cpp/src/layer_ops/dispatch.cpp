@@ -26,7 +26,8 @@ namespace pagedserve {
 #define PAGEDSERVE_LAYER_OP(op, ...)                                          \
     switch (cpu_isa()) {                                                     \
         case CpuIsa::kPortable: return layer_ops_portable::op(__VA_ARGS__); \
-        case CpuIsa::kAvx2: return layer_ops_avx2::op(__VA_ARGS__);         \
+        case CpuIsa::kAvx2:                                                  \
+        case CpuIsa::kAvx2Vnni: return layer_ops_avx2::op(__VA_ARGS__);     \
         default: return layer_ops_avx512::op(__VA_ARGS__);                  \
     }
 #else

@@ -152,7 +152,7 @@ void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64
 #if PAGEDSERVE_X86  // the vector rows exist only there
         if (isa >= CpuIsa::kAvx512) {
             quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
-        } else if (isa == CpuIsa::kAvx2) {
+        } else if (isa >= CpuIsa::kAvx2) {
             quantize_row_avx2(x + r * x_stride, k, out + r * row_bytes);
         } else {
             quantize_row(x + r * x_stride, k, out + r * row_bytes);

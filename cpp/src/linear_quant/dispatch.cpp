@@ -28,10 +28,14 @@ bool vnni_supported() {
 
 bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
 
+// The AVX2 kernel sums by VEX vpdpbusd from level avx2_vnni on, where the CPU has AVX-VNNI.
+bool avx_vnni() { return cpu_isa_at_least(CpuIsa::kAvx2Vnni) && cpu_features().avx_vnni; }
+
 }  // namespace
 
 const char* quant_linear_path() {
     if (vnni_supported()) return "avx512-vnni";
+    if (avx_vnni()) return "avx2-vnni";
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
 }
 
@@ -64,7 +68,8 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
 #if PAGEDSERVE_X86  // the vector paths (elsewhere cpu_isa() is portable: returned above)
     if (!vnni_supported())
-        return quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
+        return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, threads)
+                          : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
     quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, threads, hardware_bf16());
 #endif
 }

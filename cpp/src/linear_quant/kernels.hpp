@@ -6,6 +6,8 @@
 //   level                     file              how the int8 dot products are summed
 //   portable                  portable.cpp      plain loops
 //   avx2 (or avx512, no VNNI) avx2.cpp          vpmaddubsw pairs in int16, vpmaddwd to int32
+//   avx2_vnni (AVX-VNNI)      avx2_vnni.cpp     VEX vpdpbusd on 256-bit registers (avx2.hpp's
+//                                               kernel, as avx2.cpp, compiled for AVX-VNNI)
 //   avx512 + AVX512-VNNI      avx512_vnni.cpp   vpdpbusd; bf16 outputs rounded by integer ops
 //   avx512_bf16               avx512_vnni.cpp   vpdpbusd; vcvtneps2bf16; the dequant-bf16 option
 //   amx                       amx.hpp           AMX-INT8 tiles (from amx_from_rows rows)
@@ -25,6 +27,8 @@ void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts
                            std::int64_t act_row_bytes, int num_threads);
 void quant_linear_avx2(const QuantLinearArgs& args, const std::uint8_t* acts,
                        std::int64_t act_row_bytes, int num_threads);
+void quant_linear_avx2_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
+                            std::int64_t act_row_bytes, int num_threads);
 // hardware_bf16: the CPU has AVX512-BF16 (bf16 outputs by vcvtneps2bf16, AMX tiles allowed).
 void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
                               std::int64_t act_row_bytes, int num_threads, bool hardware_bf16);

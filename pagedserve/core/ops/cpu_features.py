@@ -10,7 +10,9 @@ the native kernels run at.
     set_cpu_isa("avx2")                # lower it (--cpu-isa, tests): capped, process-wide
     runnable_isas()                    # every level this CPU can run, lowest first
 
-Levels (CPU_ISAS), each the one before plus: avx2 = AVX2 + FMA + F16C; avx512 = AVX-512
+Levels (CPU_ISAS), each the one before plus: avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI
+for the int8 kernel (an extension more than a level: AVX-512 CPUs may lack it, so from this level
+up it is used where the CPU has it, and on a CPU without it the level is avx2); avx512 = AVX-512
 F/BW/VL/DQ (the int8 kernels also want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and
 AMX-INT8 tiles granted by Linux. Each kernel family runs its best path at or below the level.
 """
@@ -106,8 +108,10 @@ def isa_at_least(level: str) -> bool:
 
 
 def runnable_isas() -> tuple[str, ...]:
-    """Every level this CPU can run, lowest first."""
-    return CPU_ISAS[: CPU_ISAS.index(cpu_isa_supported()) + 1]
+    """Every level this CPU can run, lowest first (avx2_vnni only where the CPU has AVX-VNNI:
+    elsewhere it is avx2)."""
+    levels = CPU_ISAS[: CPU_ISAS.index(cpu_isa_supported()) + 1]
+    return tuple(lv for lv in levels if lv != "avx2_vnni" or cpu_features().avx_vnni)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from pagedserve.core.models.quantized import gated_row_table
-from pagedserve.core.ops.cpu_features import cpu_features, forced_cpu_isa, isa_at_least
+from pagedserve.core.ops.cpu_features import CPU_ISAS, cpu_features, forced_cpu_isa, isa_at_least
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
 from pagedserve.core.ops.native import core
 from tests.quant_blocks import TYPES, dequantized, gguf_rows, int8_activations, row_addresses
@@ -45,6 +45,7 @@ def product(qtype: Q, packed: torch.Tensor, x: torch.Tensor, n: int, **kw) -> to
 
 
 @pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
     qtype: Q, shape: tuple[int, int, int], cpu_isa: str
 ) -> None:
@@ -62,6 +63,7 @@ def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, cpu_isa: str) -> None:
     m, n, k = shapes(qtype)[1]
     packed, w = weight(qtype, n, k)
@@ -79,6 +81,7 @@ def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, cpu_isa: str) -> 
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_gated_product_is_silu_gate_times_up(qtype: Q, cpu_isa: str) -> None:
     m, width, k = 9, 40, shapes(qtype)[0][2]
     gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
@@ -98,6 +101,7 @@ def test_gated_product_is_silu_gate_times_up(qtype: Q, cpu_isa: str) -> None:
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("kind", ["bf16", "fp32", "fp32-logits", "gated", "bias-residual"])
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_every_isa_path_gives_the_portable_paths_bits(qtype: Q, kind: str, cpu_isa: str) -> None:
     """Same packed blocks, activations, fold and epilogue (SiLU and bf16 rounding included) on
     every path: the tokens cannot depend on the CPU."""
@@ -130,10 +134,12 @@ def test_every_isa_path_gives_the_portable_paths_bits(qtype: Q, kind: str, cpu_i
                        want.view(torch.int16 if want.dtype == torch.bfloat16 else torch.int32))  # fmt: skip
 
 
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_the_path_follows_the_isa_level(cpu_isa: str) -> None:
-    want = {"portable": "portable", "avx2": "avx2"}.get(cpu_isa)
-    if want is None:  # avx512 and up: VNNI where the CPU has it, else the AVX2 path
-        want = "avx512-vnni" if cpu_features().avx512_vnni else "avx2"
+    avx2 = "avx2-vnni" if cpu_features().avx_vnni else "avx2"  # from level avx2_vnni on
+    want = {"portable": "portable", "avx2": "avx2", "avx2_vnni": avx2}.get(cpu_isa)
+    if want is None:  # avx512 and up: AVX512-VNNI where the CPU has it, else the AVX2 path
+        want = "avx512-vnni" if cpu_features().avx512_vnni else avx2
     assert quant_linear_path() == want
 
 
@@ -158,6 +164,7 @@ ROWS = (1, 7, 64, 300)
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("kind", ["bf16", "fp32-logits", "gated"])
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_a_row_is_bit_identical_in_calls_of_1_7_64_and_300_rows(
     qtype: Q, kind: str, cpu_isa: str
 ) -> None:

@@ -1,0 +1,345 @@
+// The AVX2 path of the quantized linear kernel (kernels.hpp has the table of paths): ISA level
+// avx2, or avx512 on a CPU without AVX512-VNNI (Zen 1-3, Intel client CPUs, Skylake-X). The VNNI
+// kernel's packed blocks, int8 activations, per-group fold and epilogue, in 8-lane registers:
+// the same bits. Compiled twice: avx2.cpp for plain AVX2, avx2_vnni.cpp for CPUs with AVX-VNNI;
+// each defines, before including this file, PAGEDSERVE_AVX2_TARGET (its target attribute),
+// PAGEDSERVE_AVX2_VNNI (0 or 1) and PAGEDSERVE_AVX2_ENTRY (the entry's name, kernels.hpp).
+//
+// Plain AVX2: u8 x s8 products by vpmaddubsw, a pair of products per int16 lane, summed over a
+// group's steps in int16, then widened by vpmaddwd: the exact int32 sums vpdpbusd gives. No
+// int16 sum can overflow: a 4-bit value times |q| <= 127, two per lane, over at most 8 steps is
+// <= 30,480; an 8-bit value goes in as its two nibbles, each summed so (u = lo + 16 hi, folded
+// by vpmaddwd). AVX-VNNI: vpdpbusd sums four products into int32 lanes, 8-bit values whole.
+//
+// Work items come from the shared driver (linear/driver.hpp: shares, take-over, panels);
+// within an item, R rows x one half tile (16 columns) at a time keep the int16 sums in registers
+// (4-bit: R = 4, 8 sums; 8-bit: R = 2, 8 sums), each group's fold updating fp32 accumulators in
+// L1, and the epilogue (bias, residual, SiLU-gated, bf16 or fp32) runs once per tile and row.
+#pragma once
+
+#include "cpu/arch.hpp"
+#include "linear_quant/kernels.hpp"
+
+#if PAGEDSERVE_X86  // AVX2 intrinsics: elsewhere quant_linear never takes this path
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/kernel_math.hpp"
+#include "linear/driver.hpp"
+#include "linear_quant/layout.hpp"
+#include "pagedserve/linear.hpp"
+
+#define PAGEDSERVE_AVX2_INLINE inline __attribute__((always_inline))
+
+namespace pagedserve::quant_detail {
+namespace {
+
+using linear_detail::PanelPrefetch;
+using linear_detail::Prefetch;
+
+// The driver's view of one product (linear/driver.hpp's K::Args).
+struct Avx2Args {
+    const QuantLinearArgs* q = nullptr;
+    const std::uint8_t* packed = nullptr;
+    std::int64_t m = 0, n = 0, k = 0;
+    const std::uint8_t* acts = nullptr;  // quantize_activations of x
+    std::int64_t act_row_bytes = 0;
+};
+
+// ---- vector math, operation for operation the AVX-512 driver's (cpu/kernel_math.hpp) ----
+
+// e^y as linear_detail::exp_ps; 2^i as two normal powers of two (equal to vscalefps's p * 2^i
+// except below 2^-125, where silu's 1 + e^-gate is 1 either way).
+PAGEDSERVE_AVX2_TARGET inline __m256 exp8(__m256 y) {
+    using namespace kernel_math;
+    const __m256 i = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(kLog2e)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_fnmadd_ps(i, _mm256_set1_ps(kLn2Hi), y);
+    f = _mm256_fnmadd_ps(i, _mm256_set1_ps(kLn2Lo), f);
+    __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+    for (int c = 1; c < 8; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpTaylor[c]));
+    const __m256 clamped = _mm256_min_ps(_mm256_max_ps(i, _mm256_set1_ps(-252.0f)),
+                                         _mm256_set1_ps(252.0f));
+    const __m256i whole = _mm256_cvttps_epi32(clamped);          // NaN: 0x80000000, p is NaN
+    const __m256i half = _mm256_srai_epi32(whole, 1);            // floor(i / 2)
+    const __m256i rest = _mm256_sub_epi32(whole, half);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, p1), p2);
+}
+
+PAGEDSERVE_AVX2_TARGET inline __m256 silu_mul8(__m256 gate, __m256 up) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
+    return _mm256_div_ps(_mm256_mul_ps(gate, up), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// 8 fp32 lanes as 8 bf16 in vcvtneps2bf16's rounding (cpu/kernel_math.hpp).
+PAGEDSERVE_AVX2_TARGET inline __m128i bf16_bits8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i top = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    __m256i bits = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
+                                            _mm256_setzero_si256());
+    bits = _mm256_blendv_epi8(bits, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
+    bits = _mm256_blendv_epi8(bits, _mm256_and_si256(top, _mm256_set1_epi32(0x8000)), tiny);
+    // Lanes are < 2^16: pack the 8 dwords to 8 words (packus works within 128-bit halves).
+    const __m256i packed = _mm256_packus_epi32(bits, bits);
+    return _mm_unpacklo_epi64(_mm256_castsi256_si128(packed), _mm256_extracti128_si256(packed, 1));
+}
+
+PAGEDSERVE_AVX2_TARGET inline __m256 load8(const void* p, bool float32, std::int64_t i) {
+    if (float32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// ---- the product ----
+
+template <int kBits, int kGroup, bool kHalf>
+struct Avx2Kernel {
+    using Args = Avx2Args;
+    using Weight = std::uint8_t;
+    static constexpr Format kFormat{kBits, kGroup, kHalf};
+    static constexpr bool kVnni = PAGEDSERVE_AVX2_VNNI;
+    static constexpr int kSteps = kGroup / 4;  // 4-feature steps per group
+    // Sums per lane: int16 ones of the two nibbles of 8-bit u, or one int32 sum by vpdpbusd.
+    static constexpr int kSums = kBits == 8 && !kVnni ? 2 : 1;
+    static constexpr int kRows = kSums == 2 ? 2 : 4;  // micro-tile rows: 8 sums in registers
+
+    static std::int64_t tile_elements(std::int64_t k) { return tile_bytes(kFormat, k); }
+
+    // The u8 operand of step s, half tile h, columns 8 c .. 8 c + 7 (c < 2): 4-bit values, 8-bit
+    // ones whole (kSums 1) or as low nibbles (part 0) and high ones (part 1).
+    PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static void values(const std::uint8_t* block,
+                                                                       int s, int h, int c,
+                                                                       __m256i (&v)[kSums]) {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        if constexpr (kBits == 8) {
+            const __m256i w = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(block + (s * 2 + h) * 64 + 32 * c));
+            if constexpr (kSums == 1) {
+                v[0] = w;
+            } else {
+                v[0] = _mm256_and_si256(w, low);
+                v[kSums - 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+            }
+        } else {
+            const __m256i w = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(block + ((s % 4) * 2 + h) * 64 + 32 * c));
+            v[0] = _mm256_and_si256(s < 4 ? w : _mm256_srli_epi16(w, 4), low);
+        }
+    }
+
+    // acc[r][16 h .. 16 h + 16) += group g of block b (half tile h) for rows row0 + r, r < R.
+    template <int R>
+    PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static void group(const Args& a,
+                                                                      std::int64_t row0,
+                                                                      const std::uint8_t* block,
+                                                                      std::int64_t b, int g, int h,
+                                                                      float (&acc)[R][32]) {
+        const std::uint8_t* act[R];
+        for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
+        __m256i sum[R][2][kSums];
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < 2; ++c)
+                for (int p = 0; p < kSums; ++p) sum[r][c][p] = _mm256_setzero_si256();
+        for (int s = g * kSteps; s < (g + 1) * kSteps; ++s) {
+            __m256i v[2][kSums];
+            values(block, s, h, 0, v[0]);
+            values(block, s, h, 1, v[1]);
+            for (int r = 0; r < R; ++r) {
+                std::int32_t x4;
+                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
+                const __m256i x = _mm256_set1_epi32(x4);
+                for (int c = 0; c < 2; ++c) {
+#if PAGEDSERVE_AVX2_VNNI
+                    sum[r][c][0] = _mm256_dpbusd_avx_epi32(sum[r][c][0], v[c][0], x);
+#else
+                    for (int p = 0; p < kSums; ++p)
+                        sum[r][c][p] = _mm256_add_epi16(sum[r][c][p], _mm256_maddubs_epi16(v[c][p], x));
+#endif
+                }
+            }
+        }
+        const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+        for (int c = 0; c < 2; ++c) {
+            const std::int64_t lane0 = 16 * h + 8 * c;
+            const __m256 scale = load_scales8(block + kFormat.scales_at(0, g), lane0);
+            const __m256 min = load_scales8(block + kFormat.scales_at(1, g), lane0);
+            for (int r = 0; r < R; ++r) {
+                __m256i isum = kVnni ? sum[r][c][0] : _mm256_madd_epi16(sum[r][c][0], ones);
+                if constexpr (kSums == 2)
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sum[r][c][1], sixteens));
+                const ActivationRow row(act[r], a.k);
+                // fold_group's operations (linear_quant/layout.hpp), so its bits.
+                const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(row.d[b]));
+                float* const at = acc[r] + lane0;
+                __m256 out = _mm256_loadu_ps(at);
+                out = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sd, out);
+                out = _mm256_fmadd_ps(min, _mm256_set1_ps(row.group_sum(kFormat, b, g)), out);
+                _mm256_storeu_ps(at, out);
+            }
+        }
+    }
+
+    PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static __m256 load_scales8(
+        const std::uint8_t* at, std::int64_t lane0) {
+        if constexpr (kHalf) {
+            return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * lane0)));
+        } else {
+            return _mm256_loadu_ps(reinterpret_cast<const float*>(at) + lane0);
+        }
+    }
+
+    // Rows row0 .. row0 + R - 1 times one tile: acc[r][column] over every block and group.
+    template <int R>
+    PAGEDSERVE_AVX2_TARGET static void product(const Args& a, std::int64_t row0,
+                                               const std::uint8_t* w, Prefetch prefetch,
+                                               float (&acc)[R][32]) {
+        for (int r = 0; r < R; ++r) std::fill(acc[r], acc[r] + 32, 0.0f);
+        const std::int64_t blocks = a.k / kBlockK, block_bytes = kFormat.block_bytes();
+        for (int h = 0; h < 2; ++h) {
+            std::int64_t line = h * prefetch.lines / 2;
+            const std::int64_t lines_end = (h + 1) * prefetch.lines / 2;
+            for (std::int64_t b = 0; b < blocks; ++b) {
+                for (std::int64_t i = 0; i <= block_bytes / 128 && line < lines_end; ++i, ++line)
+                    _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
+                const std::uint8_t* block = w + b * block_bytes;
+                for (int g = 0; g < kFormat.groups(); ++g) group<R>(a, row0, block, b, g, h, acc);
+            }
+        }
+    }
+};
+
+// out's row `row`, columns [col, col + count) (count <= 8) from 8 fp32 lanes.
+PAGEDSERVE_AVX2_TARGET inline void store8(const QuantLinearArgs& q, std::int64_t row,
+                                          std::int64_t col, __m256 v, std::int64_t count) {
+    if (q.float32 || q.out_float32) {
+        float* out = static_cast<float*>(q.out) + row * q.out_stride + col;
+        if (count == 8) return _mm256_storeu_ps(out, v);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, v);
+        std::copy(lanes, lanes + count, out);
+        return;
+    }
+    auto* out = static_cast<std::uint16_t*>(q.out) + row * q.out_stride + col;
+    const __m128i bits = bf16_bits8(v);
+    if (count == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bits);
+    std::uint16_t lanes[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lanes), bits);
+    std::copy(lanes, lanes + count, out);
+}
+
+// 8 lanes of a bias or residual row from column col (zeros past n).
+PAGEDSERVE_AVX2_TARGET inline __m256 load_edge(const void* p, bool float32, std::int64_t i,
+                                               std::int64_t count) {
+    if (count >= 8) return load8(p, float32, i);
+    float lanes[8] = {};
+    for (std::int64_t j = 0; j < count; ++j) {
+        if (float32) {
+            lanes[j] = static_cast<const float*>(p)[i + j];
+        } else {
+            const std::uint32_t bits =
+                static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(p)[i + j]) << 16;
+            std::memcpy(lanes + j, &bits, sizeof(float));
+        }
+    }
+    return _mm256_loadu_ps(lanes);
+}
+
+// The driver's store_tile for 8-lane registers: acc + bias + residual, or a gated tile's
+// silu(gate) * up (16 gate columns, then their 16 up columns), rounded once into out.
+template <int R>
+PAGEDSERVE_AVX2_TARGET void store_tile8(const Avx2Args& a, std::int64_t row0, std::int64_t tile,
+                                       const float (&acc)[R][32]) {
+    const QuantLinearArgs& q = *a.q;
+    if (q.gated_width > 0) {
+        const std::int64_t col0 = tile * kLinearGateCols;
+        for (int r = 0; r < R; ++r) {
+            for (int c = 0; c < 2; ++c) {
+                const std::int64_t count = std::min<std::int64_t>(8, q.gated_width - col0 - 8 * c);
+                if (count <= 0) break;
+                const __m256 v = silu_mul8(_mm256_loadu_ps(acc[r] + 8 * c),
+                                           _mm256_loadu_ps(acc[r] + 16 + 8 * c));
+                store8(q, row0 + r, col0 + 8 * c, v, count);
+            }
+        }
+        return;
+    }
+    const std::int64_t col0 = tile * kLinearTileN;
+    for (int c = 0; c < 4; ++c) {
+        const std::int64_t col = col0 + 8 * c, count = std::min<std::int64_t>(8, q.n - col);
+        if (count <= 0) break;
+        const __m256 bias = q.bias ? load_edge(q.bias, q.float32, col, count) : _mm256_setzero_ps();
+        for (int r = 0; r < R; ++r) {
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(acc[r] + 8 * c), bias);
+            if (q.residual)
+                v = _mm256_add_ps(v, load_edge(q.residual, q.float32,
+                                               (row0 + r) * q.residual_stride + col, count));
+            store8(q, row0 + r, col, v, count);
+        }
+    }
+}
+
+template <typename K, int R>
+PAGEDSERVE_AVX2_TARGET void sweep_panel(const Avx2Args& a, std::int64_t row0, std::int64_t tile0,
+                                      std::int64_t tile_end, const PanelPrefetch& prefetch,
+                                      std::int64_t& part) {
+    for (std::int64_t t = tile0; t < tile_end; ++t) {
+        float acc[R][32];
+        K::template product<R>(a, row0, a.packed + t * K::tile_elements(a.k),
+                               prefetch.part(part++), acc);
+        store_tile8<R>(a, row0, t, acc);
+    }
+}
+
+// One driver item: rows [row0, row0 + rows) x tiles [tile0, tile_end), K::kRows rows at a time
+// across the whole panel (so it stays in L2), prefetching the next panel meanwhile.
+template <typename K>
+struct Avx2Items {
+    PAGEDSERVE_AVX2_TARGET static void run(const Avx2Args& a, std::int64_t row0, std::int64_t rows,
+                                           std::int64_t tile0, std::int64_t tile_end,
+                                           std::int64_t next0, std::int64_t next_end) {
+        constexpr int R = K::kRows;
+        const std::int64_t blocks = (rows + R - 1) / R;
+        const PanelPrefetch prefetch =
+            linear_detail::panel_prefetch<K>(a, next0, next_end, blocks * (tile_end - tile0));
+        std::int64_t part = 0, r = row0;
+        for (; r + R <= row0 + rows; r += R) sweep_panel<K, R>(a, r, tile0, tile_end, prefetch, part);
+        linear_detail::with_rows(row0 + rows - r, [&](auto count) {
+            if constexpr (decltype(count)::value < R)
+                sweep_panel<K, decltype(count)::value>(a, r, tile0, tile_end, prefetch, part);
+        });
+    }
+};
+
+template <typename K>
+void run(const Avx2Args& a, int num_threads) {
+    linear_detail::run_linear<K, Avx2Items<K>>(a, num_threads);
+}
+
+}  // namespace
+
+void PAGEDSERVE_AVX2_ENTRY(const QuantLinearArgs& q, const std::uint8_t* acts,
+                           std::int64_t act_row_bytes, int num_threads) {
+    Avx2Args a;
+    a.q = &q, a.packed = q.packed, a.m = q.m, a.n = q.n, a.k = q.k;
+    a.acts = acts, a.act_row_bytes = act_row_bytes;
+    const Format f = format_of(q.ggml_type);
+    if (f.bits == 4 && f.half_scales) return run<Avx2Kernel<4, 32, true>>(a, num_threads);  // Q4_0/1
+    if (f.bits == 4) return run<Avx2Kernel<4, 32, false>>(a, num_threads);                   // Q4_K
+    if (f.half_scales) return run<Avx2Kernel<8, 32, true>>(a, num_threads);                  // Q8_0
+    if (f.group_size == 32) return run<Avx2Kernel<8, 32, false>>(a, num_threads);            // Q5_K
+    run<Avx2Kernel<8, 16, false>>(a, num_threads);                                            // Q6_K
+}
+
+}  // namespace pagedserve::quant_detail
+#endif  // PAGEDSERVE_X86
