@@ -172,7 +172,7 @@ if ((llama)); then
     run_llama llama-q8_0 "$PWD/$q8"
 fi
 
-setup="Servers one at a time; prompts $p_short/$p_long tokens, outputs $o_short (c1-c64), $o_long (long), $o_shared (shared); KV room matched: 32 x (prompt + output + 64) tokens (llama-server -np 32 -cb -c $short_ctx or $long_ctx -t 2 -tb 2 --cache-ram 0; pagedserve --num-pages $((short_ctx / 16)) or $((long_ctx / 16)), --max-num-seqs 64). Mixed: 16 x ($p_short in, $o_short out) streams and $p_mixed-token prompts ($o_long out) at c=2 for the same $(n 60 20) s; 18 slots of $((mixed_ctx / 18)) tokens (llama-server -np 18 -c $mixed_ctx; pagedserve --num-pages $((mixed_ctx / 16)) --max-model-len 4096). Completions endpoint, streaming, greedy, fixed output length (ignore_eos). Runs: \`$run_dir\`."
+setup="Servers one at a time; prompts $p_short/$p_long tokens, outputs $o_short (c1-c64), $o_long (long), $o_shared (shared); KV room matched: 32 x (prompt + output + 64) tokens (llama-server -np 32 -cb -c $short_ctx or $long_ctx -t 2 -tb 2 --cache-ram 0; pagedserve --num-pages $((short_ctx / 16)) or $((long_ctx / 16)), --max-num-seqs 64). Mixed: 16 x ($p_short in, $o_short out) streams and $p_mixed-token prompts ($o_long out) at c=2 for the same $(n 60 20) s; 18 slots of $((mixed_ctx / 18)) tokens (llama-server -np 18 -c $mixed_ctx; pagedserve --num-pages $((mixed_ctx / 16)) --max-model-len 4096). Completions endpoint, streaming, greedy, fixed output length (ignore_eos). pagedserve flags: ${PAGEDSERVE_ARGS:-none}; llama.cpp: \`$bin\`. Runs: \`$run_dir\`."
 python - "$run_dir" "$load_before" "$gguf" "$quick" "$setup" <<'EOF'
 import datetime, json, sys
 run_dir, load_before, gguf, quick, setup = sys.argv[1:]

@@ -12,6 +12,11 @@ lengths (up to --max-tokens), streaming, through bench/serving.py. Prints one JS
 (and a Markdown table with --table). Run it under the bench lock:
 
     flock /tmp/pagedserve-bench.lock python bench/spec_decode.py --repeats 3 --table
+
+--llama-bin DIR (bench/build_llama_cpp.sh's bin folder) adds llama.cpp's llama-server on the same
+GGUF (2 threads, one slot) without speculation, with its prompt lookup (`--spec-type
+ngram-simple`) at its defaults (a 12-token match, drafts up to 48) and with lookup sized as ours
+(a 3-token match, up to 4 drafted tokens), measured in the same rounds, at c=1 only.
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ from serving import Options, run, run_loop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"off": [], "ngram": ["--speculative-method", "ngram"]}
+# llama-server's configs (--llama-bin): off, its prompt lookup at its defaults, and one sized as
+# ours (a 3-token match, up to 4 drafted tokens).
+LLAMA_CONFIGS = {
+    "llama": [],
+    "llama-ngram": ["--spec-type", "ngram-simple"],
+    "llama-ngram-4": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                      "--spec-ngram-simple-size-m", "4", "--spec-draft-n-max", "4"],
+}  # fmt: skip
 RENAMES = [("seq", "sequence"), ("plan", "step_plan"), ("request", "req"), ("params", "options")]
 
 
@@ -78,6 +91,25 @@ def start_server(name: str, flags: list[str], log_dir: Path) -> tuple[subprocess
     port = free_port()
     command = [sys.executable, "-m", "pagedserve", "serve", "--port", str(port),
                "--num-pages", "2048", "--max-num-seqs", "64", "--max-model-len", "4096", *flags]  # fmt: skip
+    return launch(name, command, port, log_dir)
+
+
+def start_llama(
+    name: str, bin_dir: Path, flags: list[str], log_dir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """llama-server on the default GGUF: 2 threads, one slot of 8k tokens (c=1 only)."""
+    from pagedserve.core.models.resolve import resolve_model
+
+    port = free_port()
+    command = [str(bin_dir / "llama-server"), "-m", str(resolve_model("").path), "--host",
+               "127.0.0.1", "--port", str(port), "-np", "1", "-c", "8192", "-t", "2", "-tb", "2",
+               "--cache-ram", "0", "--no-webui", *flags]  # fmt: skip
+    return launch(name, command, port, log_dir)
+
+
+def launch(
+    name: str, command: list[str], port: int, log_dir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
     log = (log_dir / f"{name}.log").open("wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
     url = f"http://127.0.0.1:{port}"
@@ -128,6 +160,8 @@ def main() -> None:
     p.add_argument("--table", action="store_true", help="also print a Markdown table")
     p.add_argument("--uncapped", action="store_true",
                    help="a third server: ngram with --speculative-max-batch 64 (the rule alone)")  # fmt: skip
+    p.add_argument("--llama-bin", type=Path, default=None,
+                   help="llama.cpp's bin folder: llama-server off / lookup beside ours at c=1")  # fmt: skip
     args = p.parse_args()
     configs = dict(CONFIGS)
     if args.uncapped:
@@ -138,6 +172,9 @@ def main() -> None:
         files[name] = work / f"{name}.jsonl"
         files[name].write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
     servers = {name: start_server(name, flags, work) for name, flags in configs.items()}
+    if args.llama_bin:
+        for name, flags in LLAMA_CONFIGS.items():
+            servers[name] = start_llama(name, args.llama_bin, flags, work)
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for _proc, url in servers.values():  # warm-up: one short request each
@@ -146,6 +183,8 @@ def main() -> None:
             for workload, c, num in cases(args.quick):
                 key = f"{workload} c={c}"
                 for name, (proc, url) in servers.items():
+                    if name.startswith("llama") and c > 1:
+                        continue  # one slot: the c=1 comparison only
                     out = one_case(url, files[workload], c, num, args.max_tokens, proc.pid)
                     results.setdefault(key, {}).setdefault(name, []).append(out["output_tok_per_s"])
                     print(
@@ -196,7 +235,8 @@ def table(report: dict[str, Any]) -> str:
     rows = ["| case | " + " | ".join(f"{n} tok/s" for n in names) + " | " + " | ".join(ratios)
             + " |", "| --- " * (1 + len(names) + len(ratios)) + "|"]  # fmt: skip
     for key, by in report["median_output_tok_per_s"].items():
-        cells = [f"{by[n]:.1f}" for n in names] + [f"{by[r]:.2f}x" for r in ratios]
+        cells = [f"{by[n]:.1f}" if n in by else "-" for n in names]
+        cells += [f"{by[r]:.2f}x" if r in by else "-" for r in ratios]
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
