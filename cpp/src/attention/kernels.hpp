@@ -4,6 +4,7 @@
 // dispatch.cpp picks one at run time. The including file defines:
 //   PAGEDSERVE_ISA_NS            the namespace of this copy (attention_portable, ..._avx2, ...)
 //   PAGEDSERVE_ISA_TARGET        the copy's GCC target string (undefined: the portable copy)
+//   PAGEDSERVE_ISA_AVX2          1: the loops' score and value steps on AVX2 registers (avx2.hpp)
 //   PAGEDSERVE_ISA_AVX512        1: the intrinsic item kernels of avx512.hpp and avx512_item.hpp
 //   PAGEDSERVE_ISA_AVX512_BF16   1: their bf16 dot products (vdpbf16ps)
 // The portable and AVX2 copies are the same plain loops (`omp simd`, loops.hpp), vectorized for
@@ -14,7 +15,7 @@
 
 #include "cpu/arch.hpp"
 
-#if PAGEDSERVE_X86  // the AVX-512 item kernels' intrinsics
+#if PAGEDSERVE_X86  // the AVX2 and AVX-512 kernels' intrinsics
 #include <immintrin.h>
 #endif
 
@@ -155,6 +156,9 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
 }
 
 #include "attention/loops.hpp"
+#if PAGEDSERVE_ISA_AVX2
+#include "attention/avx2.hpp"
+#endif
 
 template <typename T>
 void prefetch_tile(const T* p, std::int64_t elements) {
@@ -271,6 +275,13 @@ void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int6
         if (hi[r] <= lo[r]) {
             std::fill(sr, sr + n_max, 0.0f);
         } else {
+#if PAGEDSERVE_ISA_AVX2
+            if constexpr (kD != 0) {
+                softmax_step_avx2<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
+                                      sc.acc.data() + (m + r) * d_len);
+                continue;
+            }
+#endif
 #if PAGEDSERVE_ISA_AVX512
             if constexpr (kD != 0) {
                 softmax_step_avx512<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
@@ -294,6 +305,16 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
     if (n_max <= 0) return;
     float* s = sc.s.data();
     const float* q = sc.q.data() + m * d_len;
+#if PAGEDSERVE_ISA_AVX2
+    if constexpr (kD != 0) {
+        scores_transposed_avx2<kD, kR>(q, sc.k_t.data(), n_max, sc.width, s);
+        softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
+        for (int r = 0; r < kR; r += std::min(kR, 2))
+            accumulate_values_avx2<kD, std::min(kR, 2)>(s + r * sc.width, sc.width, n_max, sc, ps,
+                                                        sc.acc.data() + (m + r) * d_len);
+        return;
+    }
+#endif
     scores_transposed<kD, kR>(q, sc.k_t.data(), n_max, sc.width, d_len, s);
     softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
     // D = 64 keeps 4 accumulators of 4 registers each; D = 128 takes 2 at a time.

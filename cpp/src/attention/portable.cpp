@@ -3,6 +3,7 @@
 #include "cpu/arch.hpp"
 
 #define PAGEDSERVE_ISA_NS attention_portable
+#define PAGEDSERVE_ISA_AVX2 0
 #define PAGEDSERVE_ISA_AVX512 0
 #define PAGEDSERVE_ISA_AVX512_BF16 0
 #include "attention/kernels.hpp"
