@@ -13,7 +13,9 @@ lengths (up to --max-tokens), streaming, through bench/serving.py. Prints one JS
 
     flock /tmp/pagedserve-bench.lock python bench/spec_decode.py --repeats 3 --table
 
---llama-bin DIR (bench/build_llama_cpp.sh's bin folder) adds llama.cpp's llama-server on the same
+--draft-model PATH adds a server with `--speculative-method draft --speculative-model PATH` (e.g.
+bench/layer_draft.py's cut of the target's first layers: no smaller model with SmolLM2's
+tokenizer reaches these machines), and --llama-bin DIR (bench/build_llama_cpp.sh's bin folder) adds llama.cpp's llama-server on the same
 GGUF (2 threads, one slot) without speculation, with its prompt lookup (`--spec-type
 ngram-simple`) at its defaults (a 12-token match, drafts up to 48) and with lookup sized as ours
 (a 3-token match, up to 4 drafted tokens), measured in the same rounds, at c=1 only.
@@ -101,7 +103,7 @@ def start_llama(
     from pagedserve.core.models.resolve import resolve_model
 
     port = free_port()
-    command = [str(bin_dir / "llama-server"), "-m", str(resolve_model("").path), "--host",
+    command = [str(bin_dir.resolve() / "llama-server"), "-m", str(resolve_model("").path), "--host",
                "127.0.0.1", "--port", str(port), "-np", "1", "-c", "8192", "-t", "2", "-tb", "2",
                "--cache-ram", "0", "--no-webui", *flags]  # fmt: skip
     return launch(name, command, port, log_dir)
@@ -162,8 +164,13 @@ def main() -> None:
                    help="a third server: ngram with --speculative-max-batch 64 (the rule alone)")  # fmt: skip
     p.add_argument("--llama-bin", type=Path, default=None,
                    help="llama.cpp's bin folder: llama-server off / lookup beside ours at c=1")  # fmt: skip
+    p.add_argument("--draft-model", default="",
+                   help="a draft model's path: a server with --speculative-method draft")  # fmt: skip
     args = p.parse_args()
     configs = dict(CONFIGS)
+    if args.draft_model:
+        configs["draft"] = ["--speculative-method", "draft", "--speculative-model",
+                            str(Path(args.draft_model).resolve())]  # fmt: skip
     if args.uncapped:
         configs["ngram64"] = [*CONFIGS["ngram"], "--speculative-max-batch", "64"]
     work = Path(tempfile.mkdtemp(prefix="spec_decode_"))
@@ -199,7 +206,8 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-        spec_counters = metrics_text(servers["ngram"][1])
+        spec_counters = {name: metrics_text(servers[name][1])
+                         for name in ("ngram", "draft") if name in servers}  # fmt: skip
     finally:
         for proc, _ in servers.values():
             proc.terminate()
@@ -211,7 +219,7 @@ def main() -> None:
             key: {name: statistics.median(v) for name, v in by.items()}
             for key, by in results.items()
         },
-        "ngram_counters": spec_counters,
+        "spec_counters": spec_counters,
     }
     for by in report["median_output_tok_per_s"].values():
         for name in [n for n in by if n != "off"]:
