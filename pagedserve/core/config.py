@@ -27,12 +27,13 @@ class ModelConfig:
     SmolLM2-135M-Instruct."""
     dtype: str = "auto"
     """Weights and activations dtype: auto, float32, bfloat16 or float16. auto picks bfloat16 on
-    CPUs with AVX-512 BF16 (ISA level avx512_bf16 and up) and on CUDA, float32 elsewhere
-    (measured in bench/RESULTS.md)."""
+    CUDA, on CPUs with AVX-512 BF16 (ISA level avx512_bf16 and up) and, from level avx2, for a
+    GGUF whose every linear stays quantized (bf16 storage between layers, fp32 compute in the
+    kernels), float32 elsewhere (measured in bench/RESULTS.md)."""
     cpu_isa: str = "auto"
     """ISA level of the native CPU kernels: auto (the best this CPU runs), portable (plain
-    loops), avx2 (AVX2 + FMA + F16C), avx512 (AVX-512 F/BW/VL/DQ, with VNNI for the int8
-    kernels), avx512_bf16 or amx; a level above the CPU's is capped at the CPU's. Every level
+    loops), avx2 (AVX2 + FMA + F16C), avx2_vnni (+ AVX-VNNI for the int8 kernel, where the CPU
+    has it), avx512 (AVX-512 F/BW/VL/DQ, with VNNI for the int8 kernels), avx512_bf16 or amx; a level above the CPU's is capped at the CPU's. Every level
     gives the same tokens from the quantized kernels; lower ones are for tests and
     comparisons. Process-wide."""
     device: str = "auto"

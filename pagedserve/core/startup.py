@@ -33,8 +33,9 @@ from pagedserve.core.models.linear_dispatch import (
     tiles_agree_with_avx512,
 )
 from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.pooling_config import resolve_pooler
-from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
+from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear, plan_quantized
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.models.tensor_parallel import check_divisible
@@ -131,13 +132,30 @@ def apply_cpu_isa(name: str) -> str:
     return level
 
 
-def choose_dtype(name: str, device: torch.device) -> torch.dtype:
+def choose_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
+    """--dtype auto: bf16 on CUDA where the GPU has it (else fp16); on a CPU, bf16 where it has
+    AVX512-BF16, or, from ISA level avx2, where every linear runs on the quantized kernels
+    (`quantized`: bf16 is then storage between the layers, the kernels widen it and compute in
+    fp32; it lets the native decoder stack run: c=1 decode 1.8x fp32's at level avx2, bench/
+    RESULTS.md); else float32 (torch's fp32 matmul: its bf16 one is slow without AVX512-BF16)."""
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     # Measured in bench/RESULTS.md: bf16 is faster on CPUs with native bf16 dot products.
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    if cpu_has_bf16() or (quantized and isa_at_least("avx2")):
+        return torch.bfloat16
+    return torch.float32
+
+
+def every_linear_quantized(resolved: ResolvedModel, mc: ModelConfig, tensor_parallel: bool) -> bool:
+    """The CPU model will run every linear on the quantized kernels (quantization auto, a GGUF
+    whose every linear has a kernel, no tensor parallelism: shards are dequantized)."""
+    if mc.quantization != "auto" or resolved.format != "gguf" or tensor_parallel:
+        return False
+    arch, reader = open_gguf(resolved.path)
+    plan = plan_quantized(reader, arch, dtype=torch.float32, device=torch.device("cpu"), quiet=True)
+    return plan.every_linear_kept
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -145,7 +163,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     apply_cpu_isa(mc.cpu_isa)
     resolved = resolve_model(mc.model)
     device = choose_device(mc.device)
-    dtype = choose_dtype(mc.dtype, device)
+    quantized = (
+        mc.dtype == "auto"
+        and device.type == "cpu"
+        and not cpu_has_bf16()
+        and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
+    )
+    dtype = choose_dtype(mc.dtype, device, quantized)
     tokenizer = load_tokenizer(resolved.path)
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)

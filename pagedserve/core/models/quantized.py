@@ -162,6 +162,12 @@ class QuantizedPlan:
     linears: dict[str, list[KeptTensor]] = field(default_factory=dict)
     gated: dict[str, list[KeptTensor]] = field(default_factory=dict)
     fallback: Counter[str] = field(default_factory=Counter)  # type name -> tensors dequantized
+    dense: list[str] = field(default_factory=list)  # module paths left to the dense linears
+
+    @property
+    def every_linear_kept(self) -> bool:
+        """Every linear of the model, the LM head included, runs on the quantized kernels."""
+        return bool(self.linears or self.gated) and not self.dense and self.keeps_lm_head
 
     @property
     def kept(self) -> frozenset[str]:
@@ -256,9 +262,15 @@ def _layer_parts(arch: ArchConfig, i: int) -> dict[str, list[tuple[str, int]]]:
 
 
 def plan_quantized(
-    reader: GGUFReader, arch: ArchConfig, *, dtype: torch.dtype, device: torch.device
+    reader: GGUFReader,
+    arch: ArchConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quiet: bool = False,
 ) -> QuantizedPlan:
-    """The layers whose GGUF tensors all have a kernel (CPU, bf16 or fp32 activations)."""
+    """The layers whose GGUF tensors all have a kernel (CPU, bf16 or fp32 activations);
+    quiet: no log of what is dequantized (a look ahead, as --dtype auto's)."""
     plan = QuantizedPlan()
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         logger.info("quantization auto: kernels are CPU bf16/fp32 only; dequantizing to %s", dtype)
@@ -274,6 +286,7 @@ def plan_quantized(
             continue
         types = [GGMLQuantizationType(t.tensor_type) for t in found if t is not None]
         if not all(int(t) in QUANT_TYPES for t in types):
+            plan.dense.append(path)
             plan.fallback.update(
                 t.name for t in types if t not in _PLAIN and int(t) not in QUANT_TYPES
             )
@@ -283,7 +296,9 @@ def plan_quantized(
             plan.linears[path] = parts
         elif parts[0].ggml_type == parts[1].ggml_type:  # else dequantized: the epilogue needs both
             plan.gated[path] = parts
-    if plan.fallback:
+        else:
+            plan.dense.append(path)
+    if plan.fallback and not quiet:
         logger.warning("quantization auto: no kernel for %s; those weights are dequantized",
                        ", ".join(sorted(plan.fallback)))  # fmt: skip
     return plan

@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from pagedserve import LLM, SamplingParams
-from pagedserve.core.ops.cpu_features import CPU_ISAS, cpu_isa_supported
+from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.ops.cpu_features import (
+    CPU_ISAS,
+    cpu_isa_supported,
+    forced_cpu_isa,
+    runnable_isas,
+)
 from tests.core.models.family_oracle import assert_engine_matches, load_hf
 from tests.core.models.test_default_model import CHAT_PROMPT, TEXT_PROMPT
 from tests.core.models.test_families import PROMPT, WINDOW_CASES
@@ -113,3 +119,19 @@ def test_window_families_match_transformers_on_every_level(
     llm = LLM(str(folder), cpu_isa=cpu_isa, dtype="float32", num_pages=64, page_size=4,
               max_num_batched_tokens=8)  # fmt: skip
     assert_engine_matches(llm, load_hf(folder), PROMPT)
+
+
+@pytest.mark.parametrize(
+    ("level", "quantization", "want"),
+    [("portable", "auto", "float32"), ("avx2", "auto", "bfloat16"), ("avx2", "none", "float32")],
+)
+def test_auto_dtype_below_avx512_bf16(
+    default_model: ResolvedModel, level: str, quantization: str, want: str
+) -> None:
+    """--dtype auto without AVX512-BF16: bf16 storage where every linear stays quantized (the
+    kernels widen it), float32 for dense weights (torch's bf16 matmul is slow there)."""
+    if level not in runnable_isas():
+        pytest.skip(f"this CPU runs ISA levels up to {cpu_isa_supported()}, not {level}")
+    with forced_cpu_isa(level):  # LLM(cpu_isa=...) sets the process-wide level: restored after
+        llm = LLM(str(default_model.path), cpu_isa=level, quantization=quantization, num_pages=16)
+    assert llm.engine.model_info.dtype == want
