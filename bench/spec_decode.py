@@ -18,7 +18,9 @@ bench/layer_draft.py's cut of the target's first layers: no smaller model with S
 tokenizer reaches these machines), and --llama-bin DIR (bench/build_llama_cpp.sh's bin folder) adds llama.cpp's llama-server on the same
 GGUF (2 threads, one slot) without speculation, with its prompt lookup (`--spec-type
 ngram-simple`) at its defaults (a 12-token match, drafts up to 48) and with lookup sized as ours
-(a 3-token match, up to 4 drafted tokens), measured in the same rounds, at c=1 only.
+(a 3-token match, up to 4 drafted tokens), measured in the same rounds, at c=1 only; with
+--draft-model too, llama-server with the same draft (`-md PATH --spec-type draft-simple`, up to 4
+drafted tokens). --c1: the c=1 cases only.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ def main() -> None:
                    help="a third server: ngram with --speculative-max-batch 64 (the rule alone)")  # fmt: skip
     p.add_argument("--llama-bin", type=Path, default=None,
                    help="llama.cpp's bin folder: llama-server off / lookup beside ours at c=1")  # fmt: skip
+    p.add_argument("--c1", action="store_true", help="the c=1 cases only")
     p.add_argument("--draft-model", default="",
                    help="a draft model's path: a server with --speculative-method draft")  # fmt: skip
     args = p.parse_args()
@@ -180,7 +183,12 @@ def main() -> None:
         files[name].write_text("".join(json.dumps({"prompt": x}) + "\n" for x in prompts))
     servers = {name: start_server(name, flags, work) for name, flags in configs.items()}
     if args.llama_bin:
-        for name, flags in LLAMA_CONFIGS.items():
+        llama_configs = dict(LLAMA_CONFIGS)
+        if args.draft_model:
+            llama_configs["llama-draft"] = ["-md", str(Path(args.draft_model).resolve()),
+                                            "--spec-type", "draft-simple",
+                                            "--spec-draft-n-max", "4"]  # fmt: skip
+        for name, flags in llama_configs.items():
             servers[name] = start_llama(name, args.llama_bin, flags, work)
     results: dict[str, dict[str, list[float]]] = {}
     try:
@@ -188,6 +196,8 @@ def main() -> None:
             one_case(url, files["free"], 1, 1, 8, 0)
         for _ in range(args.repeats):
             for workload, c, num in cases(args.quick):
+                if args.c1 and c > 1:
+                    continue
                 key = f"{workload} c={c}"
                 for name, (proc, url) in servers.items():
                     if name.startswith("llama") and c > 1:
