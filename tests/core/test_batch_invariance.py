@@ -10,10 +10,12 @@ import pytest
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.models.resolve import ResolvedModel
-from pagedserve.core.ops.linear import native_linear_available
+from pagedserve.core.ops.cpu_features import isa_at_least
 
+# The default model's linears stay quantized: the int8 kernels are native at every level, and
+# from avx2 on fast enough for this module (bf16 storage there since issue 24's --dtype auto).
 pytestmark = pytest.mark.skipif(
-    not native_linear_available(), reason="batch invariance needs the native CPU kernels"
+    not isa_at_least("avx2"), reason="the portable int8 kernel is too slow for this module"
 )
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
