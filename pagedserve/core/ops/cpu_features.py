@@ -10,6 +10,11 @@ the native kernels run at.
     set_cpu_isa("avx2")                # lower it (--cpu-isa, tests): capped, process-wide
     runnable_isas()                    # every level this CPU can run, lowest first
 
+PAGEDSERVE_MAX_CPU_ISA=avx2 (environment) caps the level for the whole process and its children:
+the CPU then looks like one of that level to everything here (the kernels, --cpu-isa auto,
+--dtype auto, the tests' levels), so `PAGEDSERVE_MAX_CPU_ISA=avx2 pytest` runs the suite as an
+AVX2-only CPU would, servers included; torch's own kernels still take the real CPU's paths.
+
 Levels (CPU_ISAS), each the one before plus: avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI
 for the int8 kernel (an extension more than a level: AVX-512 CPUs may lack it, so from this level
 up it is used where the CPU has it, and on a CPU without it the level is avx2); avx512 = AVX-512
@@ -19,6 +24,7 @@ AMX-INT8 tiles granted by Linux. Each kernel family runs its best path at or bel
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -30,6 +36,7 @@ from pagedserve.core.ops.native import core
 
 CPU_ISAS = tuple(level for level in config.CPU_ISAS if level != "auto")
 """The ISA levels, lowest first (cpu_features.hpp's CpuIsa; --cpu-isa takes these and auto)."""
+MAX_CPU_ISA_ENV = "PAGEDSERVE_MAX_CPU_ISA"
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class CpuFeatures:
         no amx" (with "(cpu up to ...)" where --cpu-isa lowered the level)."""
         level, best = cpu_isa(), cpu_isa_supported()
         head = f"isa {level}" + ("" if level == best else f" (cpu up to {best})")
+        if max_cpu_isa():
+            head += f" ({MAX_CPU_ISA_ENV}={max_cpu_isa()})"
         names = [
             n
             for n in ("avx2", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
@@ -89,17 +98,36 @@ def cpu_isa() -> str:
     return str(core.cpu_isa())
 
 
+@cache
+def max_cpu_isa() -> str:
+    """PAGEDSERVE_MAX_CPU_ISA's level ("" when unset)."""
+    cap = os.environ.get(MAX_CPU_ISA_ENV, "")
+    if cap and cap not in CPU_ISAS:
+        raise ValueError(f"{MAX_CPU_ISA_ENV} must be one of {CPU_ISAS}, got {cap!r}")
+    return cap
+
+
+def _capped(level: str) -> str:
+    cap = max_cpu_isa()
+    return cap if cap and CPU_ISAS.index(cap) < CPU_ISAS.index(level) else level
+
+
 def cpu_isa_supported() -> str:
-    """The best level this CPU and OS run."""
-    return str(core.cpu_isa_supported())
+    """The best level this CPU and OS run (at most PAGEDSERVE_MAX_CPU_ISA's)."""
+    best = str(core.cpu_isa_supported())
+    level = _capped(best)
+    if level == "avx2_vnni" and not cpu_features().avx_vnni:
+        return "avx2"  # as set_cpu_isa gives there
+    return level
 
 
 def set_cpu_isa(level: str) -> str:
-    """Runs the native kernels at `level` or, where the CPU lacks it, at the best it has;
-    returns the level now active. Process-wide: every kernel called after it."""
+    """Runs the native kernels at `level` or, where the CPU lacks it (or PAGEDSERVE_MAX_CPU_ISA
+    caps it), at the best it has; returns the level now active. Process-wide: every kernel
+    called after it."""
     if level not in CPU_ISAS:
         raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, got {level!r}")
-    return str(core.set_cpu_isa(level))
+    return str(core.set_cpu_isa(_capped(level)))
 
 
 def isa_at_least(level: str) -> bool:
@@ -134,3 +162,7 @@ def cpu_model() -> str:
     except OSError:
         pass
     return ""
+
+
+if max_cpu_isa():  # the kernels called before any set_cpu_isa run at the cap too
+    set_cpu_isa(cpu_isa_supported())
