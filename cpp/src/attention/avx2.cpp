@@ -1,5 +1,5 @@
 // ISA level avx2 of the CPU paged attention (kernels.hpp, chosen by dispatch.cpp): the plain loops,
-// vectorized for AVX2 + FMA.
+// vectorized for AVX2 + FMA, with avx2.hpp's score, softmax and value steps for head sizes 64 and 128.
 #include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // elsewhere only the portable copy exists

@@ -8,7 +8,8 @@
 //   PAGEDSERVE_ISA_AVX512        1: the intrinsic item kernels of avx512.hpp and avx512_item.hpp
 //   PAGEDSERVE_ISA_AVX512_BF16   1: their bf16 dot products (vdpbf16ps)
 // The portable and AVX2 copies are the same plain loops (`omp simd`, loops.hpp), vectorized for
-// the level. Everything the kernels need from the standard library and the project's headers is
+// the level; the AVX2 copy takes its score, softmax and value steps for head sizes 64 and 128
+// from avx2.hpp. Everything the kernels need from the standard library and the project's headers is
 // included before the target pragma, so no inline library code is compiled for one level and
 // then, being one symbol for the linker, shared with another.
 #pragma once

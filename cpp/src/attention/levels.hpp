@@ -14,7 +14,7 @@ void attention(const AttentionArgs& args, int num_threads);
 }
 
 #if PAGEDSERVE_X86  // the x86 levels' copies exist only there
-namespace attention_avx2 {  // avx2.cpp: the plain loops, vectorized for AVX2 + FMA
+namespace attention_avx2 {  // avx2.cpp: the plain loops for AVX2 + FMA, with avx2.hpp's steps
 void attention(const AttentionArgs& args, int num_threads);
 }
 namespace attention_avx512 {  // avx512.cpp: the intrinsic item kernels

@@ -162,12 +162,14 @@ class QuantizedPlan:
     linears: dict[str, list[KeptTensor]] = field(default_factory=dict)
     gated: dict[str, list[KeptTensor]] = field(default_factory=dict)
     fallback: Counter[str] = field(default_factory=Counter)  # type name -> tensors dequantized
-    dense: list[str] = field(default_factory=list)  # module paths left to the dense linears
+    dense: list[str] = field(default_factory=list)
+    """Module paths left to the dense linears: a type without a kernel, gate and up of two
+    types, tensors under other names (a fused qkv), MLPs no kernel covers (experts, GeGLU)."""
 
     @property
     def every_linear_kept(self) -> bool:
         """Every linear of the model, the LM head included, runs on the quantized kernels."""
-        return bool(self.linears or self.gated) and not self.dense and self.keeps_lm_head
+        return not self.dense and self.keeps_lm_head
 
     @property
     def kept(self) -> frozenset[str]:
@@ -279,10 +281,14 @@ def plan_quantized(
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     wanted = {"lm_head": [(head, 0)]}
     for i in range(arch.num_layers):
-        wanted.update(_layer_parts(arch, i))
+        layer = _layer_parts(arch, i)
+        if f"layers.{i}.mlp.down_proj" not in layer:
+            plan.dense.append(f"layers.{i}.mlp")
+        wanted.update(layer)
     for path, names in wanted.items():
         found = [tensors.get(name) for name, _ in names]
         if any(t is None for t in found):
+            plan.dense.append(path)
             continue
         types = [GGMLQuantizationType(t.tensor_type) for t in found if t is not None]
         if not all(int(t) in QUANT_TYPES for t in types):

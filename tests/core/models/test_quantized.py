@@ -18,11 +18,13 @@ from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.linear import Linear
+from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.quantized import (
     KeptTensor,
     QuantizedGateUpLinear,
     QuantizedLinear,
     QuantizedPlan,
+    plan_quantized,
 )
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
@@ -130,3 +132,22 @@ def test_types_without_a_kernel_are_dequantized_and_named(
     assert "no kernel for Q5_0" in caplog.text
     assert not any(isinstance(m, QuantizedLinear) for m in model.modules())
     assert isinstance(model.layers[0].qkv_proj, Linear)
+
+
+@pytest.mark.parametrize(
+    ("family", "qtype", "every"),
+    [("llama", "Q8_0", True), ("llama", "Q5_0", False), ("mixtral", "Q8_0", False)],
+    ids=["llama-q8_0", "no-kernel-type", "experts"],
+)
+def test_every_linear_kept_only_when_no_linear_is_left_dense(
+    tmp_path: Path, family: str, qtype: str, every: bool
+) -> None:
+    """What --dtype auto reads ahead on CPUs without AVX512-BF16 (startup.every_linear_quantized):
+    a type without a kernel or experts (which no quantized kernel covers) leave linears dense."""
+    path = tmp_path / "m.gguf"
+    write_gguf_model(path, family, qtype=qtype)
+    arch, reader = open_gguf(path)
+    plan = plan_quantized(reader, arch, dtype=torch.float32, device=torch.device("cpu"), quiet=True)
+    assert plan.every_linear_kept is every
+    if family == "mixtral":
+        assert plan.linears and "layers.0.mlp" in plan.dense  # attention kept, experts not
