@@ -470,7 +470,7 @@ class DecoderStack:
 
 def cpu_features() -> dict[str, bool]:
     """
-    The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.
+    The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data; on aarch64 its NEON / dot-product / i8mm flags (Linux hwcaps).
     """
 
 def cpu_isa() -> str:
@@ -480,7 +480,7 @@ def cpu_isa() -> str:
 
 def cpu_isa_supported() -> str:
     """
-    The best ISA level this CPU runs: portable, avx2, avx512, avx512_bf16 or amx.
+    The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx (x86-64); neon or neon_dotprod (aarch64).
     """
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...

@@ -32,12 +32,14 @@ std::map<std::string, bool> features() {
         {"amx_int8", f.amx_int8},
         {"amx_os_enabled", f.amx_os_enabled},
         {"amx_permitted", f.amx_permitted},
+        {"neon", f.neon},
+        {"neon_dotprod", f.neon_dotprod},
+        {"i8mm", f.i8mm},
     };
 }
 
 pagedserve::CpuIsa level_named(const std::string& name) {
-    for (int i = 0; i <= static_cast<int>(pagedserve::CpuIsa::kAmx); ++i) {
-        const auto level = static_cast<pagedserve::CpuIsa>(i);
+    for (const pagedserve::CpuIsa level : pagedserve::kCpuIsas) {
         if (name == pagedserve::cpu_isa_name(level)) return level;
     }
     throw std::invalid_argument("unknown CPU ISA level " + name);
@@ -47,9 +49,11 @@ pagedserve::CpuIsa level_named(const std::string& name) {
 
 void bind_cpu_features(py::module_& m) {
     m.def("cpu_features", &features,
-          "The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data.");
+          "The CPU's AVX2 / AVX-512 / AMX flags (CPUID) and whether Linux granted AMX tile data; "
+          "on aarch64 its NEON / dot-product / i8mm flags (Linux hwcaps).");
     m.def("cpu_isa_supported", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa_supported()); },
-          "The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx.");
+          "The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx "
+          "(x86-64); neon or neon_dotprod (aarch64).");
     m.def("cpu_isa", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa()); },
           "The ISA level the kernels run at now.");
     m.def("set_cpu_isa",

@@ -1,7 +1,7 @@
 // The quantized linear kernel (linear_quant.hpp): Q8_0 and Q4_1 rows built here against a
 // double-precision oracle (weights decoded from the block layout, activations rounded to int8 per
 // 32 features as the kernel does); every type (K-quants from random blocks) on the VNNI path
-// equal to the portable path bit for bit, around tile edges, threaded, past a 256-row chunk,
+// (and every AVX2 / NEON path) equal to the portable path bit for bit, around tile edges, threaded, past a 256-row chunk,
 // with bias, an in-place residual, fp32 / bf16 output and the gated epilogue; argument checks.
 // The AMX-INT8 path equal to the VNNI path bit for bit for every type, on the emulated tiles
 // everywhere and on the CPU's where it has AMX. Run under ASan/UBSan by
@@ -164,6 +164,38 @@ bool tiles_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool 
     return outs[0] == outs[1];
 }
 
+// The largest int products the vector paths sum in narrow lanes: every 8-bit weight 0 (Q8_0's
+// q = -128: u - 128 = -128 on NEON) or every 4-bit one 15, times activations of +-127 (x = +-1),
+// against the portable path, bit for bit. A row of +1s then one of -1s, so both signs reach
+// every sum; gated and plain.
+bool extremes_agree() {
+    const std::int64_t m = 5, n = 64, k = 64;
+    std::mt19937 rng(17);
+    for (int type : {kGgmlQ8_0, kGgmlQ4_1}) {
+        std::vector<double> w;
+        auto rows = make_rows(type, n, k, rng, w);
+        const std::int64_t block_bytes = quant_row_bytes(type, k) / (k / 32);
+        const std::int64_t first = type == kGgmlQ8_0 ? 2 : 4;  // past d (and m)
+        for (std::int64_t b = 0; b < n * k / 32; ++b)
+            for (std::int64_t i = first; i < block_bytes; ++i)
+                rows[b * block_bytes + i] = type == kGgmlQ8_0 ? 0x80 : 0xFF;
+        const auto packed = pack(type, rows, n, k);
+        std::vector<float> x(m * k);
+        for (std::int64_t i = 0; i < m * k; ++i) x[i] = (i / k) % 2 ? -1.0f : 1.0f;
+        for (std::int64_t gated : {0, 32}) {
+            std::array<std::vector<float>, 2> outs = {std::vector<float>(m * n), std::vector<float>(m * n)};
+            for (int p = 0; p < 2; ++p) {
+                QuantLinearArgs a = args_for(type, x, packed, outs[p], m, n, k);
+                a.gated_width = gated;
+                if (gated) a.out_stride = gated;
+                quant_linear(a, 1, p == 1);
+            }
+            if (outs[0] != outs[1]) return false;
+        }
+    }
+    return true;
+}
+
 constexpr int kTypes[] = {kGgmlQ4_0, kGgmlQ4_1, kGgmlQ8_0, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K};
 
 }  // namespace
@@ -179,15 +211,22 @@ TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
     }
 }
 
-// Every vector path this CPU runs (AVX2, and AVX512-VNNI with or without hardware bf16
-// rounding) equals the portable one.
+// Every vector path this CPU runs (AVX2, AVX-VNNI, AVX512-VNNI with or without hardware bf16
+// rounding; NEON with or without SDOT) equals the portable one. Each level must run its own
+// path: a vector level that fell back to the portable loops would pass the comparison.
 TEST(quant_every_isa_path_equals_portable_for_every_type) {
     const CpuIsa best = cpu_isa_supported();
-    if (best < CpuIsa::kAvx2) std::fprintf(stderr, "  (no AVX2 on this CPU: only the portable path)\n");
-    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-        if (level > best) break;
-        set_cpu_isa(level);
+    int vector_levels = 0;
+    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                         CpuIsa::kNeon, CpuIsa::kNeonDotprod}) {
+        if (!cpu_isa_covers(best, level)) continue;
+        if (set_cpu_isa(level) != level) continue;  // avx2_vnni without AVX-VNNI: avx2 again
+        ++vector_levels;
         std::fprintf(stderr, "  %s: %s path\n", cpu_isa_name(level), quant_linear_path());
+        CHECK(std::strcmp(quant_linear_path(), "portable") != 0);
+        if (level == CpuIsa::kNeon) CHECK(std::strcmp(quant_linear_path(), "neon") == 0);
+        if (level == CpuIsa::kNeonDotprod)
+            CHECK(std::strcmp(quant_linear_path(), "neon-dotprod") == 0);
         std::mt19937 rng(5);
         for (int type : kTypes) {
             const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
@@ -198,8 +237,13 @@ TEST(quant_every_isa_path_equals_portable_for_every_type) {
             CHECK(paths_agree(type, 7, 64, k, false, 20, rng));  // gated: 2 x 20 columns padded
             CHECK(paths_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk, threaded
         }
+        CHECK(extremes_agree());
     }
     set_cpu_isa(best);
+    if (vector_levels == 0) std::fprintf(stderr, "  (no vector level on this CPU: only the portable path)\n");
+#if defined(__aarch64__)
+    CHECK(vector_levels > 0);  // neon on every aarch64 CPU
+#endif
 }
 
 // Q4_0 / Q4_1 / Q8_0 keep the file's fp16 scales (exact), the K-quants fp32 (d x sub-scale):

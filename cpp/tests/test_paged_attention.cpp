@@ -302,20 +302,67 @@ void test_bad_inputs_throw() {
     expect(threw, "seq_len < q_len throws");
 }
 
+// The active level's kernels give the portable loops' bits (issue 24: fp32 and widened bf16
+// caches alike; dispatch.cpp): prefill chunks and decodes, GQA, windows, soft caps, head sizes
+// with and without a vector step (64, 128; 96), 1 and 2 threads.
+void test_level_equals_portable() {
+    const CpuIsa level = cpu_isa();
+    const std::vector<std::int32_t> q_lens = {1, 1, 37, 20, 1}, seq_lens = {17, 130, 100, 20, 1};
+    int cases = 0;
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (const std::int64_t head_size : {64, 128, 96}) {
+            for (const std::int64_t window : {0, 5, 40}) {
+                for (const std::int64_t group : {1, 3}) {
+                    Case c{2, group, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
+                    c.logit_softcap = window == 5 ? 0.0f : 0.3f * (1 + window);
+                    std::mt19937 rng(static_cast<unsigned>(29 + cases));
+                    Batch want = make_batch(c, rng), got = want;
+                    const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+                    set_cpu_isa(CpuIsa::kPortable);
+                    run_kernel(want, scale, 1 + cases % 2);
+                    set_cpu_isa(level);
+                    run_kernel(got, scale, 2 - cases % 2);
+                    const bool same = std::memcmp(want.out.data(), got.out.data(),
+                                                  sizeof(float) * want.out.size()) == 0;
+                    if (!same)
+                        std::fprintf(stderr, "%s differs from portable: dtype %d head_size %ld "
+                                     "window %ld group %ld\n", paged_attention_cpu_path(),
+                                     static_cast<int>(dtype), static_cast<long>(head_size),
+                                     static_cast<long>(window), static_cast<long>(group));
+                    expect(same, "the level's kernels give the portable bits");
+                    ++cases;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
-// Every test at every ISA level this CPU runs: each level has its own copy of the kernels.
+// Every test at every ISA level this CPU runs: each level has its own copy of the kernels
+// (avx2_vnni runs avx2's, neon_dotprod neon's: not run twice here).
 int main() {
     const CpuIsa best = cpu_isa_supported();
-    for (int level = 0; level <= static_cast<int>(best) && level <= 3; ++level) {
-        set_cpu_isa(static_cast<CpuIsa>(level));
+    for (CpuIsa level : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512,
+                         CpuIsa::kNeon}) {
+        if (!cpu_isa_covers(best, level)) continue;
+        set_cpu_isa(level);
         std::printf("  %s kernels\n", paged_attention_cpu_path());
+        // Each level its own copy: one that fell back to the portable loops would pass the rest.
+        expect((level == CpuIsa::kPortable) == (std::strcmp(paged_attention_cpu_path(), "portable") == 0),
+               "a vector level runs its own kernels");
+        if (level == CpuIsa::kNeon)
+            expect(std::strcmp(paged_attention_cpu_path(), "neon") == 0, "neon runs the NEON copy");
         test_attention_matches_naive();
         test_attention_matches_naive_bf16();
         test_window_and_softcap_match_naive();
         test_cache_write_round_trip();
         test_bad_inputs_throw();
+        if (level != CpuIsa::kPortable) test_level_equals_portable();
     }
+#if defined(__aarch64__)
+    expect(cpu_isa_covers(best, CpuIsa::kNeon), "every aarch64 CPU runs the neon kernels");
+#endif
     set_cpu_isa(best);
     if (failures == 0) std::puts("test_paged_attention: ok");
     return failures == 0 ? 0 : 1;

@@ -1,10 +1,16 @@
 """Cross-builds the C++ unit tests (cpp/tests) for aarch64 and runs every one under qemu-user.
 
-Off x86 the native library builds its portable paths only (cpu_isa() is portable; the x86
-kernels sit behind PAGEDSERVE_X86, cpp/src/cpu/arch.hpp), so this checks that the library compiles
-for ARM and that those paths pass there: once with qemu's `max` CPU model (every optional
-extension, SVE included) and once with a plain Armv8.0 NEON core (cortex-a53). Release, -j2; all
-eight test executables run (the slowest, test_paged_attention, takes seconds under qemu).
+On aarch64 the native library builds its portable paths and the NEON ones (the x86 kernels sit
+behind PAGEDSERVE_X86, the NEON ones behind PAGEDSERVE_AARCH64, cpp/src/cpu/arch.hpp), chosen at
+run time from Linux's hwcaps: ISA level neon on every aarch64 CPU, neon_dotprod where SDOT is
+there. This checks that the library compiles for ARM and that every path passes there, the
+NEON kernels bit for bit against the portable ones (test_linear_quant, test_paged_attention):
+once with qemu's `max` CPU model (every optional extension, dot product and SVE included: level
+neon_dotprod, so neon and neon_dotprod both run) and once with a plain Armv8.0 NEON core
+(cortex-a53: no dot product, level neon). The level each model ran at is read from
+test_cpu_features' last line and the paths from the kernel tests' own lines, so the test fails
+if NEON went unused. Release, -j2; all eight test executables run (the slowest,
+test_paged_attention, takes seconds under qemu).
 Skips, saying why, where the cross compiler, qemu-aarch64 or the aarch64 libraries are missing
 (scripts/install.sh test installs them as root on Debian).
 """
@@ -24,6 +30,12 @@ QEMU = "qemu-aarch64"
 # Debian's cross libraries (libc6-arm64-cross, libstdc++6-arm64-cross, libgomp1-arm64-cross).
 SYSROOT = Path(os.environ.get("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu"))
 CPU_MODELS = ["max", "cortex-a53"]  # everything qemu emulates; a plain NEON core
+# The ISA level each model must run at, and the lines the kernel tests print for the paths run.
+LEVELS = {"max": "neon_dotprod", "cortex-a53": "neon"}
+PATH_LINES = {
+    "max": ["neon: neon path", "neon_dotprod: neon-dotprod path", "neon kernels"],
+    "cortex-a53": ["neon: neon path", "neon kernels"],
+}
 TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
 
 
@@ -59,15 +71,19 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("cpu", CPU_MODELS)
 def test_cpp_unit_tests_pass_under_qemu_aarch64(build: Path, cpu: str) -> None:
     assert TESTS, "no cpp/tests/test_*.cpp found"
-    failures = []
+    failures, output = [], ""
     for name in TESTS:
         exe = build / name
         assert exe.is_file(), f"{name} was not built"
         cmd = [QEMU, "-cpu", cpu, "-L", str(SYSROOT), str(exe)]
         result = subprocess.run(cmd, cwd=build, capture_output=True, text=True, timeout=300)
+        output += result.stdout + result.stderr
         if result.returncode != 0:
             failures.append(f"{name} exited {result.returncode}:\n{result.stdout}{result.stderr}")
     assert not failures, f"under {QEMU} -cpu {cpu}:\n" + "\n".join(failures)
+    assert f"cpu isa level: {LEVELS[cpu]}\n" in output, f"-cpu {cpu} did not run at {LEVELS[cpu]}"
+    missing = [line for line in PATH_LINES[cpu] if line not in output]
+    assert not missing, f"under -cpu {cpu} these NEON paths did not run: {missing}"
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:

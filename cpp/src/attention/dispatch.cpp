@@ -6,7 +6,9 @@
 // a multiple of 32, items run the intrinsic kernels of avx512.hpp and avx512_item.hpp (with
 // vdpbf16ps at avx512_bf16); everywhere else the portable loops serve: plain loops over head_size or a
 // 16-key chunk that the compiler vectorizes (`omp simd`) for AVX2, or leaves to SSE2 at the
-// portable level. All keep fp32 scores, softmax and accumulators.
+// portable level, with the score, softmax and value steps of head sizes 64 and 128 on AVX2
+// (avx2.hpp) or, on aarch64 from level neon, NEON registers (neon.hpp). All keep fp32 scores,
+// softmax and accumulators, and all but vdpbf16ps give the portable loops' bits.
 //
 // Batch invariance (issue 16): a query vector's arithmetic depends only on its own position and
 // keys, never on how many vectors share its work item, where its prefill chunk starts, the other
@@ -74,12 +76,16 @@ void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
         case CpuIsa::kAvx512: return attention_avx512::attention(args, num_threads);
         default: return attention_avx512_bf16::attention(args, num_threads);
     }
+#elif PAGEDSERVE_AARCH64  // neon and neon_dotprod: one copy (no dot products in fp32 attention)
+    if (cpu_isa_at_least(CpuIsa::kNeon)) return attention_neon::attention(args, num_threads);
+    attention_portable::attention(args, num_threads);
 #else
     attention_portable::attention(args, num_threads);
 #endif
 }
 
 const char* paged_attention_cpu_path() {
+    if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
     switch (cpu_isa()) {
         case CpuIsa::kPortable: return "portable";
         case CpuIsa::kAvx2:

@@ -1,5 +1,6 @@
 // The CPU paged-attention kernels (dispatch.cpp has the overview), included once per ISA level
-// by that level's file (portable.cpp, avx2.cpp, avx512.cpp, avx512_bf16.cpp), each time inside its
+// by that level's file (portable.cpp, avx2.cpp, avx512.cpp, avx512_bf16.cpp; neon.cpp on
+// aarch64), each time inside its
 // own namespace and under its own `#pragma GCC target`, so that one build holds every level and
 // dispatch.cpp picks one at run time. The including file defines:
 //   PAGEDSERVE_ISA_NS            the namespace of this copy (attention_portable, ..._avx2, ...)
@@ -7,6 +8,8 @@
 //   PAGEDSERVE_ISA_AVX2          1: the loops' score and value steps on AVX2 registers (avx2.hpp)
 //   PAGEDSERVE_ISA_AVX512        1: the intrinsic item kernels of avx512.hpp and avx512_item.hpp
 //   PAGEDSERVE_ISA_AVX512_BF16   1: their bf16 dot products (vdpbf16ps)
+//   PAGEDSERVE_ISA_NEON          1: the loops' score, softmax and value steps on NEON registers
+//                                (neon.hpp; aarch64 only; undefined: 0)
 // The portable and AVX2 copies are the same plain loops (`omp simd`, loops.hpp), vectorized for
 // the level; the AVX2 copy takes its score, softmax and value steps for head sizes 64 and 128
 // from avx2.hpp. Everything the kernels need from the standard library and the project's headers is
@@ -18,6 +21,12 @@
 
 #if PAGEDSERVE_X86  // the AVX2 and AVX-512 kernels' intrinsics
 #include <immintrin.h>
+#endif
+#if PAGEDSERVE_AARCH64  // the NEON steps' intrinsics
+#include <arm_neon.h>
+#endif
+#ifndef PAGEDSERVE_ISA_NEON
+#define PAGEDSERVE_ISA_NEON 0
 #endif
 
 #include <algorithm>
@@ -160,6 +169,9 @@ std::vector<WorkItem> make_work(const AttentionArgs& a) {
 #if PAGEDSERVE_ISA_AVX2
 #include "attention/avx2.hpp"
 #endif
+#if PAGEDSERVE_ISA_NEON
+#include "attention/neon.hpp"
+#endif
 
 template <typename T>
 void prefetch_tile(const T* p, std::int64_t elements) {
@@ -283,6 +295,13 @@ void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int6
                 continue;
             }
 #endif
+#if PAGEDSERVE_ISA_NEON
+            if constexpr (kD != 0) {
+                softmax_step_neon<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
+                                      sc.acc.data() + (m + r) * d_len);
+                continue;
+            }
+#endif
 #if PAGEDSERVE_ISA_AVX512
             if constexpr (kD != 0) {
                 softmax_step_avx512<kD>(sr, span, sc.row_max[m + r], sc.row_sum[m + r],
@@ -313,6 +332,14 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
         for (int r = 0; r < kR; r += std::min(kR, 2))
             accumulate_values_avx2<kD, std::min(kR, 2)>(s + r * sc.width, sc.width, n_max, sc, ps,
                                                         sc.acc.data() + (m + r) * d_len);
+        return;
+    }
+#endif
+#if PAGEDSERVE_ISA_NEON
+    if constexpr (kD != 0) {
+        scores_transposed_neon<kD, kR>(q, sc.k_t.data(), n_max, sc.width, s);
+        softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
+        accumulate_values_neon<kD, kR>(s, sc.width, n_max, sc, ps, sc.acc.data() + m * d_len);
         return;
     }
 #endif

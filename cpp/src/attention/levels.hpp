@@ -1,6 +1,6 @@
 // The CPU paged-attention kernels' ISA levels: one copy of kernels.hpp per level, each in its own
 // file and namespace, all with the same entry. dispatch.cpp calls the one cpu_isa() names
-// (avx512_bf16's copy also serves amx). A new level: a file like avx2.cpp, a line here and a
+// (avx512_bf16's copy also serves amx, neon's neon_dotprod). A new level: a file like avx2.cpp, a line here and a
 // case in dispatch.cpp.
 #pragma once
 
@@ -24,5 +24,11 @@ namespace attention_avx512_bf16 {  // avx512_bf16.cpp: the item kernels with vdp
 void attention(const AttentionArgs& args, int num_threads);
 }
 #endif  // PAGEDSERVE_X86
+
+#if PAGEDSERVE_AARCH64  // the aarch64 level's copy exists only there
+namespace attention_neon {  // neon.cpp: the plain loops with neon.hpp's steps (neon, neon_dotprod)
+void attention(const AttentionArgs& args, int num_threads);
+}
+#endif  // PAGEDSERVE_AARCH64
 
 }  // namespace pagedserve

@@ -1,12 +1,20 @@
-// PAGEDSERVE_X86: 1 when compiling for x86-64, else 0. The SIMD kernels (AVX2 / AVX-512
-// intrinsics, `target` attributes and pragmas, CPUID, AMX tile instructions) exist only there;
-// elsewhere (aarch64) the library builds its portable paths only and cpu_isa() is portable.
+// PAGEDSERVE_X86: 1 when compiling for x86-64, else 0. The x86 SIMD kernels (AVX2 / AVX-512
+// intrinsics, `target` attributes and pragmas, CPUID, AMX tile instructions) exist only there.
+// PAGEDSERVE_AARCH64: 1 when compiling for aarch64, else 0: the NEON kernels (arm_neon.h, the
+// dot-product extension under a `+dotprod` target) and the HWCAP read-out exist only there.
+// Elsewhere the library builds its portable paths only and cpu_isa() is portable.
 #pragma once
 
 #if defined(__x86_64__)
 #define PAGEDSERVE_X86 1
 #else
 #define PAGEDSERVE_X86 0
+#endif
+
+#if defined(__aarch64__)
+#define PAGEDSERVE_AARCH64 1
+#else
+#define PAGEDSERVE_AARCH64 0
 #endif
 
 // PAGEDSERVE_TARGET_PRAGMA("avx2,fma"): `#pragma GCC target("avx2,fma")` from a macro's string, so

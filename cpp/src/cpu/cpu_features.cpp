@@ -1,9 +1,8 @@
 // CPUID and XGETBV by hand (cpuid.h's __get_cpuid_count, no inline asm beyond xgetbv), plus the
-// Linux AMX permission request, and the active ISA level. Every feature is false on CPUs other
-// than x86-64, whose level is portable.
+// Linux AMX permission request; on aarch64, Linux's hardware capability bits (getauxval); and
+// the active ISA level. Elsewhere every feature is false and the level is portable.
 #include "pagedserve/cpu_features.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -16,6 +15,10 @@
 #if defined(__linux__) && PAGEDSERVE_X86  // arch_prctl's AMX permission request
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
+
+#if defined(__linux__) && PAGEDSERVE_AARCH64  // AT_HWCAP, AT_HWCAP2
+#include <sys/auxv.h>
 #endif
 
 namespace pagedserve {
@@ -78,11 +81,32 @@ CpuFeatures detect() {
     f.amx_permitted = f.amx_os_enabled && request_amx_permission();
     return f;
 }
+#elif PAGEDSERVE_AARCH64
+// Linux's arm64 hwcap bits (the kernel's uapi asm/hwcap.h, numbered here as the kernel's ABI
+// fixes them, since older cross headers lack the newer names): HWCAP_ASIMD 1 << 1, HWCAP_ASIMDDP
+// 1 << 20, HWCAP2_I8MM 1 << 13. Without getauxval (not Linux) Advanced SIMD alone is assumed:
+// every aarch64 CPU has it, and the compiler's own baseline says whether it may use dotprod.
+CpuFeatures detect() {
+    CpuFeatures f;
+#if defined(__linux__)
+    const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+    f.neon = (hwcap >> 1) & 1ul;
+    f.neon_dotprod = f.neon && ((hwcap >> 20) & 1ul);
+    f.i8mm = f.neon && ((hwcap2 >> 13) & 1ul);
+#else
+    f.neon = true;
+#if defined(__ARM_FEATURE_DOTPROD)
+    f.neon_dotprod = true;
+#endif
+#endif
+    return f;
+}
 #else
 CpuFeatures detect() { return CpuFeatures{}; }
 #endif
 
 CpuIsa best_level(const CpuFeatures& f) {
+    if (f.neon) return f.neon_dotprod ? CpuIsa::kNeonDotprod : CpuIsa::kNeon;
     if (!(f.avx2 && f.fma && f.f16c)) return CpuIsa::kPortable;
     if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq))
         return f.avx_vnni ? CpuIsa::kAvx2Vnni : CpuIsa::kAvx2;
@@ -111,11 +135,17 @@ CpuIsa cpu_isa_supported() {
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(active_level().load(std::memory_order_relaxed)); }
 
 CpuIsa set_cpu_isa(CpuIsa level) {
-    int capped = std::clamp(static_cast<int>(level), 0, static_cast<int>(cpu_isa_supported()));
-    if (capped == static_cast<int>(CpuIsa::kAvx2Vnni) && !cpu_features().avx_vnni)
-        capped = static_cast<int>(CpuIsa::kAvx2);  // an AVX-512 CPU without AVX-VNNI
-    active_level().store(capped, std::memory_order_relaxed);
-    return static_cast<CpuIsa>(capped);
+    const CpuIsa best = cpu_isa_supported();
+    CpuIsa capped = level;
+    if (cpu_isa_arch(level) != cpu_isa_arch(best)) {
+        capped = CpuIsa::kPortable;  // the other architecture's level: none of it runs here
+    } else if (!cpu_isa_covers(best, level)) {
+        capped = best;
+    }
+    if (capped == CpuIsa::kAvx2Vnni && !cpu_features().avx_vnni)
+        capped = CpuIsa::kAvx2;  // an AVX-512 CPU without AVX-VNNI
+    active_level().store(static_cast<int>(capped), std::memory_order_relaxed);
+    return capped;
 }
 
 const char* cpu_isa_name(CpuIsa level) {
@@ -126,6 +156,8 @@ const char* cpu_isa_name(CpuIsa level) {
         case CpuIsa::kAvx512: return "avx512";
         case CpuIsa::kAvx512Bf16: return "avx512_bf16";
         case CpuIsa::kAmx: return "amx";
+        case CpuIsa::kNeon: return "neon";
+        case CpuIsa::kNeonDotprod: return "neon_dotprod";
     }
     return "portable";
 }

@@ -150,9 +150,9 @@ void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t r = 0; r < m; ++r) {
 #if PAGEDSERVE_X86  // the vector rows exist only there
-        if (isa >= CpuIsa::kAvx512) {
+        if (cpu_isa_covers(isa, CpuIsa::kAvx512)) {
             quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
-        } else if (isa >= CpuIsa::kAvx2) {
+        } else if (cpu_isa_covers(isa, CpuIsa::kAvx2)) {
             quantize_row_avx2(x + r * x_stride, k, out + r * row_bytes);
         } else {
             quantize_row(x + r * x_stride, k, out + r * row_bytes);

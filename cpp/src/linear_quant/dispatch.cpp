@@ -31,11 +31,16 @@ bool hardware_bf16() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
 // The AVX2 kernel sums by VEX vpdpbusd from level avx2_vnni on, where the CPU has AVX-VNNI.
 bool avx_vnni() { return cpu_isa_at_least(CpuIsa::kAvx2Vnni) && cpu_features().avx_vnni; }
 
+// A vector path runs from avx2 (x86-64) or neon (aarch64) up.
+bool vector_level() { return cpu_isa_at_least(CpuIsa::kAvx2) || cpu_isa_at_least(CpuIsa::kNeon); }
+
 }  // namespace
 
 const char* quant_linear_path() {
     if (vnni_supported()) return "avx512-vnni";
     if (avx_vnni()) return "avx2-vnni";
+    if (cpu_isa_at_least(CpuIsa::kNeonDotprod)) return "neon-dotprod";
+    if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
 }
 
@@ -64,9 +69,14 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads, force_portable);
     const int threads = std::max(1, num_threads);
-    if (force_portable || !cpu_isa_at_least(CpuIsa::kAvx2))
+    if (force_portable || !vector_level())
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
-#if PAGEDSERVE_X86  // the vector paths (elsewhere cpu_isa() is portable: returned above)
+#if PAGEDSERVE_AARCH64  // neon_dotprod implies the CPU has SDOT (cpu_features.cpp)
+    if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
+        return quant_detail::quant_linear_neon_dotprod(args, acts.data(), row_bytes, threads);
+    quant_detail::quant_linear_neon(args, acts.data(), row_bytes, threads);
+#endif
+#if PAGEDSERVE_X86  // the x86 vector paths (elsewhere cpu_isa() is not an x86 level)
     if (!vnni_supported())
         return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, threads)
                           : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);

@@ -11,6 +11,9 @@
 //   avx512 + AVX512-VNNI      avx512_vnni.cpp   vpdpbusd; bf16 outputs rounded by integer ops
 //   avx512_bf16               avx512_vnni.cpp   vpdpbusd; vcvtneps2bf16; the dequant-bf16 option
 //   amx                       amx.hpp           AMX-INT8 tiles (from amx_from_rows rows)
+//   neon (aarch64)            neon.cpp          SMULL / SMLAL in int16, SADALP to int32
+//   neon_dotprod (SDOT)       neon_dotprod.cpp  SDOT (neon.hpp's kernel, as neon.cpp, compiled
+//                                               for armv8.2-a+dotprod)
 //
 // A new ISA level adds a file here with one entry below and one line in dispatch.cpp.
 #pragma once
@@ -22,13 +25,17 @@
 namespace pagedserve::quant_detail {
 
 // Each takes the int8 activation rows of quantize_activations (act_row_bytes apart) and writes
-// args.out. The vector entries are defined on x86 only.
+// args.out. The x86 vector entries are defined on x86 only, the NEON ones on aarch64 only.
 void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts,
                            std::int64_t act_row_bytes, int num_threads);
 void quant_linear_avx2(const QuantLinearArgs& args, const std::uint8_t* acts,
                        std::int64_t act_row_bytes, int num_threads);
 void quant_linear_avx2_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
                             std::int64_t act_row_bytes, int num_threads);
+void quant_linear_neon(const QuantLinearArgs& args, const std::uint8_t* acts,
+                       std::int64_t act_row_bytes, int num_threads);
+void quant_linear_neon_dotprod(const QuantLinearArgs& args, const std::uint8_t* acts,
+                               std::int64_t act_row_bytes, int num_threads);
 // hardware_bf16: the CPU has AVX512-BF16 (bf16 outputs by vcvtneps2bf16, AMX tiles allowed).
 void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
                               std::int64_t act_row_bytes, int num_threads, bool hardware_bf16);

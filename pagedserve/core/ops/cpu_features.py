@@ -15,11 +15,15 @@ the CPU then looks like one of that level to everything here (the kernels, --cpu
 --dtype auto, the tests' levels), so `PAGEDSERVE_MAX_CPU_ISA=avx2 pytest` runs the suite as an
 AVX2-only CPU would, servers included; torch's own kernels still take the real CPU's paths.
 
-Levels (CPU_ISAS), each the one before plus: avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI
-for the int8 kernel (an extension more than a level: AVX-512 CPUs may lack it, so from this level
-up it is used where the CPU has it, and on a CPU without it the level is avx2); avx512 = AVX-512
-F/BW/VL/DQ (the int8 kernels also want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and
-AMX-INT8 tiles granted by Linux. Each kernel family runs its best path at or below the level.
+Levels (CPU_ISAS: this machine's architecture's ladder), each the one before plus. x86-64
+(X86_ISAS): avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI for the int8 kernel (an extension more
+than a level: AVX-512 CPUs may lack it, so from this level up it is used where the CPU has it,
+and on a CPU without it the level is avx2); avx512 = AVX-512 F/BW/VL/DQ (the int8 kernels also
+want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and AMX-INT8 tiles granted by Linux.
+aarch64 (ARM_ISAS): neon = Advanced SIMD (every aarch64 CPU); neon_dotprod = the SDOT / UDOT
+dot products (Linux hwcap ASIMDDP). The ladders share only portable: the other architecture's
+levels are refused by name, and no aarch64 level is "at least" an x86 one. Each kernel family
+runs its best path at or below the level.
 """
 
 from __future__ import annotations
@@ -34,9 +38,19 @@ from pathlib import Path
 from pagedserve.core import config
 from pagedserve.core.ops.native import core
 
-CPU_ISAS = tuple(level for level in config.CPU_ISAS if level != "auto")
-"""The ISA levels, lowest first (cpu_features.hpp's CpuIsa; --cpu-isa takes these and auto)."""
+X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
+ARM_ISAS = ("portable", "neon", "neon_dotprod")
+assert set(X86_ISAS + ARM_ISAS) == set(config.CPU_ISAS) - {"auto"}
+CPU_ISAS = ARM_ISAS if str(core.cpu_isa_supported()) in ARM_ISAS[1:] else X86_ISAS
+"""This machine's ISA levels, lowest first (cpu_features.hpp's CpuIsa: aarch64's where the
+native library reports one, x86-64's elsewhere, where a CPU without AVX2 runs portable only)."""
 MAX_CPU_ISA_ENV = "PAGEDSERVE_MAX_CPU_ISA"
+
+
+def _check_level(name: str, level: str) -> None:
+    if level not in CPU_ISAS:
+        other = " (a level of the other CPU architecture)" if level in config.CPU_ISAS else ""
+        raise ValueError(f"{name} must be one of {CPU_ISAS}, got {level!r}{other}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,12 @@ class CpuFeatures:
     """The OS saves the tile registers (XCR0 bits 17 and 18)."""
     amx_permitted: bool
     """Linux granted this process AMX tile data: AMX code may run."""
+    neon: bool
+    """aarch64 Advanced SIMD (Linux hwcap ASIMD)."""
+    neon_dotprod: bool
+    """aarch64 SDOT / UDOT (hwcap ASIMDDP: the int8 kernel's neon_dotprod path)."""
+    i8mm: bool
+    """aarch64 int8 matrix multiply (hwcap2 I8MM; no kernel uses it yet)."""
 
     @property
     def amx_usable(self) -> bool:
@@ -73,6 +93,11 @@ class CpuFeatures:
         head = f"isa {level}" + ("" if level == best else f" (cpu up to {best})")
         if max_cpu_isa():
             head += f" ({MAX_CPU_ISA_ENV}={max_cpu_isa()})"
+        if self.neon:  # aarch64
+            names = ["neon", *(n for n in ("neon_dotprod", "i8mm") if getattr(self, n))]
+            if not self.neon_dotprod:
+                names.append("no neon_dotprod")
+            return f"{head}: {', '.join(names)}"
         names = [
             n
             for n in ("avx2", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
@@ -102,8 +127,8 @@ def cpu_isa() -> str:
 def max_cpu_isa() -> str:
     """PAGEDSERVE_MAX_CPU_ISA's level ("" when unset)."""
     cap = os.environ.get(MAX_CPU_ISA_ENV, "")
-    if cap and cap not in CPU_ISAS:
-        raise ValueError(f"{MAX_CPU_ISA_ENV} must be one of {CPU_ISAS}, got {cap!r}")
+    if cap:
+        _check_level(MAX_CPU_ISA_ENV, cap)
     return cap
 
 
@@ -125,13 +150,16 @@ def set_cpu_isa(level: str) -> str:
     """Runs the native kernels at `level` or, where the CPU lacks it (or PAGEDSERVE_MAX_CPU_ISA
     caps it), at the best it has; returns the level now active. Process-wide: every kernel
     called after it."""
-    if level not in CPU_ISAS:
-        raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, got {level!r}")
+    _check_level("cpu_isa", level)
     return str(core.set_cpu_isa(_capped(level)))
 
 
 def isa_at_least(level: str) -> bool:
-    """The active level is `level` or above."""
+    """The active level is `level` or above (never for the other architecture's levels)."""
+    if level not in CPU_ISAS:  # the other architecture's level (an unknown name is refused)
+        if level not in config.CPU_ISAS:
+            _check_level("level", level)
+        return False
     return CPU_ISAS.index(cpu_isa()) >= CPU_ISAS.index(level)
 
 

@@ -44,3 +44,10 @@ def test_an_unknown_cap_is_refused_by_name() -> None:
     done = probe("avx9000")
     assert done.returncode != 0
     assert "PAGEDSERVE_MAX_CPU_ISA must be one of" in done.stderr
+
+
+def test_the_other_architectures_levels_are_refused_by_name() -> None:
+    other = "neon" if "avx2" in CPU_ISAS else "avx2"  # x86-64 (or portable-only) vs aarch64
+    done = probe(other)
+    assert done.returncode != 0
+    assert "a level of the other CPU architecture" in done.stderr
