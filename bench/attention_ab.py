@@ -1,10 +1,11 @@
 """Paged attention of two source trees side by side (issue 16's kernel-level cost).
 
-    python bench/attention_ab.py BASE_TREE CANDIDATE_TREE [--rounds 3]
+    python bench/attention_ab.py BASE_TREE CANDIDATE_TREE [--rounds 3] [--isa avx2]
 
-Each tree (a source checkout with its own `_core` build, as bench/determinism_cost.py describes)
-runs in a fresh process, alternating, at SmolLM2 shapes (9 query / 3 KV heads, head size 64,
-page size 16, bf16, 1 thread): a decode step of 32 x 600 and a 1024-token prefill. Each process
+Each tree (a source checkout with its own `_core` build, as bench/determinism_cost.py describes,
+or the editable install's tree) runs in a fresh process, alternating, at ISA level --isa (default:
+the CPU's best), at SmolLM2 shapes (9 query / 3 KV heads, head size 64, page size 16, bf16, 1
+thread): a decode step of 32 x 600 and a 1024-token prefill. Each process
 prints the fastest of its calls (robust to a shared machine's descheduling), in ms.
 """
 
@@ -15,9 +16,12 @@ import sys
 
 WORKER = """
 import sys, time
-base = sys.argv[1]
-sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-sys.path[:0] = [base, base + "/tests/core/attention"]
+import glob
+base, isa = sys.argv[1], sys.argv[2]
+if glob.glob(base + "/pagedserve/_core*.so"):  # a tree with its own build; else the editable one
+    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
+    sys.path[:0] = [base]
+sys.path[:0] = [base + "/tests/core/attention"]
 import torch
 from attention_batches import make_batch
 try:  # the op module's home since issue 15
@@ -25,6 +29,9 @@ try:  # the op module's home since issue 15
 except ImportError:  # trees before it
     from pagedserve.core.attention import ops
 torch.set_num_threads(1)
+if isa != "auto":
+    from pagedserve.core.ops.cpu_features import set_cpu_isa
+    set_cpu_isa(isa)
 res = {}
 for name, q, s, calls in [("decode 32 x 600", [1] * 32, [600] * 32, 40),
                           ("prefill 1 x 1024", [1024], [1024], 8)]:
@@ -48,9 +55,10 @@ def main() -> int:
         print(__doc__)
         return 2
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    isa = sys.argv[sys.argv.index("--isa") + 1] if "--isa" in sys.argv else "auto"
     for _ in range(rounds):
         for tree in sys.argv[1:3]:
-            subprocess.run([sys.executable, "-c", WORKER, tree], check=True)
+            subprocess.run([sys.executable, "-c", WORKER, tree, isa], check=True)
     return 0
 
 

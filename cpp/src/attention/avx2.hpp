@@ -7,56 +7,105 @@
 // element the same operations in the same order as the loops (std::fma is vfmadd, keys in
 // order), so the same bits. Needs <immintrin.h>, included by kernels.hpp outside its namespace.
 
-// scores_transposed's: kR query vectors (rows of q, stride kD) against 16 transposed keys at a
-// time (k_t: [kD][width]) into kR rows of s (stride width); kR x 2 accumulators.
+// scores_transposed's: kR query vectors (rows of q, stride kD) against kRegs x 8 transposed keys at
+// a time (k_t: [kD][width]) into kR rows of s (stride width). Each score is one chain of kD
+// dependent FMAs (over d in order: the bits of every level), so the kR x kRegs accumulators are
+// what hides the FMA latency: a decode item's one to three vectors take 64 or 32 keys a pass.
+template <int kD, int kR, int kRegs>
+inline void score_pass_avx2(const float* q, const float* k_t, std::int64_t c, std::int64_t width,
+                            float* s) {
+    __m256 acc[kR][kRegs];
+    for (int r = 0; r < kR; ++r)
+        for (int x = 0; x < kRegs; ++x) acc[r][x] = _mm256_setzero_ps();
+    for (int d = 0; d < kD; ++d) {
+        const float* row = k_t + d * width + c;
+        __m256 k[kRegs];
+        for (int x = 0; x < kRegs; ++x) k[x] = _mm256_loadu_ps(row + 8 * x);
+        for (int r = 0; r < kR; ++r) {
+            const __m256 qd = _mm256_broadcast_ss(q + r * kD + d);
+            for (int x = 0; x < kRegs; ++x) acc[r][x] = _mm256_fmadd_ps(qd, k[x], acc[r][x]);
+        }
+    }
+    for (int r = 0; r < kR; ++r)
+        for (int x = 0; x < kRegs; ++x) _mm256_storeu_ps(s + r * width + c + 8 * x, acc[r][x]);
+}
+
 template <int kD, int kR>
 inline void scores_transposed_avx2(const float* q, const float* k_t, std::int64_t n,
                                    std::int64_t width, float* s) {
-    for (std::int64_t c = 0; c < n; c += kChunk) {
-        __m256 acc[kR][2];
-        for (int r = 0; r < kR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        for (int d = 0; d < kD; ++d) {
-            const float* row = k_t + d * width + c;
-            const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
-            for (int r = 0; r < kR; ++r) {
-                const __m256 qd = _mm256_broadcast_ss(q + r * kD + d);
-                acc[r][0] = _mm256_fmadd_ps(qd, k0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(qd, k1, acc[r][1]);
-            }
-        }
-        for (int r = 0; r < kR; ++r) {
-            _mm256_storeu_ps(s + r * width + c, acc[r][0]);
-            _mm256_storeu_ps(s + r * width + c + 8, acc[r][1]);
-        }
-    }
+    // 8 or 12 accumulators; a wide pass may score keys past n up to width (stale lanes, which
+    // the softmax never reads: it stops at n rounded up to 16, as the 16-key passes do).
+    constexpr int kRegs = kR == 1 ? 8 : kR <= 3 ? 4 : 2;
+    std::int64_t c = 0;
+    for (; c < n && c + 8 * kRegs <= width; c += 8 * kRegs)
+        score_pass_avx2<kD, kR, kRegs>(q, k_t, c, width, s);
+    for (; c < n; c += kChunk) score_pass_avx2<kD, kR, 2>(q, k_t, c, width, s);
 }
 
 // accumulate_values's: acc rows += weights . V over keys [0, n) for kR query vectors (rows of s,
-// stride s_stride; rows of acc, stride kD), in slices of 32 columns: kR x 4 accumulators and
-// the value row's 4 registers (kR <= 2 fits AVX2's 16).
+// stride s_stride; rows of acc, stride kD), in slices of kCols columns: kR x kCols / 8
+// accumulators in registers, each value register loaded once per key and slice (one vector:
+// 64 columns, 8 chains; two or three: 32 columns, 8 or 12 chains).
 template <int kD, int kR>
 inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::int64_t n,
                                    const Scratch& sc, std::int64_t page_size, float* acc) {
-    static_assert(kD % 32 == 0 && kR <= 2, "32-column slices of at most 2 rows");
-    for (int d0 = 0; d0 < kD; d0 += 32) {
-        __m256 a[kR][4];
+    constexpr int kCols = kR == 1 && kD % 64 == 0 ? 64 : 32, kRegs = kCols / 8;
+    static_assert(kD % 32 == 0 && kR <= 3, "32-column slices of at most 3 rows");
+    for (int d0 = 0; d0 < kD; d0 += kCols) {
+        __m256 a[kR][kRegs];
         for (int r = 0; r < kR; ++r)
-            for (int x = 0; x < 4; ++x) a[r][x] = _mm256_loadu_ps(acc + r * kD + d0 + 8 * x);
+            for (int x = 0; x < kRegs; ++x) a[r][x] = _mm256_loadu_ps(acc + r * kD + d0 + 8 * x);
         for (std::int64_t key0 = 0, p = 0; key0 < n; key0 += page_size, ++p) {
             const std::int64_t page_keys = std::min(page_size, n - key0);
             for (std::int64_t j = 0; j < page_keys; ++j) {
                 const float* vr = sc.v_pages[p] + j * kD + d0;
-                __m256 v[4];
-                for (int x = 0; x < 4; ++x) v[x] = _mm256_loadu_ps(vr + 8 * x);
                 for (int r = 0; r < kR; ++r) {
                     const __m256 pj = _mm256_broadcast_ss(s + r * s_stride + key0 + j);
-                    for (int x = 0; x < 4; ++x) a[r][x] = _mm256_fmadd_ps(pj, v[x], a[r][x]);
+                    for (int x = 0; x < kRegs; ++x)
+                        a[r][x] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * x), a[r][x]);
                 }
             }
         }
         for (int r = 0; r < kR; ++r)
-            for (int x = 0; x < 4; ++x) _mm256_storeu_ps(acc + r * kD + d0 + 8 * x, a[r][x]);
+            for (int x = 0; x < kRegs; ++x) _mm256_storeu_ps(acc + r * kD + d0 + 8 * x, a[r][x]);
     }
+}
+
+// load_block's transpose: keys [0, np) of one page (rows of k, d_len apart) into columns
+// [col, col + np) of k_t ([d_len][width]), 8 x 8 at a time by unpacks and lane permutes (the
+// scalar loop stored one float per instruction); the last np % 8 keys, or a head size that is
+// not a multiple of 8, one by one. A copy: the same bits.
+inline void transpose_keys_avx2(const float* k, std::int64_t np, std::int64_t d_len, float* k_t,
+                                std::int64_t width, std::int64_t col) {
+    std::int64_t j = 0;
+    if (d_len % 8 == 0) {
+        for (; j + 8 <= np; j += 8) {
+            for (std::int64_t d = 0; d < d_len; d += 8) {
+                __m256 r[8], t[8];
+                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(k + (j + i) * d_len + d);
+                for (int i = 0; i < 8; i += 2) {
+                    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+                }
+                for (int i = 0; i < 8; i += 4) {
+                    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+                }
+                // r[0..3]: dims d + {0, 1, 2, 3} of keys j..j+3 (low lanes) and of dims d + 4..7
+                // (high lanes); r[4..7] the same for keys j+4..j+7.
+                for (int i = 0; i < 4; ++i) {
+                    float* lo = k_t + (d + i) * width + col + j;
+                    float* hi = k_t + (d + 4 + i) * width + col + j;
+                    _mm256_storeu_ps(lo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                    _mm256_storeu_ps(hi, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+                }
+            }
+        }
+    }
+    for (; j < np; ++j)
+        for (std::int64_t d = 0; d < d_len; ++d) k_t[d * width + col + j] = k[j * d_len + d];
 }
 
 // exp_nonpositive on 8 lanes, step for step (the round-to-nearest of its 1.5 * 2^23 trick is

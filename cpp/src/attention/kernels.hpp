@@ -224,8 +224,12 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
             sc.v_pages[p] = sc.v.data() + n * d_len;
         }
         const float* k = sc.k_pages[p];
+#if PAGEDSERVE_ISA_AVX2
+        transpose_keys_avx2(k, np, d_len, sc.k_t.data(), sc.width, n);
+#else
         for (std::int64_t j = 0; j < np; ++j)
             for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
+#endif
         n += np;
     }
     return n;
@@ -329,9 +333,10 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
     if constexpr (kD != 0) {
         scores_transposed_avx2<kD, kR>(q, sc.k_t.data(), n_max, sc.width, s);
         softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
-        for (int r = 0; r < kR; r += std::min(kR, 2))
-            accumulate_values_avx2<kD, std::min(kR, 2)>(s + r * sc.width, sc.width, n_max, sc, ps,
-                                                        sc.acc.data() + (m + r) * d_len);
+        constexpr int kPv = kR == 3 ? 3 : std::min(kR, 2);  // 8 or 12 value accumulators
+        for (int r = 0; r < kR; r += kPv)
+            accumulate_values_avx2<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps,
+                                            sc.acc.data() + (m + r) * d_len);
         return;
     }
 #endif
@@ -383,7 +388,15 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
         std::int64_t m = 0;
         for (; m + kGroupRows <= m_len; m += kGroupRows)
             attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos);
-        for (; m < m_len; ++m) attend_rows<kD, 1>(a, sc, m, key0, n, first_pos);
+        // The last 1 to 3 vectors together (a decode step's GQA group of 3 is one pass: three
+        // vectors' chains in flight, not one): a vector's arithmetic is the same either way.
+        static_assert(kGroupRows == 4, "the tail below takes 1 to 3 vectors");
+        switch (m_len - m) {
+            case 3: attend_rows<kD, 3>(a, sc, m, key0, n, first_pos); break;
+            case 2: attend_rows<kD, 2>(a, sc, m, key0, n, first_pos); break;
+            case 1: attend_rows<kD, 1>(a, sc, m, key0, n, first_pos); break;
+            default: break;
+        }
     }
     finish_item<T, kD>(a, w, sc);
 }
