@@ -196,6 +196,70 @@ bool extremes_agree() {
     return true;
 }
 
+// bf16 x, bias and in-place residual, bf16 out (rounded by the vector path's own integer ops or
+// vcvtneps2bf16) or fp32 out, gated too: the active path and the portable one, bit for bit.
+bool bf16_paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool out_float32,
+                      std::int64_t gated_width, std::mt19937& rng) {
+    std::vector<double> w;
+    const auto rows = make_rows(type, n, k, rng, w);
+    const auto packed = pack(type, rows, n, k);
+    std::normal_distribution<float> dist;
+    const auto bf16 = [&](std::size_t count) {
+        std::vector<std::uint16_t> v(count);
+        for (auto& e : v) {
+            const float f = dist(rng);
+            std::uint32_t bits;
+            std::memcpy(&bits, &f, sizeof(bits));
+            e = static_cast<std::uint16_t>(bits >> 16);
+        }
+        return v;
+    };
+    const auto x = bf16(m * k), bias = bf16(n), start = bf16(m * n);
+    std::array<std::vector<std::uint16_t>, 2> outs = {start, start};
+    std::array<std::vector<float>, 2> outs32 = {std::vector<float>(m * n), std::vector<float>(m * n)};
+    for (int p = 0; p < 2; ++p) {
+        QuantLinearArgs a;
+        a.ggml_type = type, a.x = x.data(), a.x_stride = k, a.packed = packed.data();
+        a.m = m, a.n = n, a.k = k, a.out_float32 = out_float32;
+        a.out = out_float32 ? static_cast<void*>(outs32[p].data()) : outs[p].data();
+        a.out_stride = gated_width ? gated_width : n, a.gated_width = gated_width;
+        if (!gated_width) {
+            a.bias = bias.data();
+            a.residual = outs[p].data(), a.residual_stride = n;  // in place when out is bf16
+        }
+        quant_linear(a, 2, p == 1);
+    }
+    return out_float32 ? outs32[0] == outs32[1] : outs[0] == outs[1];
+}
+
+// bf16 outputs at the edges of vcvtneps2bf16's rounding (kernel_math.hpp), reached through the
+// epilogue: x = 0 (so the products are +0), out = bias + residual with both bf16, whose sums
+// fall on ties (1 + 2^-8 and its odd neighbour, both signs), on denormals (flushed to a signed
+// zero), on infinities and NaN (quieted). The active path and the portable one, bit for bit.
+bool bf16_rounding_edges_agree() {
+    const std::int64_t m = 2, n = 40, k = 32;
+    std::mt19937 rng(31);
+    std::vector<double> w;
+    const auto packed = pack(kGgmlQ8_0, make_rows(kGgmlQ8_0, n, k, rng, w), n, k);
+    const std::uint16_t bias_bits[] = {0x3f80, 0xbf80, 0x3f81, 0xbf81, 0x0001, 0x8001, 0x0080,
+                                       0x7f80, 0xff80, 0x7fc1, 0x7f81, 0x0000, 0x8000, 0x4000};
+    const std::uint16_t residual_bits[] = {0x3b80, 0xbb80, 0x3b80, 0xbb80, 0x0001, 0x0002,
+                                           0x8080, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x8000, 0x8000,
+                                           0x3880};
+    std::vector<std::uint16_t> x(m * k, 0), bias(n), start(m * n);
+    for (std::int64_t j = 0; j < n; ++j) bias[j] = bias_bits[j % 14];
+    for (std::int64_t i = 0; i < m * n; ++i) start[i] = residual_bits[(i + i / n) % 14];
+    std::array<std::vector<std::uint16_t>, 2> outs = {start, start};
+    for (int p = 0; p < 2; ++p) {
+        QuantLinearArgs a;
+        a.ggml_type = kGgmlQ8_0, a.x = x.data(), a.x_stride = k, a.packed = packed.data();
+        a.m = m, a.n = n, a.k = k, a.out = outs[p].data(), a.out_stride = n;
+        a.bias = bias.data(), a.residual = outs[p].data(), a.residual_stride = n;
+        quant_linear(a, 1, p == 1);
+    }
+    return outs[0] == outs[1] && outs[0][0] == 0x3f80;  // 1 + 2^-8: a tie, to even (1)
+}
+
 constexpr int kTypes[] = {kGgmlQ4_0, kGgmlQ4_1, kGgmlQ8_0, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K};
 
 }  // namespace
@@ -238,6 +302,15 @@ TEST(quant_every_isa_path_equals_portable_for_every_type) {
             CHECK(paths_agree(type, 300, 40, k, true, 0, rng));  // past a 256-row chunk, threaded
         }
         CHECK(extremes_agree());
+        CHECK(bf16_rounding_edges_agree());
+        std::mt19937 rng16(7);
+        for (int type : kTypes) {
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 64;
+            for (bool out_float32 : {false, true}) {
+                CHECK(bf16_paths_agree(type, 5, 37, k, out_float32, 0, rng16));
+                CHECK(bf16_paths_agree(type, 3, 64, k, out_float32, 27, rng16));  // gated
+            }
+        }
     }
     set_cpu_isa(best);
     if (vector_levels == 0) std::fprintf(stderr, "  (no vector level on this CPU: only the portable path)\n");
