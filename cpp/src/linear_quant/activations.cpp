@@ -1,11 +1,15 @@
 // The per-row int8 activations of the quantized linear kernels (linear_quant/layout.hpp): per 32
 // features d = max|x| / 127 and q = round-half-even(x * (127 / max|x|)), with the fp32 sums
-// d * sum(q) per 16 and per 32 features. AVX-512 and AVX2 paths (by the ISA level) and a plain
-// loop elsewhere give the same bytes (IEEE division and product, the same rounding, exact int sums).
+// d * sum(q) per 16 and per 32 features. AVX-512, AVX2 and NEON paths (by the ISA level) and a
+// plain loop elsewhere give the same bytes (IEEE division and product, the same rounding, exact
+// int sums).
 #include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // the AVX-512 and AVX2 rows' intrinsics
 #include <immintrin.h>
+#endif
+#if PAGEDSERVE_AARCH64  // the NEON rows' intrinsics
+#include <arm_neon.h>
 #endif
 #include <omp.h>
 
@@ -143,6 +147,45 @@ PAGEDSERVE_ACT_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, st
 }
 #endif  // PAGEDSERVE_X86
 
+#if PAGEDSERVE_AARCH64  // the NEON rows (Advanced SIMD: every aarch64 CPU)
+template <typename T>
+float32x4_t load4(const T* x) {
+    if constexpr (sizeof(T) == 4) {
+        return vld1q_f32(x);
+    } else {
+        return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(x), 16));
+    }
+}
+
+// quantize_row with NEON: max|x| by FMAXNM (exact, and like std::max it keeps the number where a
+// lane is NaN), the same scalar scale and inverse, x * inv rounded by FCVTNS (to nearest even,
+// as nearbyint), exact int sums; |q| <= 127, so the narrowing never saturates.
+template <typename T>
+void quantize_row_neon(const T* x, std::int64_t k, std::uint8_t* out) {
+    auto* q = reinterpret_cast<std::int8_t*>(out);
+    float* d = reinterpret_cast<float*>(out + k);
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        float32x4_t v[8], amax = vdupq_n_f32(0.0f);
+        for (int i = 0; i < 8; ++i) {
+            v[i] = load4(x + kBlockK * b + 4 * i);
+            amax = vmaxnmq_f32(amax, vabsq_f32(v[i]));
+        }
+        const float max_abs = vmaxnmvq_f32(amax);
+        const float scale = max_abs / 127.0f, inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+        int32x4_t qi[8];
+        for (int i = 0; i < 8; ++i) qi[i] = vcvtnq_s32_f32(vmulq_f32(v[i], vdupq_n_f32(inv)));
+        for (int h = 0; h < 2; ++h) {  // 16 features: int32 -> int16 -> int8
+            const int16x8_t lo = vcombine_s16(vqmovn_s32(qi[4 * h]), vqmovn_s32(qi[4 * h + 1]));
+            const int16x8_t hi = vcombine_s16(vqmovn_s32(qi[4 * h + 2]), vqmovn_s32(qi[4 * h + 3]));
+            vst1q_s8(q + kBlockK * b + 16 * h, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+        }
+        const int low = vaddvq_s32(vaddq_s32(vaddq_s32(qi[0], qi[1]), vaddq_s32(qi[2], qi[3])));
+        const int high = vaddvq_s32(vaddq_s32(vaddq_s32(qi[4], qi[5]), vaddq_s32(qi[6], qi[7])));
+        store_sums(scale, low, high, b, d, d + k / kBlockK, d + 2 * (k / kBlockK));
+    }
+}
+#endif  // PAGEDSERVE_AARCH64
+
 template <typename T>
 void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64_t k,
                    std::uint8_t* out, int threads, [[maybe_unused]] CpuIsa isa) {
@@ -154,6 +197,12 @@ void quantize_rows(const T* x, std::int64_t x_stride, std::int64_t m, std::int64
             quantize_row_avx512(x + r * x_stride, k, out + r * row_bytes);
         } else if (cpu_isa_covers(isa, CpuIsa::kAvx2)) {
             quantize_row_avx2(x + r * x_stride, k, out + r * row_bytes);
+        } else {
+            quantize_row(x + r * x_stride, k, out + r * row_bytes);
+        }
+#elif PAGEDSERVE_AARCH64  // the NEON rows from level neon
+        if (cpu_isa_covers(isa, CpuIsa::kNeon)) {
+            quantize_row_neon(x + r * x_stride, k, out + r * row_bytes);
         } else {
             quantize_row(x + r * x_stride, k, out + r * row_bytes);
         }
