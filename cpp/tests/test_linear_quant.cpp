@@ -140,7 +140,7 @@ std::array<std::vector<float>, 2> run_twice(int type, std::int64_t m, std::int64
         if (gated_width) a.out_stride = gated_width;
         if (extras && !gated_width) a.bias = bias.data(), a.residual = outs[p].data(), a.residual_stride = n;
         const bool portable = p == 1 && second(a);
-        quant_linear(a, 1 + p, portable);
+        quant_linear(a, 2 - p, portable);  // the first run threaded, the second on one thread
     }
     return outs;
 }
