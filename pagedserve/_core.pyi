@@ -480,7 +480,7 @@ def cpu_isa() -> str:
 
 def cpu_isa_supported() -> str:
     """
-    The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx (x86-64); neon or neon_dotprod (aarch64).
+    The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx (x86-64); neon, neon_dotprod or neon_i8mm (aarch64).
     """
 
 def gated_rows(width: typing.SupportsInt | typing.SupportsIndex) -> int: ...

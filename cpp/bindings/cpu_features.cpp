@@ -53,7 +53,7 @@ void bind_cpu_features(py::module_& m) {
           "on aarch64 its NEON / dot-product / i8mm flags (Linux hwcaps).");
     m.def("cpu_isa_supported", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa_supported()); },
           "The best ISA level this CPU runs: portable, avx2, avx2_vnni, avx512, avx512_bf16 or amx "
-          "(x86-64); neon or neon_dotprod (aarch64).");
+          "(x86-64); neon, neon_dotprod or neon_i8mm (aarch64).");
     m.def("cpu_isa", [] { return pagedserve::cpu_isa_name(pagedserve::cpu_isa()); },
           "The ISA level the kernels run at now.");
     m.def("set_cpu_isa",

@@ -46,6 +46,7 @@ TEST(isa_level_follows_the_features) {
     if (cpu_isa_covers(level, CpuIsa::kAmx)) CHECK(f.amx_permitted && f.amx_bf16 && f.amx_int8);
     CHECK(cpu_isa_covers(level, CpuIsa::kNeon) == f.neon);
     CHECK(cpu_isa_covers(level, CpuIsa::kNeonDotprod) == f.neon_dotprod);
+    CHECK(cpu_isa_covers(level, CpuIsa::kNeonI8mm) == (f.neon_dotprod && f.i8mm));
     CHECK(pagedserve::cpu_isa() == level);  // nothing set yet
 }
 
@@ -53,10 +54,12 @@ TEST(isa_level_follows_the_features) {
 TEST(aarch64_levels_are_never_x86_ones) {
     CHECK(cpu_isa_covers(CpuIsa::kNeon, CpuIsa::kPortable));
     CHECK(cpu_isa_covers(CpuIsa::kNeonDotprod, CpuIsa::kNeon));
+    CHECK(cpu_isa_covers(CpuIsa::kNeonI8mm, CpuIsa::kNeonDotprod));
+    CHECK(!cpu_isa_covers(CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm));
     CHECK(!cpu_isa_covers(CpuIsa::kNeon, CpuIsa::kNeonDotprod));
     CHECK(cpu_isa_covers(CpuIsa::kAmx, CpuIsa::kAvx2));
     CHECK(!cpu_isa_covers(CpuIsa::kPortable, CpuIsa::kNeon));
-    for (CpuIsa arm : {CpuIsa::kNeon, CpuIsa::kNeonDotprod}) {
+    for (CpuIsa arm : {CpuIsa::kNeon, CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm}) {
         for (CpuIsa x86 : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
                            CpuIsa::kAmx}) {
             CHECK(!cpu_isa_covers(arm, x86));
@@ -69,6 +72,7 @@ TEST(aarch64_levels_are_never_x86_ones) {
             names += std::string(pagedserve::cpu_isa_name(a)) == pagedserve::cpu_isa_name(b);
     CHECK(names == static_cast<int>(sizeof(pagedserve::kCpuIsas) / sizeof(CpuIsa)));
     CHECK(std::string(pagedserve::cpu_isa_name(CpuIsa::kNeonDotprod)) == "neon_dotprod");
+    CHECK(std::string(pagedserve::cpu_isa_name(CpuIsa::kNeonI8mm)) == "neon_i8mm");
 }
 
 TEST(set_cpu_isa_is_capped_and_restorable) {
@@ -80,9 +84,9 @@ TEST(set_cpu_isa_is_capped_and_restorable) {
     const bool arm = cpu_isa_covers(best, CpuIsa::kNeon);
     // The top of this architecture's ladder is capped at what the CPU has; the other
     // architecture's levels give portable.
-    CHECK(pagedserve::set_cpu_isa(arm ? CpuIsa::kNeonDotprod : CpuIsa::kAmx) == best);
+    CHECK(pagedserve::set_cpu_isa(arm ? CpuIsa::kNeonI8mm : CpuIsa::kAmx) == best);
     CHECK(pagedserve::cpu_isa() == best);
-    CHECK(pagedserve::set_cpu_isa(arm ? CpuIsa::kAmx : CpuIsa::kNeonDotprod) == CpuIsa::kPortable);
+    CHECK(pagedserve::set_cpu_isa(arm ? CpuIsa::kAmx : CpuIsa::kNeonI8mm) == CpuIsa::kPortable);
     CHECK(pagedserve::set_cpu_isa(best) == best);
     CHECK(std::string(pagedserve::cpu_isa_name(CpuIsa::kAvx512Bf16)) == "avx512_bf16");
     // avx2_vnni on a CPU without AVX-VNNI (Zen 4, Ice Lake: AVX-512 but no VEX VNNI) is avx2.
@@ -91,7 +95,7 @@ TEST(set_cpu_isa_is_capped_and_restorable) {
         CHECK(pagedserve::set_cpu_isa(CpuIsa::kAvx2Vnni) == want);
         CHECK(pagedserve::set_cpu_isa(best) == best);
     }
-    if (arm) {  // neon is always there; neon_dotprod only where the CPU has SDOT
+    if (arm) {  // neon is always there; neon_dotprod (and i8mm) only where the CPU has SDOT
         CHECK(pagedserve::set_cpu_isa(CpuIsa::kNeon) == CpuIsa::kNeon);
         CHECK(pagedserve::cpu_isa_at_least(CpuIsa::kNeon));
         CHECK(!pagedserve::cpu_isa_at_least(CpuIsa::kNeonDotprod));

@@ -276,13 +276,13 @@ TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
 }
 
 // Every vector path this CPU runs (AVX2, AVX-VNNI, AVX512-VNNI with or without hardware bf16
-// rounding; NEON with or without SDOT) equals the portable one. Each level must run its own
+// rounding; NEON, NEON with SDOT, with USMMLA) equals the portable one. Each level must run its own
 // path: a vector level that fell back to the portable loops would pass the comparison.
 TEST(quant_every_isa_path_equals_portable_for_every_type) {
     const CpuIsa best = cpu_isa_supported();
     int vector_levels = 0;
     for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
-                         CpuIsa::kNeon, CpuIsa::kNeonDotprod}) {
+                         CpuIsa::kNeon, CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm}) {
         if (!cpu_isa_covers(best, level)) continue;
         if (set_cpu_isa(level) != level) continue;  // avx2_vnni without AVX-VNNI: avx2 again
         ++vector_levels;
@@ -291,6 +291,7 @@ TEST(quant_every_isa_path_equals_portable_for_every_type) {
         if (level == CpuIsa::kNeon) CHECK(std::strcmp(quant_linear_path(), "neon") == 0);
         if (level == CpuIsa::kNeonDotprod)
             CHECK(std::strcmp(quant_linear_path(), "neon-dotprod") == 0);
+        if (level == CpuIsa::kNeonI8mm) CHECK(std::strcmp(quant_linear_path(), "neon-i8mm") == 0);
         std::mt19937 rng(5);
         for (int type : kTypes) {
             const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;

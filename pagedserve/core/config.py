@@ -17,7 +17,8 @@ QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
 # auto, portable, the x86-64 levels, the aarch64 ones (pagedserve/core/ops/cpu_features.py).
 CPU_ISAS = (
-    "auto", "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx", "neon", "neon_dotprod",
+    "auto", "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx",
+    "neon", "neon_dotprod", "neon_i8mm",
 )  # fmt: skip
 TASKS = ("auto", "generate", "embed")
 SPECULATIVE_METHODS = ("ngram", "draft")
@@ -37,8 +38,8 @@ class ModelConfig:
     """ISA level of the native CPU kernels: auto (the best this CPU runs), portable (plain
     loops), avx2 (AVX2 + FMA + F16C), avx2_vnni (+ AVX-VNNI for the int8 kernel, where the CPU
     has it), avx512 (AVX-512 F/BW/VL/DQ, with VNNI for the int8 kernels), avx512_bf16 or amx;
-    on aarch64 neon (Advanced SIMD) or neon_dotprod (+ SDOT), the other architecture's levels
-    refused; a level above the CPU's is capped at the CPU's. Every level
+    on aarch64 neon (Advanced SIMD), neon_dotprod (+ SDOT) or neon_i8mm (+ USMMLA, for the
+    int8 kernel), the other architecture's levels refused; a level above the CPU's is capped at the CPU's. Every level
     gives the same tokens from the quantized kernels; lower ones are for tests and
     comparisons. Process-wide."""
     device: str = "auto"

@@ -5,9 +5,9 @@ behind PAGEDSERVE_X86, the NEON ones behind PAGEDSERVE_AARCH64, cpp/src/cpu/arch
 run time from Linux's hwcaps: ISA level neon on every aarch64 CPU, neon_dotprod where SDOT is
 there. This checks that the library compiles for ARM and that every path passes there, the
 NEON kernels bit for bit against the portable ones (test_linear_quant, test_paged_attention):
-once with qemu's `max` CPU model (every optional extension, dot product and SVE included: level
-neon_dotprod, so neon and neon_dotprod both run) and once with a plain Armv8.0 NEON core
-(cortex-a53: no dot product, level neon). The level each model ran at is read from
+with qemu's `max` CPU model (every optional extension, dot product, i8mm and SVE included: level
+neon_i8mm, so neon, neon_dotprod and neon_i8mm all run), with a Neoverse N1 (dot product, no
+i8mm: level neon_dotprod) and with a plain Armv8.0 NEON core (cortex-a53: level neon). The level each model ran at is read from
 test_cpu_features' last line and the paths from the kernel tests' own lines, so the test fails
 if NEON went unused. Release, -j2; all eight test executables run (the slowest,
 test_paged_attention, takes seconds under qemu).
@@ -29,12 +29,14 @@ CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 # Debian's cross libraries (libc6-arm64-cross, libstdc++6-arm64-cross, libgomp1-arm64-cross).
 SYSROOT = Path(os.environ.get("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu"))
-CPU_MODELS = ["max", "cortex-a53"]  # everything qemu emulates; a plain NEON core
+CPU_MODELS = ["max", "neoverse-n1", "cortex-a53"]  # everything; dotprod, no i8mm; plain NEON
 # The ISA level each model must run at, and the lines the kernel tests print for the paths run.
-LEVELS = {"max": "neon_dotprod", "cortex-a53": "neon"}
+LEVELS = {"max": "neon_i8mm", "neoverse-n1": "neon_dotprod", "cortex-a53": "neon"}
+_NEON, _DOTPROD = ["neon: neon path", "neon kernels"], ["neon_dotprod: neon-dotprod path"]
 PATH_LINES = {
-    "max": ["neon: neon path", "neon_dotprod: neon-dotprod path", "neon kernels"],
-    "cortex-a53": ["neon: neon path", "neon kernels"],
+    "max": [*_NEON, *_DOTPROD, "neon_i8mm: neon-i8mm path"],
+    "neoverse-n1": [*_NEON, *_DOTPROD],
+    "cortex-a53": _NEON,
 }
 TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
 

@@ -28,7 +28,7 @@ struct CpuFeatures {
     // aarch64 (Linux getauxval; false elsewhere):
     bool neon = false;          // AT_HWCAP ASIMD: Armv8 Advanced SIMD, on every aarch64 CPU
     bool neon_dotprod = false;  // AT_HWCAP ASIMDDP: SDOT / UDOT (Armv8.2 dot product, 8.4 on)
-    bool i8mm = false;          // AT_HWCAP2 I8MM: USDOT / SMMLA (no kernel uses it yet)
+    bool i8mm = false;          // AT_HWCAP2 I8MM: USDOT / USMMLA (Armv8.6 int8 matrix multiply)
 };
 
 // Read once (the first call asks the kernel for AMX tile data where the CPU has AMX), then
@@ -49,6 +49,8 @@ const CpuFeatures& cpu_features();
 //   neon         Armv8 Advanced SIMD (every aarch64 CPU: Cortex-A53 and up)
 //   neon_dotprod the SDOT / UDOT dot products (Armv8.2 option: Neoverse N1 / Graviton 2 and
 //                later, Apple M1 and later, Cortex-A55 / A76 and later)
+//   neon_i8mm    the int8 matrix multiplies USMMLA / USDOT (Armv8.6; Neoverse V1 / Graviton 3
+//                and later, Apple M2 and later), for the int8 kernel
 // A kernel family runs its best path at or below cpu_isa(): its portable loops below avx2 (or
 // neon). The enumerators carry their architecture in bits 8 and up and their rank below, so an
 // aarch64 level never compares as an x86 one: levels are ordered only by cpu_isa_covers (the
@@ -63,12 +65,13 @@ enum class CpuIsa : int {
     kAmx = 5,
     kNeon = 0x101,
     kNeonDotprod = 0x102,
+    kNeonI8mm = 0x103,
 };
 
 // Every level, each ladder lowest first (portable, the x86-64 ones, the aarch64 ones).
 inline constexpr CpuIsa kCpuIsas[] = {CpuIsa::kPortable, CpuIsa::kAvx2,       CpuIsa::kAvx2Vnni,
                                       CpuIsa::kAvx512,   CpuIsa::kAvx512Bf16, CpuIsa::kAmx,
-                                      CpuIsa::kNeon,     CpuIsa::kNeonDotprod};
+                                      CpuIsa::kNeon,     CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm};
 
 // 0: portable and the x86-64 levels, 1: the aarch64 ones. Rank: the position in the ladder.
 constexpr int cpu_isa_arch(CpuIsa level) { return static_cast<int>(level) >> 8; }
@@ -92,7 +95,8 @@ CpuIsa cpu_isa();            // the active level: cpu_isa_supported() unless set
 // has that `level` covers (a level of the other architecture gives portable). Returns the
 // level now active.
 CpuIsa set_cpu_isa(CpuIsa level);
-// "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx", "neon", "neon_dotprod"
+// "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx", "neon", "neon_dotprod",
+// "neon_i8mm"
 const char* cpu_isa_name(CpuIsa level);
 
 inline bool cpu_isa_at_least(CpuIsa level) { return cpu_isa_covers(cpu_isa(), level); }

@@ -76,7 +76,7 @@ void paged_attention_cpu(const AttentionArgs& args, int num_threads) {
         case CpuIsa::kAvx512: return attention_avx512::attention(args, num_threads);
         default: return attention_avx512_bf16::attention(args, num_threads);
     }
-#elif PAGEDSERVE_AARCH64  // neon and neon_dotprod: one copy (no dot products in fp32 attention)
+#elif PAGEDSERVE_AARCH64  // every neon level: one copy (no int8 products in fp32 attention)
     if (cpu_isa_at_least(CpuIsa::kNeon)) return attention_neon::attention(args, num_threads);
     attention_portable::attention(args, num_threads);
 #else

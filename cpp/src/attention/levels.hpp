@@ -1,6 +1,6 @@
 // The CPU paged-attention kernels' ISA levels: one copy of kernels.hpp per level, each in its own
 // file and namespace, all with the same entry. dispatch.cpp calls the one cpu_isa() names
-// (avx512_bf16's copy also serves amx, neon's neon_dotprod). A new level: a file like avx2.cpp, a line here and a
+// (avx512_bf16's copy also serves amx, neon's neon_dotprod and neon_i8mm). A new level: a file like avx2.cpp, a line here and a
 // case in dispatch.cpp.
 #pragma once
 
@@ -26,7 +26,7 @@ void attention(const AttentionArgs& args, int num_threads);
 #endif  // PAGEDSERVE_X86
 
 #if PAGEDSERVE_AARCH64  // the aarch64 level's copy exists only there
-namespace attention_neon {  // neon.cpp: the plain loops with neon.hpp's steps (neon, neon_dotprod)
+namespace attention_neon {  // neon.cpp: the loops with neon.hpp's steps (every neon level)
 void attention(const AttentionArgs& args, int num_threads);
 }
 #endif  // PAGEDSERVE_AARCH64

@@ -1,4 +1,4 @@
-// ISA level neon (and neon_dotprod) of the CPU paged attention (kernels.hpp, chosen by
+// ISA level neon (and neon_dotprod, neon_i8mm) of the CPU paged attention (kernels.hpp, chosen by
 // dispatch.cpp): the plain loops, with neon.hpp's score, softmax and value steps for head sizes
 // 64 and 128. Advanced SIMD is aarch64's baseline: no target pragma.
 #include "cpu/arch.hpp"

@@ -106,7 +106,10 @@ CpuFeatures detect() { return CpuFeatures{}; }
 #endif
 
 CpuIsa best_level(const CpuFeatures& f) {
-    if (f.neon) return f.neon_dotprod ? CpuIsa::kNeonDotprod : CpuIsa::kNeon;
+    if (f.neon) {  // neon_i8mm sits on neon_dotprod's ladder: it takes both extensions
+        if (!f.neon_dotprod) return CpuIsa::kNeon;
+        return f.i8mm ? CpuIsa::kNeonI8mm : CpuIsa::kNeonDotprod;
+    }
     if (!(f.avx2 && f.fma && f.f16c)) return CpuIsa::kPortable;
     if (!(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq))
         return f.avx_vnni ? CpuIsa::kAvx2Vnni : CpuIsa::kAvx2;
@@ -158,6 +161,7 @@ const char* cpu_isa_name(CpuIsa level) {
         case CpuIsa::kAmx: return "amx";
         case CpuIsa::kNeon: return "neon";
         case CpuIsa::kNeonDotprod: return "neon_dotprod";
+        case CpuIsa::kNeonI8mm: return "neon_i8mm";
     }
     return "portable";
 }

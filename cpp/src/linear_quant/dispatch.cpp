@@ -39,6 +39,7 @@ bool vector_level() { return cpu_isa_at_least(CpuIsa::kAvx2) || cpu_isa_at_least
 const char* quant_linear_path() {
     if (vnni_supported()) return "avx512-vnni";
     if (avx_vnni()) return "avx2-vnni";
+    if (cpu_isa_at_least(CpuIsa::kNeonI8mm)) return "neon-i8mm";
     if (cpu_isa_at_least(CpuIsa::kNeonDotprod)) return "neon-dotprod";
     if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
@@ -71,7 +72,9 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     const int threads = std::max(1, num_threads);
     if (force_portable || !vector_level())
         return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
-#if PAGEDSERVE_AARCH64  // neon_dotprod implies the CPU has SDOT (cpu_features.cpp)
+#if PAGEDSERVE_AARCH64  // the levels imply the CPU has SDOT, USMMLA (cpu_features.cpp)
+    if (cpu_isa_at_least(CpuIsa::kNeonI8mm))
+        return quant_detail::quant_linear_neon_i8mm(args, acts.data(), row_bytes, threads);
     if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
         return quant_detail::quant_linear_neon_dotprod(args, acts.data(), row_bytes, threads);
     quant_detail::quant_linear_neon(args, acts.data(), row_bytes, threads);

@@ -14,6 +14,7 @@
 //   neon (aarch64)            neon.cpp          SMULL / SMLAL in int16, SADALP to int32
 //   neon_dotprod (SDOT)       neon_dotprod.cpp  SDOT (neon.hpp's kernel, as neon.cpp, compiled
 //                                               for armv8.2-a+dotprod)
+//   neon_i8mm (USMMLA)        neon_i8mm.cpp     USMMLA 2 x 2 blocks (neon.hpp's, for +i8mm)
 //
 // A new ISA level adds a file here with one entry below and one line in dispatch.cpp.
 #pragma once
@@ -36,6 +37,8 @@ void quant_linear_neon(const QuantLinearArgs& args, const std::uint8_t* acts,
                        std::int64_t act_row_bytes, int num_threads);
 void quant_linear_neon_dotprod(const QuantLinearArgs& args, const std::uint8_t* acts,
                                std::int64_t act_row_bytes, int num_threads);
+void quant_linear_neon_i8mm(const QuantLinearArgs& args, const std::uint8_t* acts,
+                            std::int64_t act_row_bytes, int num_threads);
 // hardware_bf16: the CPU has AVX512-BF16 (bf16 outputs by vcvtneps2bf16, AMX tiles allowed).
 void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
                               std::int64_t act_row_bytes, int num_threads, bool hardware_bf16);

@@ -1,18 +1,22 @@
 // The NEON paths of the quantized linear kernel (kernels.hpp has the table of paths): ISA levels
-// neon (every aarch64 CPU) and neon_dotprod (SDOT). The portable path's packed blocks, int8
-// activations, per-group fold and epilogue in 4-lane registers: the same bits. Compiled twice:
-// neon.cpp for plain Advanced SIMD, neon_dotprod.cpp for CPUs with the dot-product extension;
-// each defines, before including this file, PAGEDSERVE_NEON_DOTPROD (0 or 1),
-// PAGEDSERVE_NEON_ENTRY (the entry's name, kernels.hpp) and, for dotprod,
-// PAGEDSERVE_NEON_TARGET (its GCC target string).
+// neon (every aarch64 CPU), neon_dotprod (SDOT) and neon_i8mm (USMMLA). The portable path's
+// packed blocks, int8 activations, per-group fold and epilogue in 4-lane registers: the same
+// bits. Compiled three times: neon.cpp for plain Advanced SIMD, neon_dotprod.cpp for CPUs with
+// the dot-product extension, neon_i8mm.cpp for those with the int8 matrix multiplies; each
+// defines, before including this file, PAGEDSERVE_NEON_DOTPROD and PAGEDSERVE_NEON_I8MM (0 or 1),
+// PAGEDSERVE_NEON_ENTRY (the entry's name, kernels.hpp) and, for the extensions,
+// PAGEDSERVE_NEON_TARGET (the GCC target string).
 //
-// The weights are unsigned (4-bit 0..15, 8-bit 0..255) and the activations signed (|q| <= 127),
-// while NEON multiplies s8 x s8 (or u8 x u8): 4-bit values go in as they are, 8-bit ones as
-// u - 128 (the byte XOR 0x80), and the group's int32 sum gets 128 * sum(q) back, so it is the
-// exact sum of u * q that the portable loop takes. The 32 bytes of one step (4 features) of a
-// half tile are 4 vectors of 4 columns x 4 features, and the 4 activation bytes of the step,
-// repeated, match them lane for lane:
-//   neon_dotprod  SDOT sums each column's 4 products into its int32 lane.
+// The weights are unsigned (4-bit 0..15, 8-bit 0..255) and the activations signed (|q| <= 127).
+// SDOT and SMULL multiply s8 x s8: 4-bit values go in as they are, 8-bit ones as u - 128 (the
+// byte XOR 0x80), and the group's int32 sum gets 128 * sum(q) back, so it is the exact sum of
+// u * q that the portable loop takes; USMMLA multiplies u8 x s8, every value whole. The 32 bytes
+// of one step (4 features) of a half tile are 4 vectors of 4 columns x 4 features:
+//   neon_dotprod  SDOT against the step's 4 activation bytes, repeated: each column's 4
+//                 products summed into its int32 lane.
+//   neon_i8mm     USMMLA on 2 x 8 matrices: 2 columns x 8 features (two steps' vectors zipped
+//                 by 32-bit lanes) against 2 rows x 8 features (their activation bytes as they
+//                 lie), 2 x 2 exact int32 sums per instruction (twice SDOT's products).
 //   neon          SMULL / SMLAL products in int16 lanes (a column's features j, pairs summed by
 //                 SADDLP / SADALP into int32, columns by ADDP). No int16 sum can overflow:
 //                 4-bit 15 x 127 over a group's 8 steps is 15,240; 8-bit values (<= 128 x 127)
@@ -23,8 +27,8 @@
 //
 // Threads take (256-row chunk, 32-column tile) items dynamically: a thread the OS preempts
 // costs the step its own time only, and who computes an item never changes its bits. Within an
-// item, R rows x one half tile (16 columns) keep their int sums in registers (dotprod R = 4: 16
-// accumulators; neon R = 2: 16), each group's fold updating fp32 accumulators in L1.
+// item, R rows x one half tile (16 columns) keep their int sums in registers (dotprod and i8mm
+// R = 4: 16 accumulators; neon R = 2: 16), each group's fold updating fp32 accumulators in L1.
 #pragma once
 
 #include "cpu/arch.hpp"
@@ -42,8 +46,12 @@
 #include "linear_quant/layout.hpp"
 #include "pagedserve/linear.hpp"
 
+#ifndef PAGEDSERVE_NEON_I8MM
+#define PAGEDSERVE_NEON_I8MM 0
+#endif
+
 // Everything this file needs is included above, so only its own functions (all in an anonymous
-// namespace) are compiled for the dot-product target: no inline library code built for it is
+// namespace) are compiled for the extension's target: no inline library code built for it is
 // shared, as one linker symbol, with a plain-NEON translation unit.
 #ifdef PAGEDSERVE_NEON_TARGET
 #pragma GCC push_options
@@ -141,15 +149,19 @@ template <int kBits, int kGroup, bool kHalf>
 struct NeonKernel {
     static constexpr Format kFormat{kBits, kGroup, kHalf};
     static constexpr int kSteps = kGroup / 4;      // 4-feature steps per group
-    static constexpr int kRows = PAGEDSERVE_NEON_DOTPROD ? 4 : 2;  // micro-tile rows
+    static constexpr int kRows = PAGEDSERVE_NEON_DOTPROD || PAGEDSERVE_NEON_I8MM ? 4 : 2;
+    // 8-bit values go in as u - 128 (and the sum gets 128 * sum(q) back) for the s8 x s8 paths.
+    static constexpr bool kBiased = kBits == 8 && !PAGEDSERVE_NEON_I8MM;
 
-    // Step s of half tile h as 4 signed vectors (columns 4 v .. 4 v + 3, 4 features each):
-    // 4-bit values as they are, 8-bit ones less 128.
+    // Step s of half tile h as 4 vectors (columns 4 v .. 4 v + 3, 4 features each): 4-bit
+    // values as they are, 8-bit ones less 128 (kBiased; as signed bytes) or whole (as unsigned
+    // ones, for USMMLA).
     static inline void weights(const std::uint8_t* block, int s, int h, int8x16_t (&w)[4]) {
         if constexpr (kBits == 8) {
             const std::uint8_t* at = block + (s * 2 + h) * 64;
+            const uint8x16_t bias = vdupq_n_u8(kBiased ? 0x80 : 0);
             for (int v = 0; v < 4; ++v)
-                w[v] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(at + 16 * v), vdupq_n_u8(0x80)));
+                w[v] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(at + 16 * v), bias));
         } else {
             const std::uint8_t* at = block + ((s % 4) * 2 + h) * 64;
             for (int v = 0; v < 4; ++v) {
@@ -166,7 +178,43 @@ struct NeonKernel {
         return vreinterpretq_s8_s32(vdupq_n_s32(x4));
     }
 
-#if PAGEDSERVE_NEON_DOTPROD
+#if PAGEDSERVE_NEON_I8MM
+    // isum[r][v]: the int32 sums of group g for rows act[r], columns 16 h + 4 v .. + 3. Rows go
+    // by pairs (an odd last one paired with itself, its copy's sums dropped); acc[p][c] holds
+    // column pair c's 2 x 2 sums [column 2c row 2p, 2c row 2p + 1, 2c + 1 row 2p, ...].
+    template <int R>
+    static inline void group_sums(const std::uint8_t* const (&act)[R], const std::uint8_t* block,
+                                  std::int64_t b, int g, int h, int32x4_t (&isum)[R][4]) {
+        constexpr int P = (R + 1) / 2;
+        int32x4_t acc[P][8];
+        for (int p = 0; p < P; ++p)
+            for (int c = 0; c < 8; ++c) acc[p][c] = vdupq_n_s32(0);
+        for (int s = g * kSteps; s < (g + 1) * kSteps; s += 2) {
+            int8x16_t w0[4], w1[4];
+            weights(block, s, h, w0);
+            weights(block, s + 1, h, w1);
+            uint8x16_t cols[8];  // 2 columns x features 4 s .. 4 s + 7
+            for (int v = 0; v < 4; ++v) {
+                const uint32x4_t a = vreinterpretq_u32_s8(w0[v]), c = vreinterpretq_u32_s8(w1[v]);
+                cols[2 * v] = vreinterpretq_u8_u32(vzip1q_u32(a, c));
+                cols[2 * v + 1] = vreinterpretq_u8_u32(vzip2q_u32(a, c));
+            }
+            for (int p = 0; p < P; ++p) {
+                const std::int64_t at = kBlockK * b + 4 * s;
+                const int8x16_t x = vcombine_s8(
+                    vld1_s8(reinterpret_cast<const std::int8_t*>(act[2 * p]) + at),
+                    vld1_s8(reinterpret_cast<const std::int8_t*>(act[std::min(2 * p + 1, R - 1)]) + at));
+                for (int c = 0; c < 8; ++c) acc[p][c] = vusmmlaq_s32(acc[p][c], cols[c], x);
+            }
+        }
+        for (int p = 0; p < P; ++p) {
+            for (int v = 0; v < 4; ++v) {
+                isum[2 * p][v] = vuzp1q_s32(acc[p][2 * v], acc[p][2 * v + 1]);
+                if (2 * p + 1 < R) isum[2 * p + 1][v] = vuzp2q_s32(acc[p][2 * v], acc[p][2 * v + 1]);
+            }
+        }
+    }
+#elif PAGEDSERVE_NEON_DOTPROD
     // isum[r][v]: the int32 sums of group g for rows act[r], columns 16 h + 4 v .. + 3, of the
     // signed weights (8-bit: u - 128).
     template <int R>
@@ -252,7 +300,7 @@ struct NeonKernel {
                              float (&acc)[R][32]) {
         int32x4_t isum[R][4];
         group_sums<R>(act, block, b, g, h, isum);
-        if constexpr (kBits == 8) {  // u - 128 went in: add 128 * sum(q) over the group back
+        if constexpr (kBiased) {  // u - 128 went in: add 128 * sum(q) over the group back
             for (int r = 0; r < R; ++r) {
                 const std::int8_t* q = reinterpret_cast<const std::int8_t*>(act[r]) + kBlockK * b +
                                        kGroup * g;

@@ -21,7 +21,8 @@ than a level: AVX-512 CPUs may lack it, so from this level up it is used where t
 and on a CPU without it the level is avx2); avx512 = AVX-512 F/BW/VL/DQ (the int8 kernels also
 want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and AMX-INT8 tiles granted by Linux.
 aarch64 (ARM_ISAS): neon = Advanced SIMD (every aarch64 CPU); neon_dotprod = the SDOT / UDOT
-dot products (Linux hwcap ASIMDDP). The ladders share only portable: the other architecture's
+dot products (Linux hwcap ASIMDDP); neon_i8mm = the int8 matrix multiplies (hwcap2 I8MM, for the
+int8 kernel). The ladders share only portable: the other architecture's
 levels are refused by name, and no aarch64 level is "at least" an x86 one. Each kernel family
 runs its best path at or below the level.
 """
@@ -39,7 +40,7 @@ from pagedserve.core import config
 from pagedserve.core.ops.native import core
 
 X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
-ARM_ISAS = ("portable", "neon", "neon_dotprod")
+ARM_ISAS = ("portable", "neon", "neon_dotprod", "neon_i8mm")
 assert set(X86_ISAS + ARM_ISAS) == set(config.CPU_ISAS) - {"auto"}
 CPU_ISAS = ARM_ISAS if str(core.cpu_isa_supported()) in ARM_ISAS[1:] else X86_ISAS
 """This machine's ISA levels, lowest first (cpu_features.hpp's CpuIsa: aarch64's where the
@@ -79,7 +80,7 @@ class CpuFeatures:
     neon_dotprod: bool
     """aarch64 SDOT / UDOT (hwcap ASIMDDP: the int8 kernel's neon_dotprod path)."""
     i8mm: bool
-    """aarch64 int8 matrix multiply (hwcap2 I8MM; no kernel uses it yet)."""
+    """aarch64 int8 matrix multiplies (hwcap2 I8MM: the int8 kernel's neon_i8mm path)."""
 
     @property
     def amx_usable(self) -> bool:
