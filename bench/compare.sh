@@ -132,8 +132,12 @@ run_pagedserve() {
     # shellcheck disable=SC2046  # word splitting of the command is intended
     start_server pagedserve-short $(pagedserve_cmd "$short_ctx"); short_grid pagedserve pagedserve; stop_server
     # Serving / offline at c32: the machine drifts by more than the figure between two runs
-    # minutes apart, so serving and offline waves alternate, each engine kept loaded.
-    python bench/serving_ratio.py --pairs "$(n 8 4)" --num-requests "$(n 64 32)" \
+    # minutes apart, so serving and offline waves alternate, each engine kept loaded. A
+    # --cpu-isa in PAGEDSERVE_ARGS reaches both engines as the env cap (serving_ratio.py starts
+    # them with its own flags).
+    local isa=""
+    [[ " ${PAGEDSERVE_ARGS:-} " =~ \ --cpu-isa[\ =]([a-z0-9_]+) ]] && isa="${BASH_REMATCH[1]}"
+    PAGEDSERVE_MAX_CPU_ISA="${isa:-${PAGEDSERVE_MAX_CPU_ISA:-}}" python bench/serving_ratio.py --pairs "$(n 8 4)" --num-requests "$(n 64 32)" \
         --prompt-tokens "$p_short" --output-tokens "$o_short" --work "$run_dir/serving_ratio" --json "$run_dir/serving_ratio.json" \
         >"$run_dir/serving_ratio.md" 2>"$run_dir/serving_ratio.log"
     # shellcheck disable=SC2046

@@ -5,15 +5,17 @@
 // each defines, before including this file, PAGEDSERVE_AVX2_TARGET (its target attribute),
 // PAGEDSERVE_AVX2_VNNI (0 or 1) and PAGEDSERVE_AVX2_ENTRY (the entry's name, kernels.hpp).
 //
-// Plain AVX2: u8 x s8 products by vpmaddubsw, a pair of products per int16 lane, summed over a
-// group's steps in int16, then widened by vpmaddwd: the exact int32 sums vpdpbusd gives. No
-// int16 sum can overflow: a 4-bit value times |q| <= 127, two per lane, over at most 8 steps is
-// <= 30,480; an 8-bit value goes in as its two nibbles, each summed so (u = lo + 16 hi, folded
-// by vpmaddwd). AVX-VNNI: vpdpbusd sums four products into int32 lanes, 8-bit values whole.
+// Plain AVX2: u8 x s8 products by vpmaddubsw, a pair of products per int16 lane: the exact int32
+// sums vpdpbusd gives. 4-bit values sum over a group's steps in int16 (a value times |q| <= 127,
+// two per lane, over at most 8 steps is <= 30,480), then vpmaddwd widens them. 8-bit values go in
+// as s = u - 128 by the sign trick (vpmaddubsw of |s| and sign(x, s): a pair is at most 32,512),
+// widened by vpmaddwd each step, and the group gets 128 sum(x) back once (the x rows' int8 sum);
+// that is one vpmaddubsw per 32 products where the two nibbles of u took two, and 4 rows a
+// micro-tile instead of 2. AVX-VNNI: vpdpbusd sums four products into int32 lanes, 8-bit whole.
 //
 // Work items come from the shared driver (linear/driver.hpp: shares, take-over, panels);
 // within an item, R rows x one half tile (16 columns) at a time keep the int16 sums in registers
-// (4-bit: R = 4, 8 sums; 8-bit: R = 2, 8 sums), each group's fold updating fp32 accumulators in
+// (R = 4: 8 sums), each group's fold updating fp32 accumulators in
 // L1, and the epilogue (bias, residual, SiLU-gated, bf16 or fp32) runs once per tile and row.
 #pragma once
 
@@ -115,33 +117,51 @@ struct Avx2Kernel {
     static constexpr Format kFormat{kBits, kGroup, kHalf};
     static constexpr bool kVnni = PAGEDSERVE_AVX2_VNNI;
     static constexpr int kSteps = kGroup / 4;  // 4-feature steps per group
-    // Sums per lane: int16 ones of the two nibbles of 8-bit u, or one int32 sum by vpdpbusd.
-    static constexpr int kSums = kBits == 8 && !kVnni ? 2 : 1;
-    static constexpr int kRows = kSums == 2 ? 2 : 4;  // micro-tile rows: 8 sums in registers
+    // 8-bit values without VNNI go in signed (s = u - 128) by the sign trick, two operands per
+    // column vector: s for the signs, |s| as vpmaddubsw's u8 operand.
+    static constexpr bool kSigned = kBits == 8 && !kVnni;
+    static constexpr int kParts = kSigned ? 2 : 1;
+    static constexpr int kRows = 4;  // micro-tile rows: 4 x 2 sums in registers
     static_assert(kBits == 8 || kGroup == kBlockK, "4-bit formats have one group per block");
 
     static std::int64_t tile_elements(std::int64_t k) { return tile_bytes(kFormat, k); }
 
-    // The u8 operand of step s, half tile h, columns 8 c .. 8 c + 7 (c < 2): 4-bit values, 8-bit
-    // ones whole (kSums 1) or as low nibbles (part 0) and high ones (part 1).
+    // The operands of step s, half tile h, columns 8 c .. 8 c + 7 (c < 2): 4-bit values, 8-bit
+    // ones whole (VNNI), or s = u - 128 (part 0) and |s| (part 1).
     PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static void values(const std::uint8_t* block,
                                                                        int s, int h, int c,
-                                                                       __m256i (&v)[kSums]) {
-        const __m256i low = _mm256_set1_epi8(0x0F);
+                                                                       __m256i (&v)[kParts]) {
         if constexpr (kBits == 8) {
             const __m256i w = _mm256_loadu_si256(
                 reinterpret_cast<const __m256i*>(block + (s * 2 + h) * 64 + 32 * c));
-            if constexpr (kSums == 1) {
-                v[0] = w;
+            if constexpr (kSigned) {
+                v[0] = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+                v[kParts - 1] = _mm256_abs_epi8(v[0]);  // -128 -> 0x80: 128 as a u8
             } else {
-                v[0] = _mm256_and_si256(w, low);
-                v[kSums - 1] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+                v[0] = w;
             }
         } else {
             const __m256i w = _mm256_loadu_si256(
                 reinterpret_cast<const __m256i*>(block + ((s % 4) * 2 + h) * 64 + 32 * c));
-            v[0] = _mm256_and_si256(s < 4 ? w : _mm256_srli_epi16(w, 4), low);
+            v[0] = _mm256_and_si256(s < 4 ? w : _mm256_srli_epi16(w, 4), _mm256_set1_epi8(0x0F));
         }
+    }
+
+    // 128 x the sum of row act's int8 over group g of block b: what the signed products lack
+    // (sum u x = sum s x + 128 sum x), exact in int32.
+    PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static std::int32_t offset_sum(
+        const std::uint8_t* act, std::int64_t b, int g) {
+        const std::uint8_t* q = act + kBlockK * b + kGroup * g;
+        __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+        __m128i pairs = _mm_maddubs_epi16(_mm_set1_epi8(1), x);
+        if constexpr (kGroup == 32) {
+            x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+            pairs = _mm_add_epi16(pairs, _mm_maddubs_epi16(_mm_set1_epi8(1), x));  // |.| <= 4064
+        }
+        __m128i sums = _mm_madd_epi16(pairs, _mm_set1_epi16(1));
+        sums = _mm_add_epi32(sums, _mm_shuffle_epi32(sums, 0x4E));
+        sums = _mm_add_epi32(sums, _mm_shuffle_epi32(sums, 0xB1));
+        return 128 * _mm_cvtsi128_si32(sums);
     }
 
     // acc[r][16 h .. 16 h + 16) += group g of block b (half tile h) for rows row0 + r, r < R.
@@ -153,16 +173,17 @@ struct Avx2Kernel {
                                                                       float (&acc)[R][32]) {
         const std::uint8_t* act[R];
         for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
-        __m256i sum[R][2][kSums];
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < 2; ++c)
-                for (int p = 0; p < kSums; ++p) sum[r][c][p] = _mm256_setzero_si256();
+        // int16 pair sums over the group (4-bit), or int32 sums (VNNI; 8-bit signed: a pair of
+        // products |s| sign(x, s) is at most 2 x 128 x 127 = 32,512, so each is widened at once).
+        __m256i sum[R][2];
+        for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
+        const __m256i ones = _mm256_set1_epi16(1);
         // Unrolled whole, so every step's offsets and nibble are constants and the sums stay
         // in registers (as a loop GCC kept three of the eight on the stack).
 #pragma GCC unroll 8
         for (int i = 0; i < kSteps; ++i) {
             const int s = kBits == 4 ? i : g * kSteps + i;  // 4-bit: one group per block
-            __m256i v[2][kSums];
+            __m256i v[2][kParts];
             values(block, s, h, 0, v[0]);
             values(block, s, h, 1, v[1]);
 #pragma GCC unroll 8
@@ -173,26 +194,33 @@ struct Avx2Kernel {
 #pragma GCC unroll 2
                 for (int c = 0; c < 2; ++c) {
 #if PAGEDSERVE_AVX2_VNNI
-                    sum[r][c][0] = _mm256_dpbusd_avx_epi32(sum[r][c][0], v[c][0], x);
+                    sum[r][c] = _mm256_dpbusd_avx_epi32(sum[r][c], v[c][0], x);
 #else
-                    for (int p = 0; p < kSums; ++p) {
-                        const __m256i product = _mm256_maddubs_epi16(v[c][p], x);
-                        sum[r][c][p] = i == 0 ? product : _mm256_add_epi16(sum[r][c][p], product);
+                    if constexpr (kSigned) {
+                        const __m256i pairs = _mm256_maddubs_epi16(
+                            v[c][kParts - 1], _mm256_sign_epi8(x, v[c][0]));
+                        const __m256i quads = _mm256_madd_epi16(pairs, ones);
+                        sum[r][c] = i == 0 ? quads : _mm256_add_epi32(sum[r][c], quads);
+                    } else {
+                        const __m256i product = _mm256_maddubs_epi16(v[c][0], x);
+                        sum[r][c] = i == 0 ? product : _mm256_add_epi16(sum[r][c], product);
                     }
 #endif
-                    for (int p = 0; p < kSums; ++p) in_register(sum[r][c][p]);
+                    in_register(sum[r][c]);
                 }
             }
         }
-        const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
         for (int c = 0; c < 2; ++c) {
             const std::int64_t lane0 = 16 * h + 8 * c;
             const __m256 scale = load_scales8(block + kFormat.scales_at(0, g), lane0);
             const __m256 min = load_scales8(block + kFormat.scales_at(1, g), lane0);
             for (int r = 0; r < R; ++r) {
-                __m256i isum = kVnni ? sum[r][c][0] : _mm256_madd_epi16(sum[r][c][0], ones);
-                if constexpr (kSums == 2)
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sum[r][c][1], sixteens));
+                __m256i isum = sum[r][c];
+                if constexpr (kSigned) {
+                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(offset_sum(act[r], b, g)));
+                } else if constexpr (!kVnni) {
+                    isum = _mm256_madd_epi16(isum, ones);
+                }
                 const ActivationRow row(act[r], a.k);
                 // fold_group's operations (linear_quant/layout.hpp), so its bits.
                 const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(row.d[b]));
