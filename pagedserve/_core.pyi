@@ -39,6 +39,7 @@ __all__: list[str] = [
     "linear_bf16_supported",
     "linear_f32",
     "linear_items_taken_over",
+    "linear_path",
     "pack_gated_weight_bf16",
     "pack_gated_weight_f32",
     "pack_linear_weight_bf16",
@@ -522,6 +523,7 @@ def linear_f32(
     num_threads: typing.SupportsInt | typing.SupportsIndex,
 ) -> None: ...
 def linear_items_taken_over() -> int: ...
+def linear_path() -> str: ...
 def pack_gated_weight_bf16(
     weight: typing.SupportsInt | typing.SupportsIndex,
     width: typing.SupportsInt | typing.SupportsIndex,

@@ -67,6 +67,7 @@ void pack_gated_f32(Ptr weight, std::int64_t width, std::int64_t k, Ptr packed, 
 
 void bind_linear(py::module_& m) {
     m.def("linear_bf16_supported", &pagedserve::linear_bf16_supported);
+    m.def("linear_path", &pagedserve::linear_path);
     m.def("linear_items_taken_over", &pagedserve::linear_items_taken_over);
     m.def("linear_amx_supported", &pagedserve::linear_amx_supported);
     m.def("linear_amx_emulation", &pagedserve::linear_amx_emulation, py::arg("on"));

@@ -1,10 +1,11 @@
-// The bf16 linear kernel against a double-precision loop: shapes around every tile edge (rows
-// 1-19 around the 8-row micro-tile, columns around 32, odd k), bias, a residual that is the
-// output itself, fp32 and bf16 output, several threads; and the argument checks. The AMX path
-// likewise (rows around its 16- and 32-row blocks, k around its 32-feature steps, a gated
-// product), on the tiles emulated in software everywhere and on the hardware's where the CPU
-// has AMX (else it says it skips them). Skips (passes) on a CPU without AVX512-BF16. Run under
-// ASan/UBSan by tests/native/test_cpp_sanitized.py.
+// The bf16 linear kernel against a double-precision loop, on each path the CPU has (AVX2 and
+// AVX512-BF16: linear_levels.hpp): shapes around every tile edge (rows 1-19 around the 8-row
+// and 5-row micro-tiles, columns around 32, odd k), bias, a residual that is the output itself,
+// fp32 and bf16 output, several threads; a row's bits in calls of any size; and the argument
+// checks. The AMX path likewise (rows around its 16- and 32-row blocks, k around its 32-feature
+// steps, a gated product), on the tiles emulated in software on any CPU with AVX512-BF16 and on
+// the hardware's where the CPU has AMX (else it says it skips them). Below level avx2 the entry
+// throws. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #if defined(__x86_64__)  // VDPBF16PS, for the test of its order
@@ -20,9 +22,12 @@
 #endif
 
 #include "check.hpp"
+#include "linear_levels.hpp"
 #include "pagedserve/linear.hpp"
 
 using namespace pagedserve;
+using linear_levels::has_avx512_bf16;
+using linear_levels::on_each_path;
 
 namespace {
 
@@ -105,90 +110,145 @@ bool matches(const Shape& s, std::mt19937& rng) {
 }
 
 TEST(linear_matches_reference_around_tile_edges) {
-    if (!linear_bf16_supported()) return;
-    std::mt19937 rng(7);
-    for (std::int64_t m : {1, 7, 8, 9, 16, 19}) {
-        for (std::int64_t n : {1, 31, 32, 33, 70}) {
-            for (std::int64_t k : {1, 2, 9, 64}) {
-                const bool odd = (m + n + k) % 2 == 1;
-                CHECK(matches({m, n, k, odd, !odd, false, 1 + int(m % 2)}, rng));
-                CHECK(matches({m, n, k, !odd, false, true, 2}, rng));
+    on_each_path([&](const char*) {
+        std::mt19937 rng(7);
+        for (std::int64_t m : {1, 2, 3, 5, 7, 8, 9, 16, 19}) {
+            for (std::int64_t n : {1, 31, 32, 33, 70}) {
+                for (std::int64_t k : {1, 2, 9, 64}) {
+                    const bool odd = (m + n + k) % 2 == 1;
+                    CHECK(matches({m, n, k, odd, !odd, false, 1 + int(m % 2)}, rng));
+                    CHECK(matches({m, n, k, !odd, false, true, 2}, rng));
+                }
             }
         }
-    }
+    });
 }
 
 TEST(linear_large_enough_to_run_threaded) {
-    if (!linear_bf16_supported()) return;
-    std::mt19937 rng(11);
-    CHECK(matches({300, 200, 96, true, true, false, 3}, rng));
-    CHECK(matches({64, 576, 130, false, false, true, 2}, rng));
+    on_each_path([&](const char*) {
+        std::mt19937 rng(11);
+        CHECK(matches({300, 200, 96, true, true, false, 3}, rng));
+        CHECK(matches({64, 576, 130, false, false, true, 2}, rng));
+    });
 }
 
 // Long rows make panels of one to three tiles: the growing panel sizes, the prefetch of each
 // next panel and the wrap to a share's first panel for the next chunk of rows all run.
 TEST(linear_many_panels_and_row_chunks) {
-    if (!linear_bf16_supported()) return;
-    std::mt19937 rng(12);
-    CHECK(matches({270, 100, 2100, true, false, true, 2}, rng));
-    CHECK(matches({20, 288, 1100, false, true, false, 1}, rng));
+    on_each_path([&](const char*) {
+        std::mt19937 rng(12);
+        CHECK(matches({270, 100, 2100, true, false, true, 2}, rng));
+        CHECK(matches({20, 288, 1100, false, true, false, 1}, rng));
+        CHECK(matches({13, 40, 1101, true, true, false, 2}, rng));  // odd k, several panels
+    });
 }
 
 // Four threads per core: the OS preempts some mid-product and the others run the items of
 // their shares they had not started. Whoever runs an item, the output is bit-identical to one
 // thread's. Repeated until a take-over has happened (the first call nearly always has one).
 TEST(linear_take_over_of_a_preempted_share_is_bit_identical) {
-    if (!linear_bf16_supported()) return;
-    std::mt19937 rng(13);
-    const std::int64_t m = 600, n = 2048, k = 320;  // 3 chunks of rows x 64 tiles
-    const int threads = static_cast<int>(
-        std::min<unsigned>(64, 4 * std::max(1u, std::thread::hardware_concurrency())));
-    auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
-    std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
-    pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
-    const auto run = [&](int threads) {
-        std::vector<std::uint16_t> out(m * n);
-        LinearArgs a;
-        a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.out = out.data();
-        a.out_stride = n, a.m = m, a.n = n, a.k = k;
-        linear_bf16(a, threads);
-        return out;
-    };
-    const auto one = run(1);
-    const std::int64_t before = linear_items_taken_over();
-    for (int attempt = 0; attempt < 200 && linear_items_taken_over() == before; ++attempt)
-        CHECK(run(threads) == one);
-    CHECK(linear_items_taken_over() > before);
+    on_each_path([&](const char*) {
+        std::mt19937 rng(13);
+        const std::int64_t m = 600, n = 2048, k = 320;  // 3 chunks of rows x 64 tiles
+        const int threads = static_cast<int>(
+            std::min<unsigned>(64, 4 * std::max(1u, std::thread::hardware_concurrency())));
+        auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
+        std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
+        pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
+        const auto run = [&](int threads) {
+            std::vector<std::uint16_t> out(m * n);
+            LinearArgs a;
+            a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.out = out.data();
+            a.out_stride = n, a.m = m, a.n = n, a.k = k;
+            linear_bf16(a, threads);
+            return out;
+        };
+        const auto one = run(1);
+        const std::int64_t before = linear_items_taken_over();
+        for (int attempt = 0; attempt < 200 && linear_items_taken_over() == before; ++attempt)
+            CHECK(run(threads) == one);
+        CHECK(linear_items_taken_over() > before);
+    });
+}
+
+// Batch invariance on every path: a row's outputs (fp32, so every last bit shows; bf16 with a
+// bias and residual; gated) are the same bits in calls of 1 .. 300 rows, on 1 or 3 threads, at
+// any offset of the call's first row (micro-tiles of 8 and 5 rows, the 256-row chunks).
+TEST(linear_rows_are_bit_identical_in_calls_of_any_size) {
+    on_each_path([&](const char* path) {
+        std::mt19937 rng(14);
+        const std::int64_t m = 300, n = 70, k = 131, width = 24;
+        auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng), bias = random_bf16(n, rng);
+        auto residual = random_bf16(m * n, rng), wg = random_bf16(2 * width * k, rng);
+        std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
+        std::vector<std::uint16_t> packed_gated(packed_linear_elements(gated_rows(width), k));
+        pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
+        pack_gated_weight_bf16(wg.data(), width, k, packed_gated.data(), 1);
+        // Rows [row0, row0 + rows): fp32 out, bf16 out with bias and residual, gated bf16 out.
+        const auto run = [&](std::int64_t row0, std::int64_t rows, int threads) {
+            std::vector<float> f32(rows * n);
+            std::vector<std::uint16_t> b16(rows * n), gated(rows * width);
+            LinearArgs a;
+            a.x = x.data() + row0 * k, a.x_stride = k, a.packed = packed.data();
+            a.m = rows, a.n = n, a.k = k, a.out = f32.data(), a.out_stride = n;
+            a.out_float32 = true;
+            linear_bf16(a, threads);
+            a.out = b16.data(), a.out_float32 = false, a.bias = bias.data();
+            a.residual = residual.data() + row0 * n, a.residual_stride = n;
+            linear_bf16(a, threads);
+            LinearArgs g;
+            g.x = a.x, g.x_stride = k, g.packed = packed_gated.data(), g.m = rows;
+            g.n = gated_rows(width), g.k = k, g.gated_width = width, g.out = gated.data();
+            g.out_stride = width;
+            linear_bf16(g, threads);
+            return std::make_tuple(f32, b16, gated);
+        };
+        const auto [all32, all16, all_gated] = run(0, m, 2);
+        for (std::int64_t rows : {1, 4, 5, 7, 8, 64, 257}) {
+            for (std::int64_t row0 : {std::int64_t{0}, std::int64_t{3}, m - rows}) {
+                for (int threads : {1, 3}) {
+                    const auto [f32, b16, gated] = run(row0, rows, threads);
+                    CHECK(std::equal(f32.begin(), f32.end(), all32.begin() + row0 * n));
+                    CHECK(std::equal(b16.begin(), b16.end(), all16.begin() + row0 * n));
+                    CHECK(std::equal(gated.begin(), gated.end(), all_gated.begin() + row0 * width));
+                }
+            }
+        }
+        std::fprintf(stderr, "  %s: rows bit-identical in calls of 1 .. 300\n", path);
+    });
 }
 
 TEST(linear_refuses_bad_arguments) {
-    if (!linear_bf16_supported()) return;
-    std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
-    LinearArgs a;
-    a.x = x.data(), a.x_stride = 8, a.packed = packed.data(), a.out = out.data();
-    a.out_stride = 4, a.m = 2, a.n = 4, a.k = 8;
-    linear_bf16(a, 1);  // valid
-    LinearArgs bad = a;
-    bad.x_stride = 7;
-    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
-    bad = a, bad.out_stride = 3;
-    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
-    bad = a, bad.k = 0;
-    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
-    bad = a, bad.packed = nullptr;
-    CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
-    CHECK_THROWS(std::invalid_argument, pack_linear_weight_bf16(x.data(), 0, 8, packed.data(), 1));
-    // No rows: nothing is touched, and torch's empty tensors carry null pointers.
-    LinearArgs empty = a;
-    empty.m = 0, empty.x = nullptr, empty.out = nullptr;
-    linear_bf16(empty, 1);
+    on_each_path([&](const char*) {
+        std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
+        LinearArgs a;
+        a.x = x.data(), a.x_stride = 8, a.packed = packed.data(), a.out = out.data();
+        a.out_stride = 4, a.m = 2, a.n = 4, a.k = 8;
+        linear_bf16(a, 1);  // valid
+        LinearArgs bad = a;
+        bad.x_stride = 7;
+        CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+        bad = a, bad.out_stride = 3;
+        CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+        bad = a, bad.k = 0;
+        CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+        bad = a, bad.packed = nullptr;
+        CHECK_THROWS(std::invalid_argument, linear_bf16(bad, 1));
+        CHECK_THROWS(std::invalid_argument,
+                     pack_linear_weight_bf16(x.data(), 0, 8, packed.data(), 1));
+        // No rows: nothing is touched, and torch's empty tensors carry null pointers.
+        LinearArgs empty = a;
+        empty.m = 0, empty.x = nullptr, empty.out = nullptr;
+        linear_bf16(empty, 1);
+    });
 }
 
-// Without AVX512-BF16 (older x86 CPUs, and every non-x86 one) the kernel tests skip; the entry
-// refuses with std::runtime_error, and packing (ISA-free) still works.
-TEST(linear_without_avx512_bf16_throws_runtime_error) {
-    if (linear_bf16_supported()) return;
-    std::fprintf(stderr, "  (no AVX512-BF16 on this CPU: the bf16 kernel tests skip)\n");
+// Below level avx2 (portable on x86; every aarch64 level) there is no path: the entry refuses
+// with std::runtime_error, linear_path() says "none", and packing (ISA-free) still works.
+TEST(linear_below_avx2_throws_runtime_error) {
+    const CpuIsa best = cpu_isa_supported();
+    set_cpu_isa(CpuIsa::kPortable);
+    CHECK(!linear_bf16_supported() && std::strcmp(linear_path(), "none") == 0);
     std::vector<std::uint16_t> x(64, 0x3f80), w(4 * 8, 0x3f80), out(64);
     std::vector<std::uint16_t> packed(packed_linear_elements(4, 8));
     CHECK(packed.size() == 4 * 2 * kLinearTileN);  // 4 feature pairs x 32 columns
@@ -199,6 +259,16 @@ TEST(linear_without_avx512_bf16_throws_runtime_error) {
     a.out_stride = 4, a.m = 2, a.n = 4, a.k = 8;
     CHECK_THROWS(std::runtime_error, linear_bf16(a, 1));
     CHECK(!linear_amx_supported());
+    set_cpu_isa(best);
+    // Each level's path by name (the AVX2 one also at avx512, which has no AVX512-BF16).
+    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+        if (!cpu_isa_covers(best, level) || !linear_bf16_supported()) continue;
+        set_cpu_isa(level);
+        const char* want = cpu_isa_at_least(CpuIsa::kAvx512Bf16) ? "avx512_bf16" : "avx2";
+        CHECK(std::strcmp(linear_path(), want) == 0);
+        CHECK(cpu_isa_at_least(CpuIsa::kAvx512Bf16) || !linear_amx_supported());
+    }
+    set_cpu_isa(best);
 }
 
 // --- AMX ---------------------------------------------------------------------------------------
@@ -234,7 +304,7 @@ std::vector<float> product(std::int64_t m, std::int64_t n, std::int64_t k,
 }
 
 TEST(linear_amx_matches_reference_around_block_edges) {
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     on_each_amx([&] {
         std::mt19937 rng(17);
         for (std::int64_t m : {1, 9, 16, 17, 31, 32, 33, 50}) {
@@ -252,7 +322,7 @@ TEST(linear_amx_matches_reference_around_block_edges) {
 }
 
 TEST(linear_amx_gated_matches_reference) {
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     on_each_amx([&] {
         std::mt19937 rng(19);
         const std::int64_t m = 37, width = 40, k = 72;  // a partial block, tile, gate and step
@@ -283,7 +353,7 @@ TEST(linear_amx_gated_matches_reference) {
 // amx_from_rows = 1: every call on the tiles, so a row's output is bit-identical whatever the
 // rows around it (blocks of 32, of 17 .. 31 and of 1 .. 16 rows).
 TEST(linear_amx_rows_are_bit_identical_in_calls_of_any_size) {
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     on_each_amx([&] {
         const std::int64_t n = 64, k = 80;
         const auto all = product(70, n, k, 1, 2);
@@ -298,7 +368,7 @@ TEST(linear_amx_rows_are_bit_identical_in_calls_of_any_size) {
 // tiles add a pair's products in the SDM's order (even feature first), VDPBF16PS in the other:
 // some of the sums differ, which shows the tiles ran.
 TEST(linear_amx_threshold_picks_the_path_by_rows) {
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     on_each_amx([&] {
         for (std::int64_t m : {8, 40}) {
             CHECK(product(m, 64, 96, 41, 1) == product(m, 64, 96, 0, 1));
@@ -321,7 +391,7 @@ TEST(linear_amx_threshold_picks_the_path_by_rows) {
 // emulated tiles bit for bit: k with and without a tail, bias and residual, bf16 and fp32 out,
 // gated; and they stay within the reference's tolerance.
 TEST(linear_tile_order_equals_the_emulated_tiles) {
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     linear_amx_emulation(true);
     for (std::int64_t k : {32, 72, 576, 33}) {
         for (std::int64_t m : {1, 9, 40}) {
@@ -400,7 +470,7 @@ TEST(vdpbf16ps_adds_odd_feature_first_rounding_each_add) {
 #if !defined(__x86_64__)  // dpbf16_lane is x86 only
     std::fprintf(stderr, "  (not x86-64: no VDPBF16PS, skipped)\n");
 #else
-    if (!linear_bf16_supported()) return;
+    if (!has_avx512_bf16()) return;
     std::mt19937 rng(43);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::uniform_int_distribution<int> scale(-12, 12);
@@ -426,7 +496,7 @@ TEST(vdpbf16ps_adds_odd_feature_first_rounding_each_add) {
 // order is printed for bench/amx_check.sh (it decides --deterministic's thresholds); asserted:
 // every output within fp32 reordering of the other paths.
 TEST(linear_amx_hardware_against_emulation_and_avx512) {
-    if (!linear_bf16_supported() || !linear_amx_supported()) return;
+    if (!has_avx512_bf16() || !linear_amx_supported()) return;
     const std::int64_t m = 64, n = 256, k = 576;
     const auto hardware = product(m, n, k, 1, 2), avx512 = product(m, n, k, 0, 2);
     const auto tile_order = product(m, n, k, 0, 2, true);

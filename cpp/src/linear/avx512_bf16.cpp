@@ -8,6 +8,7 @@
 #include "cpu/arch.hpp"
 #include "linear/amx.hpp"
 #include "linear/driver.hpp"
+#include "linear/kernels.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {
@@ -122,35 +123,25 @@ void pack_gated_weight_bf16(const std::uint16_t* weight, std::int64_t width, std
                  gated_rows(width), k, packed, num_threads);
 }
 
-// ISA level avx512_bf16 (a relaxed atomic load: linear_bf16 asks on every call).
-bool linear_bf16_supported() { return cpu_isa_at_least(CpuIsa::kAvx512Bf16); }
-
 std::int64_t linear_items_taken_over() {
     return linear_detail::items_taken_over.load(std::memory_order_relaxed);
 }
 
-#if PAGEDSERVE_X86  // the kernel exists only there (see the #else)
-void linear_bf16(const LinearArgs& args, int num_threads) {
-    if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
-    // No rows is a valid product with nothing to read or write: torch gives an empty tensor a
-    // null data pointer (e.g. the logits of a step whose prefill chunks all end mid-prompt).
-    if (!check_linear_args(args, "linear_bf16")) return;
-    check_linear(args.amx_from_rows >= 0, "linear_bf16: amx_from_rows must be >= 0");
-    const int threads = std::max(1, num_threads);
+#if PAGEDSERVE_X86  // the kernel exists only there
+// At ISA level avx512_bf16 and up, after dispatch.cpp's checks: AVX512-BF16 micro-tiles, or AMX
+// tiles for calls of at least amx_from_rows rows where the CPU grants them.
+void linear_detail::linear_bf16_avx512(const LinearArgs& args, int threads) {
     if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
         return run_linear<Bf16Kernel>(args, threads);
     if (amx_emulated.load(std::memory_order_relaxed))
         return run_linear<Bf16Kernel, AmxItems<Bf16Kernel, SoftwareTiles>>(args, threads);
     run_linear<Bf16Kernel, AmxItems<Bf16Kernel, HardwareTiles>>(args, threads);
 }
-#else
-// No AVX512-BF16 off x86 (linear_bf16_supported() is false): the same error as on an x86 CPU
-// without it.
-void linear_bf16(const LinearArgs&, int) { throw std::runtime_error("this CPU has no AVX512-BF16"); }
 #endif
 
+// The tiles' epilogue and tails run on AVX512-BF16: below that level (the AVX2 path) no tiles.
 bool linear_amx_supported() {
-    return linear_bf16_supported() && amx_usable(false);
+    return cpu_isa_at_least(CpuIsa::kAvx512Bf16) && amx_usable(false);
 }
 
 void linear_amx_emulation(bool on) { amx_emulated.store(on, std::memory_order_relaxed); }

@@ -1,10 +1,9 @@
 // CPU fp32 linear layers with AVX-512 (see linear.hpp), on the shared driver of
 // linear/driver.hpp: per input feature, 2 weight loads feed 16 FMAs of an 8 x 32 micro-tile,
 // each output one FMA chain over k in order (batch invariance, issue 16); every row is fp32.
-#include <stdexcept>
-
 #include "cpu/arch.hpp"
 #include "linear/driver.hpp"
+#include "linear/kernels.hpp"
 #include "pagedserve/linear.hpp"
 
 namespace pagedserve {
@@ -15,7 +14,7 @@ using namespace linear_detail;
 // Packed elements per 32-column tile (F32Kernel::tile_elements; packed_linear_elements_f32).
 std::int64_t f32_tile_elements(std::int64_t k) { return k * kLinearTileN; }
 
-#if PAGEDSERVE_X86  // AVX-512 intrinsics: elsewhere linear_f32 only throws
+#if PAGEDSERVE_X86  // AVX-512 intrinsics: elsewhere linear_f32 only throws (dispatch.cpp)
 struct F32Kernel {
     using Args = LinearF32Args;
     using Weight = float;
@@ -72,16 +71,11 @@ void pack_gated_weight_f32(const float* weight, std::int64_t width, std::int64_t
                  gated_rows(width), k, packed, num_threads);
 }
 
-#if PAGEDSERVE_X86  // the kernel exists only there (see the #else)
-void linear_f32(const LinearF32Args& args, int num_threads) {
-    if (!linear_bf16_supported()) throw std::runtime_error("this CPU has no AVX512-BF16");
-    if (!check_linear_args(args, "linear_f32")) return;
-    run_linear<F32Kernel>(args, std::max(1, num_threads));
+#if PAGEDSERVE_X86  // the kernel exists only there
+// At ISA level avx512_bf16 and up (the driver's target), after dispatch.cpp's checks.
+void linear_detail::linear_f32_avx512(const LinearF32Args& args, int threads) {
+    run_linear<F32Kernel>(args, threads);
 }
-#else
-// No AVX512-BF16 off x86 (linear_bf16_supported() is false): the same error as on an x86 CPU
-// without it.
-void linear_f32(const LinearF32Args&, int) { throw std::runtime_error("this CPU has no AVX512-BF16"); }
 #endif
 
 }  // namespace pagedserve
