@@ -31,10 +31,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-KERNEL_ISAS = tuple(level for level in CPU_ISAS if level != "avx2_vnni")
-"""The levels the cpu_isa fixture runs by default: avx2_vnni changes only the int8 linear kernel
-(it is avx2 for every other family), so the tests of that kernel and of the engine's tokens ask
-for it with @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)."""
+INT8_ONLY_ISAS = ("avx2_vnni", "neon_dotprod", "neon_i8mm")
+KERNEL_ISAS = tuple(level for level in CPU_ISAS if level not in INT8_ONLY_ISAS)
+"""The levels the cpu_isa fixture runs by default: avx2_vnni (on x86) and neon_dotprod,
+neon_i8mm (on ARM) change only the int8 linear kernel (every other family runs there as at avx2
+or neon), so the tests of that kernel and of the engine's tokens ask for them with
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)."""
 
 
 @pytest.fixture(params=KERNEL_ISAS)
