@@ -1,6 +1,7 @@
-"""The model's linear layers: nn.Linear's parameters, a fused residual add, and on CPUs with
-AVX512-BF16 the native bf16 (and fp32) kernel of pagedserve._core over a weight packed once at
-load.
+"""The model's linear layers: nn.Linear's parameters, a fused residual add, and on x86-64 CPUs
+from ISA level avx2 the native bf16 (and fp32) kernel of pagedserve._core over a weight packed
+once at load (AVX512-BF16 dot products where the CPU has them, else AVX2 FMAs:
+ops/linear.py's native_linear_path()).
 
     y = layer(x)                        x W^T (+ bias)
     h = layer(x, residual=h)            h + x W^T (+ bias), rounded once
@@ -14,7 +15,7 @@ residual add or write fp32 logits; bench/linear.py measures both side by side (f
 bench/RESULTS.md). Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
 matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
 while the native kernels sum every output over k in order whatever the rows. Anywhere else
-(float16, CUDA, a CPU without AVX512-BF16) the torch expressions run, and are not batch-invariant.
+(float16, CUDA, a CPU below AVX2, aarch64) the torch expressions run, and are not batch-invariant.
 
 A packed layer may also keep its [out, in] weight and take torch's matmul from `torch_from`
 rows on (route(); models/linear_dispatch.py measures where that pays, e.g. oneDNN's AMX tiles on
@@ -89,9 +90,9 @@ class PackableLinear(nn.Module):
         return self.packed is not None and (self.torch_from is None or x.shape[0] < self.torch_from)
 
     def pack(self, keep_weight: bool = False) -> bool:
-        """Repack the weight for the native kernel (CPU, bfloat16 or float32, AVX512-BF16) and
-        drop the [out, in] copy unless keep_weight (for route()); False (and nothing changes)
-        where the kernel does not apply."""
+        """Repack the weight for the native kernel (CPU, bfloat16 or float32, ISA level avx2 and
+        up) and drop the [out, in] copy unless keep_weight (for route()); False (and nothing
+        changes) where the kernel does not apply."""
         weight = self.weight
         if weight is None or self.packed is not None:
             return self.packed is not None

@@ -1,6 +1,7 @@
 """Which CPU linear path runs a step: the native packed kernel (on AVX512-BF16, or on AMX-BF16
-tiles where the CPU has them) or torch's matmul (oneDNN, which also takes AMX tiles), chosen by
-the step's row count from a measurement.
+tiles where the CPU has them; at ISA levels avx2 .. avx512 on AVX2 FMAs, bf16 widened in
+registers: ops/linear.py's native_linear_path()) or torch's matmul (oneDNN, which also takes AMX
+tiles; MKL's fp32 GEMM), chosen by the step's row count from a measurement.
 
     timings = calibrate(layer_shapes(arch), rows, dtype)   # medians, the model's own shapes
     torch_from_rows(timings), amx_from_rows(timings)        # pure: from which rows each wins
@@ -20,7 +21,10 @@ count; a step with fewer rows keeps native (the one-call decoder stack), one wit
 many runs the layers one by one with torch linears (lm_head stays native: its fp32 logits).
 Torch is not batch-invariant: with --deterministic batched steps stay native and the summary
 says what torch would have gained. Figures: bench/linear.py and bench/RESULTS.md (on Zen 4
-native wins at every row count; on Intel AMX CPUs oneDNN is 4-10x faster from 64 rows).
+native wins at every row count; on Intel AMX CPUs oneDNN is 4-10x faster from 64 rows). The
+same measurement decides at the AVX2 levels, where the bf16 kernel reads half fp32's bytes but
+computes in fp32 at AVX2's width, and torch's bf16 or fp32 matmul takes the CPU's own path
+(which --cpu-isa does not lower: a forced level is compared with torch at the CPU's best).
 
 Where the native kernel may use AMX tiles (ops/linear.py's amx_available), the calibration
 times it on them too (amx_s) and on AVX-512 summing in the tiles' order (tile_order_s), one row
@@ -52,6 +56,7 @@ from pagedserve.core.ops.linear import (
     PACKABLE_DTYPES,
     amx_available,
     native_linear_available,
+    native_linear_path,
     pack_weight,
     packed_linear,
 )
@@ -253,7 +258,6 @@ def calibrate(
     return timings
 
 
-@cache
 def measure_layer(
     shapes: tuple[LayerShape, ...],
     rows: tuple[int, ...],
@@ -261,8 +265,21 @@ def measure_layer(
     threads: int,
     amx: bool = False,
 ) -> tuple[Timing, ...]:
-    """calibrate(), once per process for each shape, row counts, dtype, thread count and AMX
-    choice: an engine built again (tests, LLM objects) reuses the figures."""
+    """calibrate(), once per process for each shape, row counts, dtype, thread count, AMX
+    choice and native path (--cpu-isa may differ between engines of one process): an engine
+    built again (tests, LLM objects) reuses the figures."""
+    return _measure_once(shapes, rows, dtype, threads, amx, native_linear_path())
+
+
+@cache
+def _measure_once(
+    shapes: tuple[LayerShape, ...],
+    rows: tuple[int, ...],
+    dtype: torch.dtype,
+    threads: int,
+    amx: bool,
+    path: str,
+) -> tuple[Timing, ...]:
     return tuple(calibrate(shapes, rows, dtype, amx=amx))
 
 
@@ -328,7 +345,7 @@ def plan_dispatch(mode: str, deterministic: bool, inputs: DispatchInputs) -> Lin
         return _fixed("linears: native at every row count (cpu_linear native)")
     if mode == "torch":
         return LinearDispatch(1, f"linears: torch at every row count (cpu_linear torch); "
-                                 f"cpu: {cpu_features().describe()}")  # fmt: skip
+                                 f"cpu: {_cpu()}")  # fmt: skip
     rows = calibration_rows(inputs.max_num_batched_tokens, amx)
     shapes = tuple(layer_shapes(inputs.arch))
     timings = tuple(measure_layer(shapes, tuple(rows), inputs.dtype, torch.get_num_threads(), amx))
@@ -378,8 +395,17 @@ def quantized_amx_choice(
     return start, f"AMX-INT8 tiles from {start} rows (up to {gain:.2f}x VNNI, same bits)"
 
 
+def _cpu(amx_note: str = "") -> str:
+    """The summary's cpu part: the features, and the native dense kernel's path where it runs
+    (and what it does with AMX tiles)."""
+    text = cpu_features().describe()
+    if native_linear_available():
+        text += f"; native kernel {native_linear_path()}" + (f": {amx_note}" if amx_note else "")
+    return text
+
+
 def _fixed(reason: str, amx_from: int = 0) -> LinearDispatch:
-    return LinearDispatch(None, f"{reason}; cpu: {cpu_features().describe()}", amx_from=amx_from)
+    return LinearDispatch(None, f"{reason}; cpu: {_cpu()}", amx_from=amx_from)
 
 
 def _amx_choice(timings: Sequence[Timing], deterministic: bool) -> tuple[int, bool, str]:
@@ -424,7 +450,7 @@ def _amx_choice(timings: Sequence[Timing], deterministic: bool) -> tuple[int, bo
 def _decide(
     torch_from: int | None, timings: tuple[Timing, ...], deterministic: bool, amx_note: str = ""
 ) -> LinearDispatch:
-    cpu = cpu_features().describe() + (f"; native kernel: {amx_note}" if amx_note else "")
+    cpu = _cpu(amx_note)
     if torch_from is None:
         best = max((t.torch_speedup for t in timings), default=0.0)
         measured = f"torch at best {best:.2f}x of native" if timings else "not measured"

@@ -1,5 +1,8 @@
-"""The packed linear kernels of pagedserve._core (CPUs with AVX512-BF16) as ops: bf16 weights,
-and their fp32 twin (a fixed order of summation over k whatever the rows: batch-invariant).
+"""The packed linear kernels of pagedserve._core (x86-64 CPUs from ISA level avx2) as ops: bf16
+weights, and their fp32 twin (a fixed order of summation over k whatever the rows:
+batch-invariant). From level avx512_bf16 the bf16 kernel runs on AVX512-BF16 dot products (and
+AMX tiles); below it, down to avx2, both run on AVX2 FMAs (bf16 widened in registers), the fp32
+one giving the AVX-512 path's bits (native_linear_path()).
 
     packed = pack_weight(weight)                    [n, k] -> the kernel's operand order
     packed_linear(out, x, packed, bias, residual)   out = x W^T (+ bias) (+ residual)
@@ -46,7 +49,14 @@ PACKABLE_DTYPES = tuple(_KERNELS)
 
 
 def native_linear_available() -> bool:
+    """The packed kernels run at the active ISA level (avx2 and up on x86-64; not at portable,
+    nor on aarch64): else the layers keep torch's matmul."""
     return bool(_core.linear_bf16_supported())
+
+
+def native_linear_path() -> str:
+    """The kernels' path at the active ISA level: "avx512_bf16", "avx2" or "none"."""
+    return str(_core.linear_path())
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""models.linear.Linear: the packed native bf16 path against torch's expressions it replaces,
-and the torch path where the kernel does not apply."""
+"""models.linear.Linear: the packed native bf16 / fp32 paths against torch's expressions they
+replace (and a float64 reference), at every ISA level with a path (avx2: AVX2 FMAs, bf16
+widened; avx512_bf16: AVX512-BF16 dot products; levels the CPU lacks skip, saying so); the fp32
+AVX2 path's bits against the AVX-512 one's; and the torch path where the kernel does not apply."""
 
 from __future__ import annotations
 
@@ -9,15 +11,19 @@ import torch.nn.functional as F
 
 from pagedserve.core.models.linear import GateUpLinear, Linear
 from pagedserve.core.ops import layer_ops
+from pagedserve.core.ops.cpu_features import forced_cpu_isa, runnable_isas
 from pagedserve.core.ops.linear import (
     native_linear_available,
+    native_linear_path,
+    pack_gated_weight,
+    pack_weight,
     packed_gated_linear,
     packed_linear,
 )
 
-needs_kernel = pytest.mark.skipif(
-    not native_linear_available(), reason="this CPU has no AVX512-BF16"
-)
+NATIVE_ISAS = ("avx2", "avx512_bf16")
+"""A level per path of the native kernels (avx2_vnni and avx512 run avx2's)."""
+each_native_path = pytest.mark.parametrize("cpu_isa", NATIVE_ISAS, indirect=True)
 
 
 def make(k: int, n: int, bias: bool, dtype: torch.dtype, seed: int = 0) -> Linear:
@@ -40,11 +46,13 @@ def reference(
     return y if residual is None else y + residual.float()
 
 
-@needs_kernel
+@each_native_path
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 64, 300])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (33, 70), (1536, 576), (5, 1)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_matches_fp32_math_rounded_once(m: int, k: int, n: int, bias: bool) -> None:
+def test_packed_matches_fp32_math_rounded_once(
+    m: int, k: int, n: int, bias: bool, cpu_isa: str
+) -> None:
     layer = make(k, n, bias, torch.bfloat16)
     w = layer.weight.clone()  # type: ignore[union-attr]
     b = None if layer.bias is None else layer.bias.clone()
@@ -58,8 +66,8 @@ def test_packed_matches_fp32_math_rounded_once(m: int, k: int, n: int, bias: boo
     torch.testing.assert_close(layer(x, residual), want_res, rtol=8e-3, atol=2e-3)
 
 
-@needs_kernel
-def test_packed_close_to_torch_bf16_linear() -> None:
+@each_native_path
+def test_packed_close_to_torch_bf16_linear(cpu_isa: str) -> None:
     """The expressions llama.py used before: F.linear and addmm in bf16."""
     layer = make(576, 960, False, torch.bfloat16, seed=3)
     w = layer.weight.clone()  # type: ignore[union-attr]
@@ -69,8 +77,8 @@ def test_packed_close_to_torch_bf16_linear() -> None:
     torch.testing.assert_close(layer(x, h), torch.addmm(h, x, w.t()), rtol=1.6e-2, atol=1e-2)
 
 
-@needs_kernel
-def test_packed_takes_strided_views() -> None:
+@each_native_path
+def test_packed_takes_strided_views(cpu_isa: str) -> None:
     layer = make(64, 48, True, torch.bfloat16, seed=4)
     w, b = layer.weight.clone(), layer.bias.clone()  # type: ignore[union-attr]
     layer.pack()
@@ -85,8 +93,8 @@ def test_packed_takes_strided_views() -> None:
     )
 
 
-@needs_kernel
-def test_packed_refuses_bad_inputs() -> None:
+@each_native_path
+def test_packed_refuses_bad_inputs(cpu_isa: str) -> None:
     layer = make(16, 8, False, torch.bfloat16)
     layer.pack()
     with pytest.raises(ValueError, match="features"):
@@ -109,10 +117,10 @@ def test_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(nobias(x, h), torch.addmm(h, x, nobias.weight.t()))  # type: ignore[union-attr]
 
 
-@needs_kernel
+@each_native_path
 @pytest.mark.parametrize("m", [1, 9, 300])
 @pytest.mark.parametrize(("k", "n"), [(576, 960), (33, 70), (5, 1)])
-def test_float32_packs_and_matches_float64_math(m: int, k: int, n: int) -> None:
+def test_float32_packs_and_matches_float64_math(m: int, k: int, n: int, cpu_isa: str) -> None:
     """fp32 weights take the native fp32 kernel (batch-invariant, unlike torch's matmul)."""
     layer = make(k, n, True, torch.float32, seed=4)
     w, b = layer.weight.double(), layer.bias.double()  # type: ignore[union-attr]
@@ -129,8 +137,8 @@ def test_float32_packs_and_matches_float64_math(m: int, k: int, n: int) -> None:
     torch.testing.assert_close(gated(x), want.float(), rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
-def test_registered_op_passes_opcheck() -> None:
+@each_native_path
+def test_registered_op_passes_opcheck(cpu_isa: str) -> None:
     """The op torch.compile traces: schema, fake (meta) implementation, aliasing of `out`."""
     layer = make(40, 24, True, torch.bfloat16, seed=7)
     layer.pack()
@@ -148,10 +156,12 @@ def make_gate_up(k: int, width: int, dtype: torch.dtype, seed: int = 0) -> GateU
     return layer.to(dtype).requires_grad_(False)
 
 
-@needs_kernel
+@each_native_path
 @pytest.mark.parametrize("m", [1, 9, 64])
 @pytest.mark.parametrize(("k", "width"), [(576, 1536), (33, 17), (64, 16), (8, 1), (40, 40)])
-def test_gate_up_packed_matches_fp32_math_rounded_once(m: int, k: int, width: int) -> None:
+def test_gate_up_packed_matches_fp32_math_rounded_once(
+    m: int, k: int, width: int, cpu_isa: str
+) -> None:
     """silu(gate) * up on the fp32 accumulators, rounded once; widths off the 16-column blocks
     (padded with zero rows in the interleaved packing) too."""
     layer = make_gate_up(k, width, torch.bfloat16, seed=m + width)
@@ -165,8 +175,8 @@ def test_gate_up_packed_matches_fp32_math_rounded_once(m: int, k: int, width: in
     torch.testing.assert_close(got, want.to(torch.bfloat16), rtol=8e-3, atol=2e-3)
 
 
-@needs_kernel
-def test_gate_up_packed_handles_extreme_gates() -> None:
+@each_native_path
+def test_gate_up_packed_handles_extreme_gates(cpu_isa: str) -> None:
     """SiLU's exp over the whole float range: huge negative gates give -0, huge positive ones
     the product itself, NaN stays NaN."""
     layer = make_gate_up(2, 3, torch.bfloat16)
@@ -190,8 +200,8 @@ def test_gate_up_other_dtypes_stay_on_torch_bit_for_bit(dtype: torch.dtype) -> N
     assert torch.equal(layer(x), want)
 
 
-@needs_kernel
-def test_gate_up_refuses_bad_inputs_and_passes_opcheck() -> None:
+@each_native_path
+def test_gate_up_refuses_bad_inputs_and_passes_opcheck(cpu_isa: str) -> None:
     layer = make_gate_up(16, 20, torch.bfloat16, seed=9)
     layer.pack()
     with pytest.raises(ValueError, match="features"):
@@ -203,3 +213,42 @@ def test_gate_up_refuses_bad_inputs_and_passes_opcheck() -> None:
         packed_gated_linear(torch.empty(3, 37, dtype=torch.bfloat16), x, layer.packed)
     torch.library.opcheck(packed_gated_linear.op, (torch.empty(3, 20, dtype=torch.bfloat16), x,
                                                 layer.packed))  # fmt: skip
+
+
+def test_each_level_runs_its_path(cpu_isa: str) -> None:
+    """avx2, avx2_vnni and avx512 (no AVX512-BF16) run the AVX2 path, avx512_bf16 and amx the
+    AVX512-BF16 one; portable packs nothing and runs torch's expressions."""
+    want = {"portable": "none", "avx512_bf16": "avx512_bf16", "amx": "avx512_bf16"}
+    assert native_linear_path() == want.get(cpu_isa, "avx2")
+    layer = make(40, 24, True, torch.float32, seed=10)
+    w, b = layer.weight.clone(), layer.bias.clone()  # type: ignore[union-attr]
+    x = torch.randn(3, 40)
+    assert layer.pack() == native_linear_available() == (cpu_isa != "portable")
+    if cpu_isa == "portable":
+        assert layer.packed is None and torch.equal(layer(x), F.linear(x, w, b))
+
+
+def test_float32_avx2_path_equals_avx512_bit_for_bit() -> None:
+    """The fp32 AVX2 path gives the AVX-512 one's bits (one FMA chain over k in order, the same
+    epilogue): plain, bias and residual, gated (gates past exp's range), rows around the
+    micro-tiles."""
+    if not {"avx2", "avx512_bf16"} <= set(runnable_isas()):
+        pytest.skip(f"this CPU runs {runnable_isas()}: not both the AVX2 and AVX-512 paths")
+    gen = torch.Generator().manual_seed(11)
+    w, b = torch.randn(100, 577, generator=gen), torch.randn(100, generator=gen)
+    packed, gated = pack_weight(w), pack_gated_weight(torch.randn(80, 577, generator=gen), 40)
+    results = []
+    for level in ("avx2", "avx512_bf16"):
+        with forced_cpu_isa(level):
+            outs = []
+            for m in (1, 2, 6, 7, 300):
+                x = torch.randn(m, 577, generator=torch.Generator().manual_seed(m))
+                h = torch.randn(m, 100, generator=torch.Generator().manual_seed(m + 1))
+                plain, fused, mlp = torch.empty(m, 100), torch.empty(m, 100), torch.empty(m, 40)
+                packed_linear(plain, x, packed, None, None)
+                packed_linear(fused, x, packed, b, h)
+                packed_gated_linear(mlp, x * 8, gated)  # |gate| up to ~300
+                outs += [plain, fused, mlp]
+            results.append(outs)
+    for avx2, avx512 in zip(*results, strict=True):
+        assert torch.equal(avx2, avx512)

@@ -29,9 +29,9 @@ from pagedserve.core.models.linear_dispatch import (
 )
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import resolve_model
+from pagedserve.core.ops.cpu_features import isa_at_least
 from pagedserve.core.ops.linear import (
     amx_available,
-    native_linear_available,
     pack_gated_weight,
     pack_weight,
     packed_gated_linear,
@@ -45,7 +45,8 @@ from tests.quant_blocks import gguf_rows, row_addresses
 from tests.tiny_models import write_gguf_model
 
 pytestmark = pytest.mark.skipif(
-    not native_linear_available(), reason="the native linear kernel needs AVX512-BF16"
+    not isa_at_least("avx512_bf16"),
+    reason="the AMX paths, emulated ones too, run on the AVX512-BF16 kernel (ISA level avx512_bf16)",
 )
 HARDWARE = amx_available()  # before any test turns the emulation on
 QUANT_HARDWARE = quant_amx_available()

@@ -1,6 +1,8 @@
 """The measured dispatch between the native packed linear kernel and torch's matmul on CPU
 (models/linear_dispatch.py): the decision on given timings, a real calibration, the forced and
-the mixed paths against transformers' fp32 greedy tokens, and --deterministic keeping native."""
+the mixed paths against transformers' fp32 greedy tokens, and --deterministic keeping native;
+the calibration and the forced paths at each native path's level (avx2, avx512_bf16; a level
+the CPU lacks skips, saying so)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from pagedserve.core.models.linear_dispatch import (
     plan_dispatch,
     torch_from_rows,
 )
-from pagedserve.core.ops.cpu_features import cpu_features
+from pagedserve.core.ops.cpu_features import cpu_features, cpu_isa
 from pagedserve.core.ops.linear import native_linear_available
 
 needs_native = pytest.mark.skipif(
-    not native_linear_available(), reason="the native linear kernel needs AVX512-BF16"
+    not native_linear_available(), reason="no native linear kernel below ISA level avx2"
 )
+each_native_path = pytest.mark.parametrize("cpu_isa", ("avx2", "avx512_bf16"), indirect=True)
+PATHS = {"avx2": "avx2", "avx512_bf16": "avx512_bf16"}
+"""The native kernel's path at each of those levels (ops/linear.py's native_linear_path())."""
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -98,17 +103,20 @@ def oracle_tokens(tiny_model: Path) -> list[list[int]]:
 
 
 def run(folder: Path, **kwargs: object) -> tuple[LLM, list[list[int]]]:
+    """The tiny model in fp32 (at the level the test forced: the engine would set its own)."""
+    kwargs.setdefault("cpu_isa", cpu_isa())
     llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=8,
               max_num_batched_tokens=16, **kwargs)  # fmt: skip
     return llm, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
+@pytest.mark.parametrize("cpu_isa", ("portable", "avx2", "avx512_bf16"), indirect=True)
 def test_real_calibration_on_tiny_model_is_logged(
-    tiny_model: Path, caplog: pytest.LogCaptureFixture
+    tiny_model: Path, caplog: pytest.LogCaptureFixture, cpu_isa: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="pagedserve")
     llm = LLM(str(tiny_model), dtype="bfloat16", num_pages=64, page_size=8,
-              max_num_batched_tokens=64, deterministic=False)  # fmt: skip
+              max_num_batched_tokens=64, deterministic=False, cpu_isa=cpu_isa)  # fmt: skip
     try:
         weights = llm.engine.model_info.weights
         model = llm.engine.model_runner.model
@@ -119,6 +127,7 @@ def test_real_calibration_on_tiny_model_is_logged(
     if not native_linear_available():
         assert "no native kernel" in weights
         return
+    assert f"native kernel {PATHS[cpu_isa]}" in weights
     assert "linear calibration" in caplog.text
     for rows in (16, 64):
         assert f"{rows} rows " in caplog.text  # both row counts measured, in ms
@@ -127,7 +136,7 @@ def test_real_calibration_on_tiny_model_is_logged(
     assert ("torch from" in weights) == (model.torch_from is not None)
 
 
-@needs_native
+@each_native_path
 @pytest.mark.parametrize("path", ["native", "torch"])
 def test_forced_path_gives_the_oracle_tokens(
     tiny_model: Path,
@@ -135,13 +144,15 @@ def test_forced_path_gives_the_oracle_tokens(
     path: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    cpu_isa: str,
 ) -> None:
     calls = count_products(monkeypatch)
     caplog.set_level(logging.INFO, logger="pagedserve")
     llm, ours = run(tiny_model, cpu_linear=path, deterministic=path == "native")
-    model = llm.engine.model_runner.model
+    model, info = llm.engine.model_runner.model, llm.engine.model_info
     llm.close()
     assert ours == oracle_tokens
+    assert f"native kernel {PATHS[cpu_isa]}" in info.weights
     other = "native" if path == "torch" else "torch"
     steps = model.linear_steps[path]
     assert steps > 0 and model.linear_steps[other] == 0
