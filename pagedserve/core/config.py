@@ -66,8 +66,8 @@ class ModelConfig:
     none dequantizes every weight to the compute dtype."""
 
     cpu_linear: str = "auto"
-    """Dense bf16/fp32 linear layers on the CPU: native (the packed AVX512-BF16 kernel at
-    every row count), amx (the same kernel on AMX-BF16 tiles at every row count; bf16 on a CPU
+    """Dense bf16/fp32 linear layers on the CPU: native (the packed kernel at every row
+    count: AVX512-BF16, or AVX2 FMAs from ISA level avx2 up; below it torch), amx (the same kernel on AMX-BF16 tiles at every row count; bf16 on a CPU
     with AMX), torch (torch's matmul, oneDNN, AMX where the CPU has it, at every row count; not
     batch-invariant, so it needs --no-deterministic) or auto: a start-up calibration over the
     model's own layer shapes picks, by a step's row count, the fastest; with --deterministic

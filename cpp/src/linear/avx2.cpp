@@ -14,10 +14,11 @@
 // denormals, so the two paths differ in the last bits; this one is batch-invariant all the same
 // (threads split columns, never k).
 //
-// A micro-tile is R rows x half a tile (16 columns, 2 registers a row), so the accumulators, the
-// two weight registers (four for bf16's even and odd halves) and x's broadcast fit in AVX2's 16
-// registers; after both halves the epilogue runs on the tile's 32 columns (a gated tile's 16 gate
-// columns meet their 16 up columns there).
+// A micro-tile is R rows (6 fp32, 5 bf16) x half a tile (16 columns, 2 registers a row), so the
+// accumulators, the weight registers (twice as many for bf16's even and odd features) and x's
+// broadcast fit in AVX2's 16 registers; 1 or 2 rows take the whole tile at once (4 FMA chains a
+// row hide the FMA's latency). Once all 32 columns are summed the epilogue runs on them (a gated
+// tile's 16 gate columns meet their 16 up columns there).
 #include "cpu/arch.hpp"
 
 #if PAGEDSERVE_X86  // AVX2 intrinsics: elsewhere dispatch.cpp never takes this path
