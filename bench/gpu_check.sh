@@ -39,7 +39,7 @@ step build 270 python3 -m pip install --no-build-isolation --no-deps -q \
 step pytest_cuda 150 python3 -m pytest -q -m cuda --noconftest -p no:cacheprovider \
     --junitxml="$OUT/pytest_cuda.xml" tests/core/attention
 
-step bench_kernels 150 python3 bench/kernels.py --device cuda --repeats 20 \
+step bench_kernels 150 python3 bench/attention_kernels.py --device cuda --repeats 20 \
     --dtypes float32,bfloat16,float16
 grep -v '^ ' "$OUT/bench_kernels.log" | grep '^{' >"$OUT/kernels_cuda.jsonl" || true
 

@@ -1,10 +1,10 @@
 """Paged-attention kernel benchmark: native ops vs the torch reference, side by side, one run.
 
-    python bench/kernels.py [--threads 1]        # CPU: decode 32 x 1024, prefill 4 x 512, and
+    python bench/attention_kernels.py [--threads 1]        # CPU: decode 32 x 1024, prefill 4 x 512, and
                                                  # the engine's shapes (decode 64 x 130, 64 x 512;
                                                  # one 512-token chunk at context 1000)
-    python bench/kernels.py --device cuda        # + decode 64 x 4096 bandwidth vs the device peak
-    python bench/kernels.py --cases decode:64:1:130,prefill:1:512:1000 --models smollm2-135m
+    python bench/attention_kernels.py --device cuda        # + decode 64 x 4096 bandwidth vs the device peak
+    python bench/attention_kernels.py --cases decode:64:1:130,prefill:1:512:1000 --models smollm2-135m
 
 Prints one JSON object: per case the median milliseconds of each implementation, native's
 speed-up over the reference and over a batched-SDPA baseline (gather the pages into dense K/V,
