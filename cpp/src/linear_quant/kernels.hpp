@@ -6,6 +6,7 @@
 //   level                     file              how the int8 dot products are summed
 //   portable                  portable.cpp      plain loops
 //   avx2 (or avx512, no VNNI) avx2.cpp          vpmaddubsw pairs in int16, vpmaddwd to int32
+//                                               (8-bit: u - 128 by the sign trick, + 128 sum x)
 //   avx2_vnni (AVX-VNNI)      avx2_vnni.cpp     VEX vpdpbusd on 256-bit registers (avx2.hpp's
 //                                               kernel, as avx2.cpp, compiled for AVX-VNNI)
 //   avx512 + AVX512-VNNI      avx512_vnni.cpp   vpdpbusd; bf16 outputs rounded by integer ops
