@@ -1,10 +1,18 @@
 """The packed native bf16 linear kernel vs torch's bf16 matmul, at SmolLM2-135M's shapes.
 
     python bench/linear.py [--repeats 50] [--threads 2] [--dtype float32] [--rows 1,16,64]
+    python bench/linear.py --isa avx2,avx512_bf16 [--dtype float32]   # native per ISA level
     python bench/linear.py --quantized Q4_1,Q8_0,Q4_K,Q6_K      # the kept-quantized kernels
     python bench/linear.py --quantized Q4_1,Q8_0 --isa portable,avx2,avx512   # per ISA level
 
---dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
+--stat min takes each call's least time of its repeats instead of the median (a machine others
+load: the calls still alternate). --dtype float32 compares the kernel's fp32 twin with torch's fp32 matmul (MKL) instead.
+--isa (without --quantized) gives the native kernel a column per ISA level, each with its
+speed-up over torch (default: every level from avx2 up that the CPU runs; avx2, avx2_vnni and
+avx512 run the AVX2 path, avx512_bf16 and amx the AVX512-BF16 one: the line before the table
+names each level's path), and the calibration once per level. torch's own kernels take the real
+CPU's path whatever the level, so on a CPU with AVX-512 a forced avx2 column is compared with
+torch on AVX-512 (on an AVX2-only CPU both are AVX2's).
 --quantized times the GGUF kernels (ops/linear_quant.py; int8 activations) beside torch (and
 the native bf16 kernel where the CPU has AVX512-BF16) on the same layers at each of --rows: GB/s
 of (packed) weights at one row, GFLOP/s at more; a column per type and ISA level of --isa (default:
@@ -59,7 +67,11 @@ from pagedserve.core.ops.cpu_features import (
     runnable_isas,
     set_cpu_isa,
 )
-from pagedserve.core.ops.linear import amx_available, native_linear_available
+from pagedserve.core.ops.linear import (
+    amx_available,
+    native_linear_available,
+    native_linear_path,
+)
 from pagedserve.core.ops.linear_quant import (
     pack_quant_weight,
     quant_amx_available,
@@ -188,8 +200,12 @@ def quantized_table(
                   + "   " + " ".join(rates))  # fmt: skip
 
 
+STAT: Callable[[list[float]], float] = statistics.median
+"""How a call's repeats make its figure (--stat): median, or min on a machine others load."""
+
+
 def timed_all(calls: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds of each call, interleaved so that load falls on all alike."""
+    """STAT (median) seconds of each call, interleaved so that load falls on all alike."""
     for _ in range(3):
         for fn in calls:
             fn()
@@ -199,7 +215,7 @@ def timed_all(calls: list[Callable[[], object]], repeats: int) -> list[float]:
             start = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - start)
-    return [statistics.median(ts) for ts in times]
+    return [STAT(ts) for ts in times]
 
 
 def native_on(
@@ -227,19 +243,22 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64,256,1024", help="row counts, comma-separated")
     ap.add_argument("--quantized", default="", help="GGUF types to time, e.g. Q4_1,Q8_0")
     ap.add_argument("--isa", default="",
-                    help="with --quantized: ISA levels, comma-separated (default: avx2 and up)")  # fmt: skip
+                    help="ISA levels, comma-separated (default: avx2 and up)")  # fmt: skip
     ap.add_argument("--dequant-bf16", action="store_true",
                     help="with --quantized: also time the bf16-in-register alternative")  # fmt: skip
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="each call's figure from its repeats (min: the least loaded)")  # fmt: skip
     args = ap.parse_args()
+    global STAT
+    STAT = min if args.stat == "min" else statistics.median
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     row_counts = [int(r) for r in args.rows.split(",")]
     print(f"CPU: {cpu_model() or 'unknown'} ({cpu_features().describe()})")
-    print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}")
+    print(f"load average before: {os.getloadavg()}; threads {args.threads}; {args.dtype}; "
+          f"{args.stat} of the repeats")  # fmt: skip
+    asked = args.isa.split(",") if args.isa else [lv for lv in runnable_isas() if lv != "portable"]
     if args.quantized:
-        asked = (
-            args.isa.split(",") if args.isa else [lv for lv in runnable_isas() if lv != "portable"]
-        )
         levels = [lv for lv in asked if lv in runnable_isas()]
         if skipped := [lv for lv in asked if lv not in levels]:
             print(f"ISA levels above this CPU's ({cpu_isa_supported()}), skipped: {skipped}")
@@ -247,52 +266,80 @@ def main() -> None:
                         levels)  # fmt: skip
         print(f"load average after: {os.getloadavg()}")
         return
-    if not native_linear_available():
-        raise SystemExit("this CPU has no AVX512-BF16: the native kernel does not apply")
-    amx = dtype == torch.bfloat16 and amx_available()
-    order = dtype == torch.bfloat16  # the tiles' order on AVX-512 runs on any AVX512-BF16 CPU
+    levels = [lv for lv in asked if lv in runnable_isas() and path_at(lv) != "none"]
+    if skipped := [lv for lv in asked if lv not in levels]:
+        print(f"ISA levels without a native path on this CPU (up to {cpu_isa_supported()}), "
+              f"skipped: {skipped}")  # fmt: skip
+    if not levels:
+        raise SystemExit(
+            "no ISA level with the native kernel here (it needs avx2): nothing to time"
+        )
+    dense_table(levels, row_counts, dtype, args.repeats)
+    for level in levels:
+        with forced_cpu_isa(level):
+            dispatch_table(row_counts, dtype, level)
+    print(f"load average after: {os.getloadavg()}")
+
+
+def path_at(level: str) -> str:
+    with forced_cpu_isa(level):
+        return native_linear_path()
+
+
+def dense_table(levels: list[str], row_counts: list[int], dtype: torch.dtype, repeats: int) -> None:
+    """Each layer x row count: torch, the native kernel at each level (and its speed-up), and on
+    AVX512-BF16 the tiles' order and AMX tiles where they run."""
+    best = cpu_isa_supported()
+    bf16_path = dtype == torch.bfloat16 and path_at(best) == "avx512_bf16"
+    amx = bf16_path and amx_available()
+    order = bf16_path  # the tiles' order on AVX-512 runs on any AVX512-BF16 CPU
+    print("native paths: " + ", ".join(f"@{lv} = {path_at(lv)}" for lv in levels))
     print("AMX tiles: the native kernel's 'amx' column" if amx else
           "AMX tiles: none here (no amx_bf16 in CPUID, not granted, or float32): no amx column")  # fmt: skip
-    print(f"{'layer':15s} {'rows':>5s} {'torch us':>9s} {'native us':>10s} {'speed-up':>8s}"
+    print(f"{'layer':15s} {'rows':>5s} {'torch us':>9s}"
+          + "".join(f" {'@' + lv + ' us':>15s} {'speed-up':>8s}" for lv in levels)
           + (f" {'order us':>9s} {'order/nat':>9s}" if order else "")
-          + (f" {'amx us':>9s} {'amx/native':>10s}" if amx else "") + "  native")  # fmt: skip
+          + (f" {'amx us':>9s} {'amx/native':>10s}" if amx else "")
+          + "  native@" + levels[-1])  # fmt: skip
     for name, k, n, residual, fp32 in LAYERS:
         layer = Linear(k, n).to(dtype)
         w = (torch.randn(n, k) * k**-0.5).to(dtype)
         layer.weight.data.copy_(w)  # type: ignore[union-attr]
-        layer.pack()
+        layer.pack()  # one packed layout for every path
         for rows in row_counts:
             x = torch.randn(rows, k).to(dtype)
             res = torch.randn(rows, n).to(dtype) if residual else None
             out_dtype = torch.float32 if fp32 else None
             ours = functools.partial(layer, x, res, out_dtype=out_dtype)
-            calls = [torch_call(x, w, res, fp32), ours]
+            calls = [torch_call(x, w, res, fp32)] + [at_level(lv, ours) for lv in levels]
             if order:
                 calls.append(functools.partial(native_on, 0, True, layer, x, res, out_dtype))
             if amx:
                 calls.append(functools.partial(native_on, 1, False, layer, x, res, out_dtype))
-            repeats = args.repeats if rows * n * k < 2**28 else max(5, args.repeats // 10)
-            theirs, mine, *others = timed_all(calls, repeats)
+            reps = repeats if rows * n * k < 2**28 else max(5, repeats // 10)
+            theirs, *times = timed_all(calls, reps)
+            natives, others = times[: len(levels)], times[len(levels) :]
+            mine = natives[-1]
             rate = (
                 f"{n * k * w.element_size() / mine / 1e9:.1f} GB/s of weights"
                 if rows == 1
                 else f"{2 * rows * n * k / mine / 1e9:.0f} GFLOP/s"
             )
+            columns = "".join(f" {t * 1e6:15.0f} {theirs / t:7.2f}x" for t in natives)
             extra = "".join(f" {t * 1e6:9.0f} {mine / t:9.2f}x" for t in others)
-            print(f"{name:15s} {rows:5d} {theirs * 1e6:9.0f} {mine * 1e6:10.0f} "
-                  f"{theirs / mine:7.2f}x{extra}  {rate}")  # fmt: skip
-    dispatch_table(row_counts, dtype)
-    print(f"load average after: {os.getloadavg()}")
+            print(f"{name:15s} {rows:5d} {theirs * 1e6:9.0f}{columns}{extra}  {rate}")
 
 
-def dispatch_table(row_counts: list[int], dtype: torch.dtype) -> None:
-    """--cpu-linear auto's calibration on this model's decoder layer (no time budget)."""
+def dispatch_table(row_counts: list[int], dtype: torch.dtype, level: str) -> None:
+    """--cpu-linear auto's calibration on this model's decoder layer (no time budget), at the
+    ISA level now set."""
     shapes = [LayerShape("qkv", 576, 960), LayerShape("o", 576, 576, residual=True),
               LayerShape("gate_up", 576, 1536, gated=True),
               LayerShape("down", 1536, 576, residual=True)]  # fmt: skip
     amx = dtype == torch.bfloat16 and amx_available()
     timings = calibrate(shapes, row_counts, dtype, budget_s=float("inf"), amx=amx)
-    print("calibration (--cpu-linear auto), one layer's qkv+o+gate_up+down:")
+    print(f"calibration (--cpu-linear auto) at {level} (native {native_linear_path()}), one "
+          "layer's qkv+o+gate_up+down:")  # fmt: skip
     for t in timings:
         tiles = (f"  amx {t.amx_s * 1e6:9.0f} us ({t.amx_speedup:.2f}x native), tile order "
                  f"{(t.tile_order_s or 0) * 1e6:9.0f} us" if t.amx_s else "")  # fmt: skip
