@@ -41,7 +41,7 @@ from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.models.tensor_parallel import check_divisible
 from pagedserve.core.ops.attention import cpu_attention_path
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
-from pagedserve.core.ops.linear import amx_available
+from pagedserve.core.ops.linear import amx_available, native_linear_available
 from pagedserve.core.ops.linear_quant import quant_linear_path
 from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.scheduler import Scheduler
@@ -134,16 +134,18 @@ def apply_cpu_isa(name: str) -> str:
 
 def choose_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
     """--dtype auto: bf16 on CUDA where the GPU has it (else fp16); on a CPU, bf16 where it has
-    AVX512-BF16, or, from ISA level avx2, where every linear runs on the quantized kernels
-    (`quantized`: bf16 is then storage between the layers, the kernels widen it and compute in
-    fp32; it lets the native decoder stack run: c=1 decode 1.8x fp32's at level avx2, bench/
-    RESULTS.md); else float32 (torch's fp32 matmul: its bf16 one is slow without AVX512-BF16)."""
+    AVX512-BF16, or, from ISA level avx2, where the linears run on native kernels that take bf16
+    and compute in fp32: the quantized ones (`quantized`: every linear kept quantized) or the
+    dense ones (AVX2 FMAs on bf16 widened in registers). bf16 is then storage between the layers
+    and lets the native decoder stack run (measured on dense SmolLM2-135M at level avx2: faster
+    than fp32, on torch's matmul or the native fp32 kernel, at c=1 decode and in a 1,000-token
+    prefill); else float32."""
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     # Measured in bench/RESULTS.md: bf16 is faster on CPUs with native bf16 dot products.
-    if cpu_has_bf16() or (quantized and isa_at_least("avx2")):
+    if cpu_has_bf16() or (isa_at_least("avx2") and (quantized or native_linear_available())):
         return torch.bfloat16
     return torch.float32
 

@@ -123,13 +123,19 @@ def test_window_families_match_transformers_on_every_level(
 
 @pytest.mark.parametrize(
     ("level", "quantization", "want"),
-    [("portable", "auto", "float32"), ("avx2", "auto", "bfloat16"), ("avx2", "none", "float32")],
+    [
+        ("portable", "auto", "float32"),
+        ("avx2", "auto", "bfloat16"),
+        ("avx2", "none", "bfloat16"),
+        ("portable", "none", "float32"),
+    ],
 )
 def test_auto_dtype_below_avx512_bf16(
     default_model: ResolvedModel, level: str, quantization: str, want: str
 ) -> None:
-    """--dtype auto without AVX512-BF16: bf16 storage where every linear stays quantized (the
-    kernels widen it), float32 for dense weights (torch's bf16 matmul is slow there)."""
+    """--dtype auto without AVX512-BF16: from level avx2 bf16 storage, for weights kept quantized
+    and dense ones alike (their kernels widen it and compute in fp32); float32 below it, where
+    the dense linears run torch's matmul (its bf16 one is slow there)."""
     if level not in runnable_isas():
         pytest.skip(f"this CPU runs ISA levels up to {cpu_isa_supported()}, not {level}")
     with forced_cpu_isa(level):  # LLM(cpu_isa=...) sets the process-wide level: restored after
