@@ -252,3 +252,23 @@ def test_float32_avx2_path_equals_avx512_bit_for_bit() -> None:
             results.append(outs)
     for avx2, avx512 in zip(*results, strict=True):
         assert torch.equal(avx2, avx512)
+
+
+def test_bf16_paths_round_their_own_way_both_close() -> None:
+    """Each level runs its own bf16 path: VDPBF16PS adds a pair's products odd feature first, the
+    AVX2 path even first, so some fp32 outputs differ in their last bits (were one level to run
+    the other's path, none would), and both stay within fp32 reordering of a float64 sum."""
+    if not {"avx2", "avx512_bf16"} <= set(runnable_isas()):
+        pytest.skip(f"this CPU runs {runnable_isas()}: not both bf16 paths")
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(16, 576, generator=gen).to(torch.bfloat16)
+    w = torch.randn(256, 576, generator=gen).to(torch.bfloat16)
+    packed, want = pack_weight(w), x.double() @ w.double().t()
+    outs = []
+    for level in ("avx2", "avx512_bf16"):
+        with forced_cpu_isa(level):
+            out = torch.empty(16, 256)
+            packed_linear(out, x, packed, None, None)
+            outs.append(out)
+            torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(outs[0], outs[1])
