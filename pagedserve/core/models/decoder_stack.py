@@ -3,8 +3,8 @@
     stack = DecoderStack.build(model.layers)       # None where it does not apply
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
-It applies where every piece of a layer runs natively anyway: bfloat16 on a CPU with
-AVX512-BF16 (all projections packed, or kept quantized as one GGUF type each, which the stack
+It applies where every piece of a layer runs natively anyway: bfloat16 on an x86-64 CPU from
+ISA level avx2 (all projections packed, or kept quantized as one GGUF type each, which the stack
 runs on the same quantized kernel: models/quantized.py), an attention backend whose kernels the stack calls
 (`native_decoder_stack`), eager mode (traced code keeps the per-layer ops). Everything else,
 float32 and so the transformers oracle included, runs the layers one by one as before.

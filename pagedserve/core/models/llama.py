@@ -198,8 +198,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head.weight = weight
 
     def pack_weights(self, keep_unpacked: bool = False) -> int:
-        """Repack every linear layer for the native kernel where it applies (CPU, bfloat16,
-        AVX512-BF16) and build the native decoder stack where every layer then runs natively;
+        """Repack every linear layer for the native kernel where it applies (CPU, bfloat16 or
+        float32, ISA level avx2 and up) and build the native decoder stack where every layer then runs natively;
         returns how many layers were packed. Call once, after the weights are loaded.
         keep_unpacked: the decoder layers' projections keep their weights too (route_linears)."""
         kept = {id(p) for p in self.dense_projections()} if keep_unpacked else set()

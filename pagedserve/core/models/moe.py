@@ -5,7 +5,7 @@
 
 SparseMoE groups the token rows routed to each expert and runs that expert once over its
 group (one product per expert and step, not one per token); each expert is a DenseMLP, so on a
-bf16 CPU with AVX512-BF16 its products are the packed native kernel over the grouped rows.
+bf16 CPU from ISA level avx2 its products are the packed native kernel over the grouped rows.
 Routing follows transformers: softmax in float32 over all experts, top-k, renormalized to sum
 1 only where the config says so (norm_topk_prob; Mixtral always), and an optional shared
 expert behind a sigmoid gate (Qwen2-MoE).
