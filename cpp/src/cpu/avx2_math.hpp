@@ -1,8 +1,8 @@
 // The AVX-512 driver's epilogue math (linear/driver.hpp's exp_ps, silu_mul, vcvtneps2bf16) in
 // 8-lane AVX2 registers, operation for operation (cpu/kernel_math.hpp has the scalar twins), so
 // an AVX2 kernel's epilogue rounds as the AVX-512 one's: the dense linear's AVX2 path
-// (linear/avx2.cpp) gives the fp32 AVX-512 path's bits. linear_quant/avx2.hpp carries the same
-// three functions in its own namespace (they predate this header).
+// (linear/avx2.cpp) gives the fp32 AVX-512 path's bits, and the quantized kernel's AVX2 path
+// (linear_quant/avx2.hpp) the VNNI path's.
 //
 // Compiled for AVX2 + FMA only (no F16C needed): a caller compiled for more (avx2,fma,f16c or
 // avx2 + avxvnni) may inline them.

@@ -28,7 +28,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/kernel_math.hpp"
+#include "cpu/avx2_math.hpp"
 #include "linear/driver.hpp"
 #include "linear_quant/layout.hpp"
 #include "pagedserve/linear.hpp"
@@ -50,57 +50,15 @@ struct Avx2Args {
     std::int64_t act_row_bytes = 0;
 };
 
-// ---- vector math, operation for operation the AVX-512 driver's (cpu/kernel_math.hpp) ----
-
-// e^y as linear_detail::exp_ps; 2^i as two normal powers of two (equal to vscalefps's p * 2^i
-// except below 2^-125, where silu's 1 + e^-gate is 1 either way).
-PAGEDSERVE_AVX2_TARGET inline __m256 exp8(__m256 y) {
-    using namespace kernel_math;
-    const __m256 i = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(kLog2e)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(i, _mm256_set1_ps(kLn2Hi), y);
-    f = _mm256_fnmadd_ps(i, _mm256_set1_ps(kLn2Lo), f);
-    __m256 p = _mm256_set1_ps(kExpTaylor[0]);
-    for (int c = 1; c < 8; ++c) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExpTaylor[c]));
-    const __m256 clamped = _mm256_min_ps(_mm256_max_ps(i, _mm256_set1_ps(-252.0f)),
-                                         _mm256_set1_ps(252.0f));
-    const __m256i whole = _mm256_cvttps_epi32(clamped);          // NaN: 0x80000000, p is NaN
-    const __m256i half = _mm256_srai_epi32(whole, 1);            // floor(i / 2)
-    const __m256i rest = _mm256_sub_epi32(whole, half);
-    const __m256i bias = _mm256_set1_epi32(127);
-    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
-    const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, p1), p2);
-}
-
-PAGEDSERVE_AVX2_TARGET inline __m256 silu_mul8(__m256 gate, __m256 up) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
-    return _mm256_div_ps(_mm256_mul_ps(gate, up), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-// 8 fp32 lanes as 8 bf16 in vcvtneps2bf16's rounding (cpu/kernel_math.hpp).
-PAGEDSERVE_AVX2_TARGET inline __m128i bf16_bits8(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i top = _mm256_srli_epi32(u, 16);
-    const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
-    __m256i bits = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i magnitude = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
-    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)),
-                                            _mm256_setzero_si256());
-    bits = _mm256_blendv_epi8(bits, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
-    bits = _mm256_blendv_epi8(bits, _mm256_and_si256(top, _mm256_set1_epi32(0x8000)), tiny);
-    // Lanes are < 2^16: pack the 8 dwords to 8 words (packus works within 128-bit halves).
-    const __m256i packed = _mm256_packus_epi32(bits, bits);
-    return _mm_unpacklo_epi64(_mm256_castsi256_si128(packed), _mm256_extracti128_si256(packed, 1));
-}
+// The epilogue's vector math, operation for operation the AVX-512 driver's (cpu/avx2_math.hpp).
+using avx2_math::bf16_bits8;
+using avx2_math::silu_mul8;
+using avx2_math::widen_bf16x8;
 
 PAGEDSERVE_AVX2_TARGET inline __m256 load8(const void* p, bool float32, std::int64_t i) {
     if (float32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-    const __m128i h = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return widen_bf16x8(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i)));
 }
 
 // ---- the product ----
