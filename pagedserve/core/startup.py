@@ -113,7 +113,7 @@ def cpu_kernels(deterministic: bool, quantized: bool, dtype: torch.dtype) -> str
     if deterministic:  # attention/kernels.hpp: every level rounds alike, but for vdpbf16ps
         text += "; deterministic: attention scores alike in any batch"
         if dtype == torch.float32 or attention != "avx512_bf16":
-            text += ", same bits at every level"
+            text += ", its bits the same at every level"
     elif attention in ("portable", "avx2"):
         text += "; --no-deterministic: no faster decode attention at this level"
     return text
