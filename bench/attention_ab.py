@@ -11,6 +11,7 @@ prints the fastest of its calls (robust to a shared machine's descheduling), in 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -56,6 +57,9 @@ def main() -> int:
         return 2
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
     isa = sys.argv[sys.argv.index("--isa") + 1] if "--isa" in sys.argv else "auto"
+    from pagedserve.core.ops.cpu_features import cpu_model
+
+    print(f"CPU: {cpu_model()}; isa {isa}; load average {os.getloadavg()}")
     for _ in range(rounds):
         for tree in sys.argv[1:3]:
             subprocess.run([sys.executable, "-c", WORKER, tree, isa], check=True)

@@ -168,6 +168,9 @@ struct Avx2Kernel {
                 }
             }
         }
+        __m256i offset[R];  // kSigned: each row's 128 sum(x), shared by both column vectors
+        if constexpr (kSigned)
+            for (int r = 0; r < R; ++r) offset[r] = _mm256_set1_epi32(offset_sum(act[r], b, g));
         for (int c = 0; c < 2; ++c) {
             const std::int64_t lane0 = 16 * h + 8 * c;
             const __m256 scale = load_scales8(block + kFormat.scales_at(0, g), lane0);
@@ -175,7 +178,7 @@ struct Avx2Kernel {
             for (int r = 0; r < R; ++r) {
                 __m256i isum = sum[r][c];
                 if constexpr (kSigned) {
-                    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(offset_sum(act[r], b, g)));
+                    isum = _mm256_add_epi32(isum, offset[r]);
                 } else if constexpr (!kVnni) {
                     isum = _mm256_madd_epi16(isum, ones);
                 }
