@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.detokenizer import IncrementalDetokenizer
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
-from pagedserve.core.model_runner import PromptLogprobsSpec
+from pagedserve.core.model_runner import ModelRunner, PromptLogprobsSpec
 from pagedserve.core.output_processor import OutputProcessor
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
@@ -46,6 +46,7 @@ class LLMEngine:
         self.model_runner = parts.model_runner
         self.max_model_len = parts.max_model_len
         self.speculator = _speculator(config, parts)
+        self._release = _releaser(self.model_runner, self.speculator)
         self.output_processor = OutputProcessor(
             self.scheduler,
             eos_token_ids=parts.tokenizer.eos_token_ids,
@@ -205,12 +206,6 @@ class LLMEngine:
             self._release(seq.seq_id)
             self._seqs.pop(seq.seq_id, None)
 
-    def _release(self, seq_id: int) -> None:
-        """A sequence is done: drop what the model runner and the speculator keep for it."""
-        self.model_runner.release(seq_id)
-        if self.speculator is not None:
-            self.speculator.release(seq_id)
-
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
@@ -368,6 +363,20 @@ def _speculator(config: EngineConfig, parts: EngineParts) -> Speculator | None:
     runner = parts.model_runner
     draft = runner.propose_drafts if spec.speculative_method == "draft" else None
     return Speculator(spec, parts.scheduler.propose, _grammar_prefix, draft)
+
+
+def _releaser(runner: ModelRunner, speculator: Speculator | None) -> Callable[[int], None]:
+    """release(seq_id), for a sequence that is done: drops what the model runner and the
+    speculator keep for it. Not a method of the engine: the output processor holds it, and a
+    reference back to the engine would make a cycle that keeps a dropped engine's weights and KV
+    cache until the cyclic garbage collector happens to run."""
+
+    def release(seq_id: int) -> None:
+        runner.release(seq_id)
+        if speculator is not None:
+            speculator.release(seq_id)
+
+    return release
 
 
 def _grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:

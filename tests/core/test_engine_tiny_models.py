@@ -4,6 +4,8 @@ exactly transformers' greedy tokens for 64 new tokens, through the whole engine.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,18 @@ def test_gguf_file_matches_transformers(tmp_path: Path, qtype: str) -> None:
     ).eval()
     hf_tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     assert ours == transformers_tokens(hf_model, llm, hf_tokenizer)
+
+
+def test_a_dropped_engine_is_freed_at_once(tmp_path: Path) -> None:
+    """Nothing the engine holds points back to it: dropping the last reference frees its weights
+    and KV cache then, not whenever the cyclic garbage collector next runs (a process that makes
+    engine after engine, as this suite does, would otherwise hold several at once)."""
+    write_gguf_llama(tmp_path / "tiny.gguf", seed=5)
+    llm, _ = engine_tokens(str(tmp_path / "tiny.gguf"))
+    engine, kv_cache = weakref.ref(llm.engine), weakref.ref(llm.engine.model_runner.kv_caches[0])
+    gc.disable()
+    try:
+        del llm
+        assert engine() is None and kv_cache() is None
+    finally:
+        gc.enable()
