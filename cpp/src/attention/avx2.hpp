@@ -46,7 +46,30 @@ inline void scores_transposed_avx2(const float* q, const float* k_t, std::int64_
 // stride s_stride; rows of acc, stride kD), in slices of kCols columns: kR x kCols / 8
 // accumulators in registers, each value register loaded once per key and slice (one vector:
 // 64 columns, 8 chains; two or three: 32 columns, 8 or 12 chains).
-template <int kD, int kR>
+//
+// V is float (sc.v_pages: fp32 cache pages, or bf16 ones widened once into scratch) or Bf16
+// (sc.v_raw: the bf16 cache pages themselves, each value register widened as it is loaded: a
+// decode item's few vectors read each value once, so widening into scratch first only added a
+// store and a load per register). Widening is exact: the same bits either way.
+inline float widen(float x) { return x; }
+inline float widen(Bf16 x) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+template <typename V>
+inline __m256 load_values8(const V* row) {
+    if constexpr (std::is_same_v<V, float>) {
+        return _mm256_loadu_ps(row);
+    } else {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    }
+}
+
+template <int kD, int kR, typename V = float>
 inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::int64_t n,
                                    const Scratch& sc, std::int64_t page_size, float* acc) {
     constexpr int kCols = kR == 1 && kD % 64 == 0 ? 64 : 32, kRegs = kCols / 8;
@@ -57,12 +80,25 @@ inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::i
             for (int x = 0; x < kRegs; ++x) a[r][x] = _mm256_loadu_ps(acc + r * kD + d0 + 8 * x);
         for (std::int64_t key0 = 0, p = 0; key0 < n; key0 += page_size, ++p) {
             const std::int64_t page_keys = std::min(page_size, n - key0);
+            const V* page;
+            if constexpr (std::is_same_v<V, float>) {
+                page = sc.v_pages[p];
+            } else {
+                page = static_cast<const V*>(sc.v_raw[p]);
+            }
             for (std::int64_t j = 0; j < page_keys; ++j) {
-                const float* vr = sc.v_pages[p] + j * kD + d0;
+                const V* vr = page + j * kD + d0;
+                // Each value register loaded once and kept (the empty asm): folded into each
+                // row's FMA as a memory operand (GCC's choice), the loads doubled and 1,024-token
+                // prefills ran 20 % slower.
+                __m256 v[kRegs];
+                for (int x = 0; x < kRegs; ++x) {
+                    v[x] = load_values8(vr + 8 * x);
+                    asm("" : "+x"(v[x]));
+                }
                 for (int r = 0; r < kR; ++r) {
                     const __m256 pj = _mm256_broadcast_ss(s + r * s_stride + key0 + j);
-                    for (int x = 0; x < kRegs; ++x)
-                        a[r][x] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * x), a[r][x]);
+                    for (int x = 0; x < kRegs; ++x) a[r][x] = _mm256_fmadd_ps(pj, v[x], a[r][x]);
                 }
             }
         }
@@ -71,18 +107,20 @@ inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::i
     }
 }
 
-// load_block's transpose: keys [0, np) of one page (rows of k, d_len apart) into columns
-// [col, col + np) of k_t ([d_len][width]), 8 x 8 at a time by unpacks and lane permutes (the
-// scalar loop stored one float per instruction); the last np % 8 keys, or a head size that is
-// not a multiple of 8, one by one. A copy: the same bits.
-inline void transpose_keys_avx2(const float* k, std::int64_t np, std::int64_t d_len, float* k_t,
+// load_block's transpose: keys [0, np) of one page (rows of k, d_len apart: fp32, or the bf16
+// cache page itself, widened in registers) into columns [col, col + np) of k_t ([d_len][width]),
+// 8 x 8 at a time by unpacks and lane permutes (the scalar loop stored one float per
+// instruction); the last np % 8 keys, or a head size that is not a multiple of 8, one by one. A
+// copy: the same bits.
+template <typename K>
+inline void transpose_keys_avx2(const K* k, std::int64_t np, std::int64_t d_len, float* k_t,
                                 std::int64_t width, std::int64_t col) {
     std::int64_t j = 0;
     if (d_len % 8 == 0) {
         for (; j + 8 <= np; j += 8) {
             for (std::int64_t d = 0; d < d_len; d += 8) {
                 __m256 r[8], t[8];
-                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(k + (j + i) * d_len + d);
+                for (int i = 0; i < 8; ++i) r[i] = load_values8(k + (j + i) * d_len + d);
                 for (int i = 0; i < 8; i += 2) {
                     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -105,7 +143,7 @@ inline void transpose_keys_avx2(const float* k, std::int64_t np, std::int64_t d_
         }
     }
     for (; j < np; ++j)
-        for (std::int64_t d = 0; d < d_len; ++d) k_t[d * width + col + j] = k[j * d_len + d];
+        for (std::int64_t d = 0; d < d_len; ++d) k_t[d * width + col + j] = widen(k[j * d_len + d]);
 }
 
 // exp_nonpositive on 8 lanes, step for step (the round-to-nearest of its 1.5 * 2^23 trick is

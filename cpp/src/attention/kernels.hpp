@@ -130,12 +130,14 @@ struct Scratch {
     std::vector<const float*> k_pages, v_pages;
     std::vector<const void*> k_rows, v_rows;  // raw cache rows of the block's keys (AVX-512 path)
     std::vector<std::uint16_t> q_bf16;        // raw bf16 query rows (dpbf16 path)
+    std::vector<const void*> v_raw;           // raw bf16 value pages, when not widened (AVX2)
     Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
           acc(m * d), row_max(m), row_sum(m), k(block_keys * d), k_t(d * width), v(block_keys * d),
           s(std::max(kGroupRows, kDotMaxRows) * width), zero(d), k_pages(pages_per_block),
-          v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d) {}
+          v_pages(pages_per_block), k_rows(block_keys), v_rows(block_keys), q_bf16(m * d),
+          v_raw(pages_per_block) {}
 };
 
 // The calling thread's Scratch for these sizes, kept between calls (OpenMP reuses its threads):
@@ -203,17 +205,34 @@ std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t
 }
 
 // Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t.
+// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
+// transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
+// (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen.
 // Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
-                        std::int64_t num_keys, std::int64_t d_len, Scratch& sc) {
+                        std::int64_t num_keys, std::int64_t d_len, bool raw_values, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const T* cache = static_cast<const T*>(c.data);
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
         const std::int64_t off = page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+#if PAGEDSERVE_ISA_AVX2
+        if constexpr (std::is_same_v<T, Bf16>) {
+            transpose_keys_avx2(cache + off, np, d_len, sc.k_t.data(), sc.width, n);
+            if (raw_values) {
+                sc.v_raw[p] = cache + c.kv_stride() + off;
+            } else {
+                load_row(cache + c.kv_stride() + off, sc.v.data() + n * d_len, np * d_len);
+                sc.v_pages[p] = sc.v.data() + n * d_len;
+            }
+            n += np;
+            continue;
+        }
+#else
+        (void)raw_values;
+#endif
         if constexpr (std::is_same_v<T, float>) {
             sc.k_pages[p] = cache + off;
             sc.v_pages[p] = cache + c.kv_stride() + off;
@@ -319,10 +338,11 @@ void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int6
     }
 }
 
-// Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item.
+// Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item
+// (raw_values: its bf16 values are still in the cache, sc.v_raw; the AVX2 copy only).
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
-                 std::int64_t n, std::int64_t first_pos) {
+                 std::int64_t n, std::int64_t first_pos, bool raw_values) {
     const std::int64_t d_len = kD ? kD : a.cache.head_size, ps = a.cache.page_size;
     std::int64_t lo[kR], hi[kR];
     const std::int64_t n_max = horizons(a, m, kR, key0, n, first_pos, lo, hi);
@@ -334,11 +354,18 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
         scores_transposed_avx2<kD, kR>(q, sc.k_t.data(), n_max, sc.width, s);
         softmax_rows<kD>(a, sc, m, kR, lo, hi, n_max, d_len);
         constexpr int kPv = kR == 3 ? 3 : std::min(kR, 2);  // 8 or 12 value accumulators
-        for (int r = 0; r < kR; r += kPv)
-            accumulate_values_avx2<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps,
-                                            sc.acc.data() + (m + r) * d_len);
+        for (int r = 0; r < kR; r += kPv) {
+            float* acc = sc.acc.data() + (m + r) * d_len;
+            if (raw_values) {
+                accumulate_values_avx2<kD, kPv, Bf16>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
+            } else {
+                accumulate_values_avx2<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
+            }
+        }
         return;
     }
+#else
+    (void)raw_values;
 #endif
 #if PAGEDSERVE_ISA_NEON
     if constexpr (kD != 0) {
@@ -382,19 +409,23 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
+    // A decode item's few vectors read each bf16 value once: the AVX2 value step widens them
+    // from the cache itself (its steps exist for head sizes known at compile time).
+    const bool raw_values =
+        PAGEDSERVE_ISA_AVX2 && std::is_same_v<T, Bf16> && kD != 0 && m_len < kWidenMinRows;
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
-        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, sc);
+        const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, raw_values, sc);
         std::int64_t m = 0;
         for (; m + kGroupRows <= m_len; m += kGroupRows)
-            attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos);
+            attend_rows<kD, kGroupRows>(a, sc, m, key0, n, first_pos, raw_values);
         // The last 1 to 3 vectors together (a decode step's GQA group of 3 is one pass: three
         // vectors' chains in flight, not one): a vector's arithmetic is the same either way.
         static_assert(kGroupRows == 4, "the tail below takes 1 to 3 vectors");
         switch (m_len - m) {
-            case 3: attend_rows<kD, 3>(a, sc, m, key0, n, first_pos); break;
-            case 2: attend_rows<kD, 2>(a, sc, m, key0, n, first_pos); break;
-            case 1: attend_rows<kD, 1>(a, sc, m, key0, n, first_pos); break;
+            case 3: attend_rows<kD, 3>(a, sc, m, key0, n, first_pos, raw_values); break;
+            case 2: attend_rows<kD, 2>(a, sc, m, key0, n, first_pos, raw_values); break;
+            case 1: attend_rows<kD, 1>(a, sc, m, key0, n, first_pos, raw_values); break;
             default: break;
         }
     }
