@@ -1,6 +1,7 @@
 // For the dense linear kernels' tests: runs a body once per path this CPU has (the AVX2 path at
-// level avx2, the AVX512-BF16 one at avx512_bf16), each level set for the body's duration, saying
-// which ran; a CPU (or build) with neither runs nothing and says so.
+// level avx2, bf16 widened in 16 lanes at avx512, the AVX512-BF16 one at avx512_bf16), each
+// level set for the body's duration, saying which ran; a CPU (or build) with none runs nothing
+// and says so.
 #pragma once
 
 #include <cstdio>
@@ -11,8 +12,13 @@
 
 namespace linear_levels {
 
-inline constexpr pagedserve::CpuIsa kLevels[] = {pagedserve::CpuIsa::kAvx2,
-                                                 pagedserve::CpuIsa::kAvx512Bf16};
+inline constexpr pagedserve::CpuIsa kLevels[] = {
+    pagedserve::CpuIsa::kAvx2, pagedserve::CpuIsa::kAvx512, pagedserve::CpuIsa::kAvx512Bf16};
+
+// True where the CPU runs `level`.
+inline bool has_level(pagedserve::CpuIsa level) {
+    return pagedserve::cpu_isa_covers(pagedserve::cpu_isa_supported(), level);
+}
 
 // body(path name); returns how many levels ran.
 template <typename Body>

@@ -1,5 +1,5 @@
-// The bf16 linear kernel against a double-precision loop, on each path the CPU has (AVX2 and
-// AVX512-BF16: linear_levels.hpp): shapes around every tile edge (rows 1-19 around the 8-row
+// The bf16 linear kernel against a double-precision loop, on each path the CPU has (AVX2,
+// AVX-512 without AVX512-BF16, AVX512-BF16: linear_levels.hpp; the first two also bit for bit): shapes around every tile edge (rows 1-19 around the 8-row
 // and 5-row micro-tiles, columns around 32, odd k), bias, a residual that is the output itself,
 // fp32 and bf16 output, several threads; a row's bits in calls of any size; and the argument
 // checks. The AMX path likewise (rows around its 16- and 32-row blocks, k around its 32-feature
@@ -7,12 +7,14 @@
 // the hardware's where the CPU has AMX (else it says it skips them). Below level avx2 the entry
 // throws. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -218,6 +220,54 @@ TEST(linear_rows_are_bit_identical_in_calls_of_any_size) {
     });
 }
 
+// The bf16 path at avx512 (pairs widened by shifts, 16 lanes) gives the AVX2 path's bits: fp32
+// out, bf16 out with bias and an in-place residual, gated (gates up to ~+-200: exp's underflow
+// and overflow), rows around both paths' micro-tiles (8 and 5), odd k, several threads.
+TEST(linear_bf16_avx512_equals_avx2_bit_for_bit) {
+    if (!linear_levels::has_level(CpuIsa::kAvx512)) {
+        std::fprintf(stderr, "  (no AVX-512 on this CPU: only the AVX2 path, nothing to compare)\n");
+        return;
+    }
+    const CpuIsa best = cpu_isa_supported();
+    for (auto [m, n, k] : {std::array<std::int64_t, 3>{1, 70, 64}, {7, 33, 9}, {19, 200, 131},
+                           {300, 100, 577}, {13, 1, 1}}) {
+        std::mt19937 rng(m + n + k);
+        const auto x = random_bf16(m * k, rng), w = random_bf16(n * k, rng);
+        const auto bias = random_bf16(n, rng), start = random_bf16(m * n, rng);
+        const std::int64_t width = 24;
+        auto wg = random_bf16(2 * width * k, rng);
+        for (auto& v : wg) v = to_bf16(30.0f * from_bf16(v));  // |gate| up to ~200
+        std::vector<std::uint16_t> packed(packed_linear_elements(n, k));
+        std::vector<std::uint16_t> packed_gated(packed_linear_elements(gated_rows(width), k));
+        pack_linear_weight_bf16(w.data(), n, k, packed.data(), 1);
+        pack_gated_weight_bf16(wg.data(), width, k, packed_gated.data(), 1);
+        const auto run = [&](CpuIsa level) {
+            set_cpu_isa(level);
+            std::vector<float> f32(m * n);
+            std::vector<std::uint16_t> fused = start, gated(m * width);
+            LinearArgs a;
+            a.x = x.data(), a.x_stride = k, a.packed = packed.data(), a.m = m, a.n = n, a.k = k;
+            a.out = f32.data(), a.out_stride = n, a.out_float32 = true;
+            linear_bf16(a, 2);
+            a.out = fused.data(), a.out_float32 = false, a.bias = bias.data();
+            a.residual = fused.data(), a.residual_stride = n;
+            linear_bf16(a, 3);
+            LinearArgs g;
+            g.x = x.data(), g.x_stride = k, g.packed = packed_gated.data(), g.m = m;
+            g.n = gated_rows(width), g.k = k, g.gated_width = width, g.out = gated.data();
+            g.out_stride = width;
+            linear_bf16(g, 2);
+            const std::string path = linear_path();
+            set_cpu_isa(best);
+            return std::make_tuple(path, f32, fused, gated);
+        };
+        const auto avx2 = run(CpuIsa::kAvx2), avx512 = run(CpuIsa::kAvx512);
+        CHECK(std::get<0>(avx2) == "avx2" && std::get<0>(avx512) == "avx512");
+        CHECK(std::get<1>(avx2) == std::get<1>(avx512) && std::get<2>(avx2) == std::get<2>(avx512) &&
+              std::get<3>(avx2) == std::get<3>(avx512));
+    }
+}
+
 TEST(linear_refuses_bad_arguments) {
     on_each_path([&](const char*) {
         std::vector<std::uint16_t> x(64), packed(packed_linear_elements(4, 8)), out(64);
@@ -260,11 +310,13 @@ TEST(linear_below_avx2_throws_runtime_error) {
     CHECK_THROWS(std::runtime_error, linear_bf16(a, 1));
     CHECK(!linear_amx_supported());
     set_cpu_isa(best);
-    // Each level's path by name (the AVX2 one also at avx512, which has no AVX512-BF16).
+    // Each level's path by name (the AVX2 one also at avx2_vnni).
     for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
         if (!cpu_isa_covers(best, level) || !linear_bf16_supported()) continue;
         set_cpu_isa(level);
-        const char* want = cpu_isa_at_least(CpuIsa::kAvx512Bf16) ? "avx512_bf16" : "avx2";
+        const char* want = cpu_isa_at_least(CpuIsa::kAvx512Bf16) ? "avx512_bf16"
+                           : cpu_isa_at_least(CpuIsa::kAvx512)   ? "avx512"
+                                                                 : "avx2";
         CHECK(std::strcmp(linear_path(), want) == 0);
         CHECK(cpu_isa_at_least(CpuIsa::kAvx512Bf16) || !linear_amx_supported());
     }

@@ -2,8 +2,8 @@
 // (+ residual), or SwiGLU's silu(x W_gate^T) * (x W_up^T), accumulated in fp32 and rounded
 // once. The weight is packed once, at load time, into the operand order of AVX512-BF16's
 // dot-product instruction, so the inner loop is one 64-byte load per 16 output columns and 2
-// input features (on AVX2, one 32-byte load per 8 columns and 2 features, split into the two
-// features' fp32 values by a shift and a mask); no libtorch, no oneDNN.
+// input features (without AVX512-BF16, the same load, or a 32-byte one per 8 columns on AVX2,
+// split into the two features' fp32 values by a shift and a mask); no libtorch, no oneDNN.
 //
 // Why our own: at the shapes of a small model's decode step (tens of rows, hidden 576) torch's
 // bf16 matmul neither splits across threads well nor streams weights at memory speed for one row.
@@ -66,10 +66,12 @@ struct LinearArgs {
 // checked at run time; each path is compiled for its ISA with function target attributes
 // whatever the build's -march). Below it (portable, and every aarch64 level) the model's layers
 // run torch. The paths (linear/kernels.hpp): AVX512-BF16 dot products (and AMX tiles) from level
-// avx512_bf16; below it down to avx2, bf16 widened to fp32 by shifts and fp32 FMAs in 8 lanes.
+// avx512_bf16; at avx512, bf16 widened to fp32 by shifts and fp32 FMAs in 16 lanes; at avx2 and
+// avx2_vnni, the same in 8 lanes (the same bits as avx512's).
 bool linear_bf16_supported();
 
-// The path linear_bf16 / linear_f32 take at the active level: "avx512_bf16", "avx2", or "none".
+// The path linear_bf16 / linear_f32 take at the active level: "avx512_bf16", "avx512", "avx2",
+// or "none".
 const char* linear_path();
 
 // Throws std::runtime_error if !linear_bf16_supported().
@@ -121,7 +123,7 @@ struct LinearF32Args {
     std::int64_t gated_width = 0;  // as in LinearArgs
 };
 
-// Runs where linear_bf16_supported(), on AVX-512 from level avx512_bf16 and on AVX2 below it,
+// Runs where linear_bf16_supported(), on AVX-512 from level avx512 and on AVX2 below it,
 // the same bits on both (the same FMA chains and epilogue); throws std::runtime_error elsewhere.
 void linear_f32(const LinearF32Args& args, int num_threads);
 

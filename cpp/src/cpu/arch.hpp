@@ -21,3 +21,8 @@
 // one kernels.hpp, included by a file per ISA level, can put itself under that level's target.
 #define PAGEDSERVE_PRAGMA(x) _Pragma(#x)
 #define PAGEDSERVE_TARGET_PRAGMA(isa) PAGEDSERVE_PRAGMA(GCC target(isa))
+
+// ISA level avx512's features (AVX-512 F/BW/VL/DQ and the AVX2 + FMA below them) as a target
+// attribute: what a kernel that runs from that level (no AVX512-BF16) compiles for.
+#define PAGEDSERVE_AVX512_TARGET \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))

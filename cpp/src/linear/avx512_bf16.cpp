@@ -130,7 +130,7 @@ std::int64_t linear_items_taken_over() {
 #if PAGEDSERVE_X86  // the kernel exists only there
 // At ISA level avx512_bf16 and up, after dispatch.cpp's checks: AVX512-BF16 micro-tiles, or AMX
 // tiles for calls of at least amx_from_rows rows where the CPU grants them.
-void linear_detail::linear_bf16_avx512(const LinearArgs& args, int threads) {
+void linear_detail::linear_bf16_avx512_bf16(const LinearArgs& args, int threads) {
     if (args.amx_from_rows == 0 || args.m < args.amx_from_rows || !linear_amx_supported())
         return run_linear<Bf16Kernel>(args, threads);
     if (amx_emulated.load(std::memory_order_relaxed))

@@ -1,7 +1,10 @@
 // CPU fp32 linear layers with AVX-512 (see linear.hpp), on the shared driver of
 // linear/driver.hpp: per input feature, 2 weight loads feed 16 FMAs of an 8 x 32 micro-tile,
 // each output one FMA chain over k in order (batch invariance, issue 16); every row is fp32.
+// Runs from ISA level avx512: compiled for that level's features only (no AVX512-BF16).
 #include "cpu/arch.hpp"
+// Before the driver: its micro-tiles compile for this kernel's target (driver.hpp).
+#define PAGEDSERVE_LINEAR_TARGET PAGEDSERVE_AVX512_TARGET
 #include "linear/driver.hpp"
 #include "linear/kernels.hpp"
 #include "pagedserve/linear.hpp"
@@ -72,7 +75,7 @@ void pack_gated_weight_f32(const float* weight, std::int64_t width, std::int64_t
 }
 
 #if PAGEDSERVE_X86  // the kernel exists only there
-// At ISA level avx512_bf16 and up (the driver's target), after dispatch.cpp's checks.
+// At ISA level avx512 and up, after dispatch.cpp's checks.
 void linear_detail::linear_f32_avx512(const LinearF32Args& args, int threads) {
     run_linear<F32Kernel>(args, threads);
 }

@@ -18,7 +18,8 @@ bool linear_bf16_supported() { return PAGEDSERVE_X86 && cpu_isa_at_least(CpuIsa:
 
 const char* linear_path() {
     if (!linear_bf16_supported()) return "none";
-    return cpu_isa_at_least(CpuIsa::kAvx512Bf16) ? "avx512_bf16" : "avx2";
+    if (cpu_isa_at_least(CpuIsa::kAvx512Bf16)) return "avx512_bf16";
+    return cpu_isa_at_least(CpuIsa::kAvx512) ? "avx512" : "avx2";
 }
 
 namespace {
@@ -39,10 +40,12 @@ void linear_bf16(const LinearArgs& args, int num_threads) {
     linear_detail::check_linear(args.amx_from_rows >= 0, "linear_bf16: amx_from_rows must be >= 0");
 #if PAGEDSERVE_X86  // require_kernel() threw elsewhere
     const int threads = std::max(1, num_threads);
-    if (cpu_isa_at_least(CpuIsa::kAvx512Bf16)) return linear_detail::linear_bf16_avx512(args, threads);
+    if (cpu_isa_at_least(CpuIsa::kAvx512Bf16))
+        return linear_detail::linear_bf16_avx512_bf16(args, threads);
     // No tiles below avx512_bf16 (linear_amx_supported() is false), so amx_from_rows has no
     // effect; tile_order neither: the AVX2 path's own order (even feature first, each add
-    // rounded once) is the SDM tiles' but for their denormal flushing.
+    // rounded once), which avx512's keeps, is the SDM tiles' but for their denormal flushing.
+    if (cpu_isa_at_least(CpuIsa::kAvx512)) return linear_detail::linear_bf16_avx512(args, threads);
     linear_detail::linear_bf16_avx2(args, threads);
 #else
     (void)num_threads;
@@ -54,9 +57,8 @@ void linear_f32(const LinearF32Args& args, int num_threads) {
     if (!linear_detail::check_linear_args(args, "linear_f32")) return;
 #if PAGEDSERVE_X86
     const int threads = std::max(1, num_threads);
-    // The AVX-512 fp32 kernel shares the bf16 one's compile target (driver.hpp), so it runs from
-    // avx512_bf16 on; at avx512 the AVX2 kernel, which gives its bits.
-    if (cpu_isa_at_least(CpuIsa::kAvx512Bf16)) return linear_detail::linear_f32_avx512(args, threads);
+    // The AVX-512 fp32 kernel needs no AVX512-BF16; the AVX2 one below it gives its bits.
+    if (cpu_isa_at_least(CpuIsa::kAvx512)) return linear_detail::linear_f32_avx512(args, threads);
     linear_detail::linear_f32_avx2(args, threads);
 #else
     (void)num_threads;

@@ -34,9 +34,15 @@
 
 #include "pagedserve/linear.hpp"
 
-// Both kernels compile for the same features (the fp32 one needs only AVX-512F, but sharing the
-// driver's target lets everything inline); linear_bf16_supported() gates both at run time.
+// The features the driver's micro-tiles compile for, those of the kernel that includes it (the
+// kernel's product inlines into them): AVX512-BF16 by default (avx512_bf16.cpp, amx.hpp, the
+// quantized VNNI kernel); a kernel that runs from ISA level avx512 (avx512.cpp, avx512_f32.cpp)
+// defines it as PAGEDSERVE_AVX512_TARGET (cpu/arch.hpp) before the include, so that no instruction
+// beyond that level's can reach them. The driver's functions that carry it are templates on the
+// kernel type or `static` (each translation unit its own copy, for its own target).
+#ifndef PAGEDSERVE_LINEAR_TARGET
 #define PAGEDSERVE_LINEAR_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
 
 namespace pagedserve::linear_detail {
 
@@ -53,7 +59,7 @@ inline std::int64_t num_tiles(std::int64_t n) { return (n + kLinearTileN - 1) / 
 // x86: elsewhere linear_bf16 / linear_f32 throw (linear_bf16_supported() is false), quant_linear
 // runs its portable loops, and only the ISA-free packing and argument checks below are built.
 #if PAGEDSERVE_X86
-PAGEDSERVE_LINEAR_TARGET inline __mmask16 lanes(std::int64_t count) {
+PAGEDSERVE_LINEAR_TARGET static inline __mmask16 lanes(std::int64_t count) {
     if (count >= 16) return 0xffff;
     return count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
@@ -61,7 +67,7 @@ PAGEDSERVE_LINEAR_TARGET inline __mmask16 lanes(std::int64_t count) {
 // e^y for every float y: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on
 // |f| <= ln(2) / 2 (~1e-7 relative), and scalef for the power of two (so huge |y| gives 0 or
 // inf, not garbage). NaN stays NaN.
-PAGEDSERVE_LINEAR_TARGET inline __m512 exp_ps(__m512 y) {
+PAGEDSERVE_LINEAR_TARGET static inline __m512 exp_ps(__m512 y) {
     const __m512 i = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_fnmadd_ps(i, _mm512_set1_ps(0.693359375f), y);  // y - i ln2 (hi, exact)
@@ -75,9 +81,26 @@ PAGEDSERVE_LINEAR_TARGET inline __m512 exp_ps(__m512 y) {
 }
 
 // silu(gate) * up = gate * up / (1 + e^-gate).
-PAGEDSERVE_LINEAR_TARGET inline __m512 silu_mul(__m512 gate, __m512 up) {
+PAGEDSERVE_LINEAR_TARGET static inline __m512 silu_mul(__m512 gate, __m512 up) {
     const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gate));
     return _mm512_div_ps(_mm512_mul_ps(gate, up), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// vcvtneps2bf16 by integer operations, as the SDM's pseudo-code has it (the same bits, for CPUs
+// with AVX-512 but no AVX512-BF16): round to nearest even, zero and denormals to a signed zero,
+// NaN quieted.
+PAGEDSERVE_LINEAR_TARGET static inline __m256i bf16_bits(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i top = _mm512_srli_epi32(u, 16);
+    const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    __m512i bits = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    bits = _mm512_mask_or_epi32(bits, nan, top, _mm512_set1_epi32(0x40));
+    bits = _mm512_mask_and_epi32(bits, tiny, top, _mm512_set1_epi32(0x8000));
+    return _mm512_cvtepi32_epi16(bits);
 }
 
 // Cache lines of the weights to bring into L2 while a micro-tile computes (see run_item).

@@ -44,23 +44,6 @@ struct QuantArgs {
     std::int64_t act_row_bytes = 0;
 };
 
-// vcvtneps2bf16 by integer operations, as the SDM's pseudo-code has it (the same bits, for CPUs
-// with AVX-512 but no AVX512-BF16): round to nearest even, zero and denormals to a signed zero,
-// NaN quieted.
-PAGEDSERVE_LINEAR_TARGET inline __m256i bf16_bits(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i top = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
-    __m512i bits = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
-    const __mmask16 tiny = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
-    bits = _mm512_mask_or_epi32(bits, nan, top, _mm512_set1_epi32(0x40));
-    bits = _mm512_mask_and_epi32(bits, tiny, top, _mm512_set1_epi32(0x8000));
-    return _mm512_cvtepi32_epi16(bits);
-}
-
 // The u8 values of step s (4 features x 16 columns) of half tile h of a packed block: vpdpbusd's
 // unsigned operand.
 template <int kBits>

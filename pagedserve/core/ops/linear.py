@@ -1,8 +1,9 @@
 """The packed linear kernels of pagedserve._core (x86-64 CPUs from ISA level avx2) as ops: bf16
 weights, and their fp32 twin (a fixed order of summation over k whatever the rows:
 batch-invariant). From level avx512_bf16 the bf16 kernel runs on AVX512-BF16 dot products (and
-AMX tiles); below it, down to avx2, both run on AVX2 FMAs (bf16 widened in registers), the fp32
-one giving the AVX-512 path's bits (native_linear_path()).
+AMX tiles); at avx512 on AVX-512 FMAs, bf16 widened in registers; at avx2 and avx2_vnni on AVX2
+FMAs, giving avx512's bits (native_linear_path()). The fp32 kernel gives the same bits at
+every level, on AVX-512 from avx512.
 
     packed = pack_weight(weight)                    [n, k] -> the kernel's operand order
     packed_linear(out, x, packed, bias, residual)   out = x W^T (+ bias) (+ residual)
@@ -55,7 +56,7 @@ def native_linear_available() -> bool:
 
 
 def native_linear_path() -> str:
-    """The kernels' path at the active ISA level: "avx512_bf16", "avx2" or "none"."""
+    """The kernels' path at the active ISA level: "avx512_bf16", "avx512", "avx2" or "none"."""
     return str(_core.linear_path())
 
 

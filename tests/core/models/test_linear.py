@@ -216,9 +216,10 @@ def test_gate_up_refuses_bad_inputs_and_passes_opcheck(cpu_isa: str) -> None:
 
 
 def test_each_level_runs_its_path(cpu_isa: str) -> None:
-    """avx2, avx2_vnni and avx512 (no AVX512-BF16) run the AVX2 path, avx512_bf16 and amx the
-    AVX512-BF16 one; portable packs nothing and runs torch's expressions."""
-    want = {"portable": "none", "avx512_bf16": "avx512_bf16", "amx": "avx512_bf16"}
+    """avx2 and avx2_vnni run the AVX2 path, avx512 (no AVX512-BF16) its own, avx512_bf16 and amx
+    the AVX512-BF16 one; portable packs nothing and runs torch's expressions."""
+    want = {"portable": "none", "avx512": "avx512", "avx512_bf16": "avx512_bf16",
+            "amx": "avx512_bf16"}  # fmt: skip
     assert native_linear_path() == want.get(cpu_isa, "avx2")
     layer = make(40, 24, True, torch.float32, seed=10)
     w, b = layer.weight.clone(), layer.bias.clone()  # type: ignore[union-attr]
@@ -228,17 +229,28 @@ def test_each_level_runs_its_path(cpu_isa: str) -> None:
         assert layer.packed is None and torch.equal(layer(x), F.linear(x, w, b))
 
 
+def levels_with(*levels: str) -> list[str]:
+    """Those of `levels` this CPU runs; the test skips, saying so, unless avx2 and one more are."""
+    here = [level for level in levels if level in runnable_isas()]
+    if "avx2" not in here or len(here) < 2:
+        pytest.skip(f"this CPU runs {runnable_isas()}: not the AVX2 path and an AVX-512 one")
+    return here
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bits as integers (NaN payloads compared too)."""
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
 def test_float32_avx2_path_equals_avx512_bit_for_bit() -> None:
-    """The fp32 AVX2 path gives the AVX-512 one's bits (one FMA chain over k in order, the same
-    epilogue): plain, bias and residual, gated (gates past exp's range), rows around the
-    micro-tiles."""
-    if not {"avx2", "avx512_bf16"} <= set(runnable_isas()):
-        pytest.skip(f"this CPU runs {runnable_isas()}: not both the AVX2 and AVX-512 paths")
+    """The fp32 AVX2 path gives the AVX-512 one's bits, at avx512 and avx512_bf16 alike (one FMA
+    chain over k in order, the same epilogue): plain, bias and residual, gated (gates past exp's
+    range), rows around the micro-tiles."""
     gen = torch.Generator().manual_seed(11)
     w, b = torch.randn(100, 577, generator=gen), torch.randn(100, generator=gen)
     packed, gated = pack_weight(w), pack_gated_weight(torch.randn(80, 577, generator=gen), 40)
     results = []
-    for level in ("avx2", "avx512_bf16"):
+    for level in levels_with("avx2", "avx512", "avx512_bf16"):
         with forced_cpu_isa(level):
             outs = []
             for m in (1, 2, 6, 7, 300):
@@ -250,25 +262,56 @@ def test_float32_avx2_path_equals_avx512_bit_for_bit() -> None:
                 packed_gated_linear(mlp, x * 8, gated)  # |gate| up to ~300
                 outs += [plain, fused, mlp]
             results.append(outs)
+    for avx2, *avx512 in zip(*results, strict=True):
+        assert all(torch.equal(avx2, other) for other in avx512)
+
+
+def test_bf16_avx512_path_equals_avx2_bit_for_bit() -> None:
+    """The bf16 path at avx512 (no AVX512-BF16: bf16 widened by shifts, 16-lane FMA chains) gives
+    the AVX2 path's bits: bf16 and fp32 outputs, bias and residual, gated (gates past exp's
+    range), an odd k, rows around both paths' micro-tiles, and rows that overflow to inf / NaN."""
+    levels = levels_with("avx2", "avx512")
+    gen = torch.Generator().manual_seed(13)
+    w = torch.randn(100, 577, generator=gen).to(torch.bfloat16)
+    b, packed = torch.randn(100, generator=gen).to(torch.bfloat16), pack_weight(w)
+    gated = pack_gated_weight(torch.randn(80, 577, generator=gen).to(torch.bfloat16), 40)
+    results = []
+    for level in levels:
+        with forced_cpu_isa(level):
+            outs = []
+            for m in (1, 2, 5, 7, 9, 300):
+                g = torch.Generator().manual_seed(m)
+                x = torch.randn(m, 577, generator=g)
+                x[-1] *= 1e38 if m == 9 else 1  # inf in x, inf and NaN sums
+                x, h = x.to(torch.bfloat16), torch.randn(m, 100, generator=g).to(torch.bfloat16)
+                plain, logits = torch.empty(m, 100, dtype=torch.bfloat16), torch.empty(m, 100)
+                fused, mlp = torch.empty_like(plain), torch.empty(m, 40, dtype=torch.bfloat16)
+                packed_linear(plain, x, packed, None, None)
+                packed_linear(logits, x, packed, None, None)
+                packed_linear(fused, x, packed, b, h)
+                packed_gated_linear(mlp, x * 8, gated)
+                outs += [plain, logits, fused, mlp]
+            results.append(outs)
+    assert not results[1][4 * 4 + 1][-1].isfinite().any()  # m = 9's last row of logits
     for avx2, avx512 in zip(*results, strict=True):
-        assert torch.equal(avx2, avx512)
+        assert torch.equal(bits(avx2), bits(avx512))
 
 
 def test_bf16_paths_round_their_own_way_both_close() -> None:
     """Each level runs its own bf16 path: VDPBF16PS adds a pair's products odd feature first, the
-    AVX2 path even first, so some fp32 outputs differ in their last bits (were one level to run
+    AVX2 and avx512 paths even first, so some fp32 outputs differ in their last bits (were one level to run
     the other's path, none would), and both stay within fp32 reordering of a float64 sum."""
-    if not {"avx2", "avx512_bf16"} <= set(runnable_isas()):
-        pytest.skip(f"this CPU runs {runnable_isas()}: not both bf16 paths")
+    if "avx512_bf16" not in runnable_isas():
+        pytest.skip(f"this CPU runs {runnable_isas()}: not the AVX512-BF16 path")
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(16, 576, generator=gen).to(torch.bfloat16)
     w = torch.randn(256, 576, generator=gen).to(torch.bfloat16)
     packed, want = pack_weight(w), x.double() @ w.double().t()
-    outs = []
-    for level in ("avx2", "avx512_bf16"):
+    outs = {}
+    for level in ("avx2", "avx512", "avx512_bf16"):
         with forced_cpu_isa(level):
-            out = torch.empty(16, 256)
-            packed_linear(out, x, packed, None, None)
-            outs.append(out)
-            torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
-    assert not torch.equal(outs[0], outs[1])
+            outs[level] = torch.empty(16, 256)
+            packed_linear(outs[level], x, packed, None, None)
+            torch.testing.assert_close(outs[level].double(), want, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(outs["avx2"], outs["avx512_bf16"])
+    assert torch.equal(outs["avx2"], outs["avx512"])  # avx512 widens pairs as AVX2 does

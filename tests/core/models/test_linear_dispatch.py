@@ -1,8 +1,8 @@
 """The measured dispatch between the native packed linear kernel and torch's matmul on CPU
 (models/linear_dispatch.py): the decision on given timings, a real calibration, the forced and
 the mixed paths against transformers' fp32 greedy tokens, and --deterministic keeping native;
-the calibration and the forced paths at each native path's level (avx2, avx512_bf16; a level
-the CPU lacks skips, saying so)."""
+the calibration and the forced paths at each native path's level (avx2, avx512, avx512_bf16; a
+level the CPU lacks skips, saying so)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from pagedserve.core.ops.linear import native_linear_available
 needs_native = pytest.mark.skipif(
     not native_linear_available(), reason="no native linear kernel below ISA level avx2"
 )
-each_native_path = pytest.mark.parametrize("cpu_isa", ("avx2", "avx512_bf16"), indirect=True)
-PATHS = {"avx2": "avx2", "avx512_bf16": "avx512_bf16"}
+NATIVE_ISAS = ("avx2", "avx512", "avx512_bf16")
+each_native_path = pytest.mark.parametrize("cpu_isa", NATIVE_ISAS, indirect=True)
+PATHS = {level: level for level in NATIVE_ISAS}
 """The native kernel's path at each of those levels (ops/linear.py's native_linear_path())."""
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -110,7 +111,7 @@ def run(folder: Path, **kwargs: object) -> tuple[LLM, list[list[int]]]:
     return llm, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize("cpu_isa", ("portable", "avx2", "avx512_bf16"), indirect=True)
+@pytest.mark.parametrize("cpu_isa", ("portable", *NATIVE_ISAS), indirect=True)
 def test_real_calibration_on_tiny_model_is_logged(
     tiny_model: Path, caplog: pytest.LogCaptureFixture, cpu_isa: str
 ) -> None:
