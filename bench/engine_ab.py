@@ -26,7 +26,8 @@ if glob.glob(tree + "/pagedserve/_core*.so"):  # a tree with its own build; else
     sys.path[:0] = [tree]
 logging.disable(logging.WARNING)
 from pagedserve import LLM, SamplingParams
-llm = LLM(cpu_isa=isa, enable_prefix_caching=False)
+# A tree from before the ISA levels (no cpu_isa argument) runs at its one path: pass it only if forced.
+llm = LLM(**({} if isa == "auto" else {"cpu_isa": isa}), enable_prefix_caching=False)
 text = "The quick brown fox jumps over the lazy dog while the sun sets slowly. " * 200
 ids = llm.tokenizer.encode(text)
 one = SamplingParams(temperature=0, max_tokens=1)
