@@ -42,7 +42,9 @@ struct Bf16Kernel {
     using Args = LinearArgs;
     using Weight = std::uint16_t;
 
-    static std::int64_t tile_elements(std::int64_t k) { return (k + 1) / 2 * kPairRow; }
+    static std::int64_t tile_elements(std::int64_t k) {
+        return packed_linear_elements(kLinearTileN, k);  // one tile's
+    }
 
     // acc = rows [row0, row0 + R) of x times the tile's 32 columns.
     template <int R>
