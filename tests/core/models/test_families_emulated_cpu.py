@@ -1,0 +1,70 @@
+"""The families' transformers oracle on an emulated AVX2-only CPU (issue 24).
+
+On an AMD Zen 3 (AVX2 + FMA + F16C, no AVX-512) qwen3, gemma3_text and mistral with a window
+were once seen to give other greedy tokens than transformers in float32. Forcing a lower level on
+this machine (`forced_cpu_isa`, PAGEDSERVE_MAX_CPU_ISA) lowers only our kernels: torch, which
+computes transformers' side and our fp32 linears, still takes the real CPU's AVX-512 paths (ATen's
+capability, MKL, oneDNN read CPUID themselves). So the oracle runs here under qemu-user's model of
+that CPU (`qemu-x86_64 -cpu EPYC-Milan`), where CPUID says what a Zen 3 says and every library
+picks the path it picks there: our kernels at level avx2, torch at AVX2. qemu's floating point is
+IEEE to the bit (its FMA is a single rounding), so the tokens are the ones a Zen 3 gives.
+
+The logits per step (atol 1e-4) and the engine's greedy tokens (chunked prefill, a mixed batch, a
+prefix-cache hit, prompts past the window) of those three families and the soft-capped gemma2,
+plus the three families' extra weight draws, all from test_families.py (about two minutes: qemu
+runs torch and transformers some 20x slower, their import alone takes ~45 s).
+Skips, saying why, off x86-64 or without qemu-x86_64 (scripts/install.sh test installs qemu-user
+as root on Debian).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+QEMU = "qemu-x86_64"
+CPU_MODEL = "EPYC-Milan"  # AMD Zen 3: AVX2, FMA, F16C; no AVX-512, no AVX-VNNI
+FAMILIES = "tests/core/models/test_families.py"
+CASES = ["gemma3", "qwen3-window", "mistral-window", "gemma2"]  # about 5 s each under qemu
+TESTS = (
+    [f"{FAMILIES}::test_logits_match_transformers[{case}]" for case in CASES]
+    + [f"{FAMILIES}::test_engine_greedy_matches_transformers[{case}]" for case in CASES]
+    + [f"{FAMILIES}::test_engine_greedy_matches_transformers_other_weights"]
+)
+NUM_OTHER_WEIGHTS = 9  # 3 families x 3 seeds
+# Run inside the emulated CPU: say which paths this CPU model makes our kernels and torch take,
+# then the oracle tests.
+RUNNER = """
+import sys, pytest, torch
+from pagedserve.core.ops.cpu_features import cpu_isa_supported
+print(f"emulated: cpu isa {cpu_isa_supported()}, torch {torch.backends.cpu.get_cpu_capability()}")
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
+"""
+
+
+def _missing() -> str | None:
+    if platform.machine() != "x86_64":
+        return "emulates an x86-64 CPU model: needs an x86-64 host"
+    if shutil.which(QEMU) is None:
+        return f"needs {QEMU} (apt-get install qemu-user)"
+    return None
+
+
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_families_match_transformers_on_emulated_zen3() -> None:
+    cmd = [QEMU, "-cpu", CPU_MODEL, sys.executable, "-c", RUNNER, *TESTS]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    output = result.stdout + "\n".join(
+        line for line in result.stderr.splitlines() if "TCG doesn't support" not in line
+    )
+    assert result.returncode == 0, f"under {QEMU} -cpu {CPU_MODEL}:\n{output}"
+    # The paths a Zen 3 takes, or the run proved nothing about that CPU.
+    assert "emulated: cpu isa avx2, torch AVX2" in result.stdout, output
+    expected = 2 * len(CASES) + NUM_OTHER_WEIGHTS
+    assert f"{expected} passed" in result.stdout, output
