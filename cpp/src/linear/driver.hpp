@@ -35,11 +35,12 @@
 #include "pagedserve/linear.hpp"
 
 // The features the driver's micro-tiles compile for, those of the kernel that includes it (the
-// kernel's product inlines into them): AVX512-BF16 by default (avx512_bf16.cpp, amx.hpp, the
-// quantized VNNI kernel); a kernel that runs from ISA level avx512 (avx512.cpp, avx512_f32.cpp)
-// defines it as PAGEDSERVE_AVX512_TARGET (cpu/arch.hpp) before the include, so that no instruction
-// beyond that level's can reach them. The driver's functions that carry it are templates on the
-// kernel type or `static` (each translation unit its own copy, for its own target).
+// kernel's product inlines into them): AVX512-BF16 by default (avx512_bf16.cpp, amx.hpp,
+// linear_quant/avx512_bf16.cpp); a kernel that runs from ISA level avx512 (avx512.cpp,
+// avx512_f32.cpp, linear_quant/avx512_vnni.cpp) defines it as PAGEDSERVE_AVX512_TARGET
+// (cpu/arch.hpp) before the include, so that no instruction beyond that level's can reach
+// them. The driver's functions that carry it are templates on the kernel type or `static`
+// (each translation unit its own copy, for its own target).
 #ifndef PAGEDSERVE_LINEAR_TARGET
 #define PAGEDSERVE_LINEAR_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif

@@ -34,7 +34,8 @@ inline TileConfig int8_block_config(std::int64_t rows, std::int64_t group) {
     return c;
 }
 
-// The driver's Item for quantized kernel K (linear_quant/avx512_vnni.cpp's QuantKernel) on Tiles.
+// The driver's Item for quantized kernel K (avx512_vnni.hpp's QuantKernel, as avx512_bf16.cpp
+// compiles it) on Tiles.
 template <typename K, typename Tiles>
 struct AmxQuantItems {
     using Args = typename K::Args;

@@ -20,8 +20,9 @@ using linear_detail::amx_usable;
 using linear_detail::check_linear;
 using linear_detail::check_linear_args;
 
-// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI; from avx512_bf16 on, its
-// bf16 outputs round in hardware and the dequant-bf16 alternative runs.
+// The VNNI kernel runs at ISA level avx512 on CPUs with AVX512-VNNI (avx512_vnni.cpp); from
+// avx512_bf16 on, its copy compiled with AVX512-BF16 (avx512_bf16.cpp), where bf16 outputs round
+// in hardware and the dequant-bf16 alternative and AMX-INT8 tiles run.
 bool vnni_supported() {
     return cpu_isa_at_least(CpuIsa::kAvx512) && cpu_features().avx512_vnni;
 }
@@ -83,7 +84,9 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     if (!vnni_supported())
         return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, threads)
                           : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
-    quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, threads, hardware_bf16());
+    if (hardware_bf16())
+        return quant_detail::quant_linear_avx512_bf16(args, acts.data(), row_bytes, threads);
+    quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, threads);
 #endif
 }
 

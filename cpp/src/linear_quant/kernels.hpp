@@ -10,8 +10,12 @@
 //   avx2_vnni (AVX-VNNI)      avx2_vnni.cpp     VEX vpdpbusd on 256-bit registers (avx2.hpp's
 //                                               kernel, as avx2.cpp, compiled for AVX-VNNI)
 //   avx512 + AVX512-VNNI      avx512_vnni.cpp   vpdpbusd; bf16 outputs rounded by integer ops
-//   avx512_bf16               avx512_vnni.cpp   vpdpbusd; vcvtneps2bf16; the dequant-bf16 option
-//   amx                       amx.hpp           AMX-INT8 tiles (from amx_from_rows rows)
+//                                               (avx512_vnni.hpp's kernel, compiled without
+//                                               AVX512-BF16)
+//   avx512_bf16 (+ VNNI)      avx512_bf16.cpp   vpdpbusd; vcvtneps2bf16 (avx512_vnni.hpp's, for
+//                                               AVX512-BF16); the dequant-bf16 option
+//   amx                       amx.hpp           AMX-INT8 tiles (from amx_from_rows rows; run by
+//                                               avx512_bf16.cpp)
 //   neon (aarch64)            neon.cpp          SMULL / SMLAL in int16, SADALP to int32
 //   neon_dotprod (SDOT)       neon_dotprod.cpp  SDOT (neon.hpp's kernel, as neon.cpp, compiled
 //                                               for armv8.2-a+dotprod)
@@ -40,9 +44,11 @@ void quant_linear_neon_dotprod(const QuantLinearArgs& args, const std::uint8_t* 
                                std::int64_t act_row_bytes, int num_threads);
 void quant_linear_neon_i8mm(const QuantLinearArgs& args, const std::uint8_t* acts,
                             std::int64_t act_row_bytes, int num_threads);
-// hardware_bf16: the CPU has AVX512-BF16 (bf16 outputs by vcvtneps2bf16, AMX tiles allowed).
 void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* acts,
-                              std::int64_t act_row_bytes, int num_threads, bool hardware_bf16);
+                              std::int64_t act_row_bytes, int num_threads);
+// From level avx512_bf16: bf16 outputs by vcvtneps2bf16, AMX-INT8 tiles where amx_usable(true).
+void quant_linear_avx512_bf16(const QuantLinearArgs& args, const std::uint8_t* acts,
+                              std::int64_t act_row_bytes, int num_threads);
 // The measured alternative to int8 activations: weights widened to bf16 in registers, AVX512-BF16
 // dot products with bf16 x (sums: the per-row scratch, act_row_bytes apart).
 void quant_linear_dequant_bf16(const QuantLinearArgs& args, std::uint8_t* scratch,
