@@ -1,0 +1,199 @@
+"""One build for every x86-64 CPU (issue 24), run on CPUs this machine is not: qemu-user's x86-64
+models report their own CPUID and raise SIGILL on any instruction they lack (qemu's TCG has no
+AVX-512 at all), so code outside the run-time dispatch, a static initializer or a file compiled
+for the wrong level that executes AVX-512 (or, on a pre-AVX CPU, AVX) kills the process, where
+set_cpu_isa / PAGEDSERVE_MAX_CPU_ISA on the real CPU would not notice.
+
+- The C++ unit tests (cpp/tests), built natively in a fresh folder as the wheel builds the
+  library (Release, no -march=native), each run under qemu-x86_64 per CPU model: AMD Zen 3
+  (EPYC-Milan) and Intel Haswell (Haswell-v4), both AVX2 + FMA + F16C without AVX-512, must run
+  at level avx2; Nehalem (no AVX) at portable. Each must exit 0, and the level and the paths
+  run are read from the tests' own lines (test_cpu_features' "cpu isa level: X", the kernel
+  tests' path lines), so a vector level that fell back, or one that never ran, fails.
+- The installed pagedserve._core from Python, torch included (one interpreter under qemu per
+  model, ~15-30 s): the level, each kernel family's path, and one quantized linear, one dense linear
+  (where the level has it) and paged attention against their references, through the project's
+  torch ops and the kernel tests' own helpers.
+
+qemu 7.2's TCG has no AVX-VNNI (CPUID 7.1 EAX bit 4 stays clear even under `-cpu max` or
+`+avx-vnni`), so no model here runs avx2_vnni. Skips, saying why, off x86-64 or without cmake,
+a C++ compiler or qemu-x86_64 (scripts/install.sh test installs qemu-user as root on Debian).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from tests.native.test_cpp_aarch64 import _run  # cmake, failing the test with its output
+
+ROOT = Path(__file__).resolve().parents[2]
+QEMU = "qemu-x86_64"
+LEVELS = {"EPYC-Milan": "avx2", "Haswell-v4": "avx2", "Nehalem": "portable"}
+"""CPU model -> the ISA level the one build must run at there."""
+PYTHON_MODELS = ["EPYC-Milan", "Nehalem"]
+_AVX2 = [
+    "cpu isa level: avx2\n",  # test_cpu_features
+    "  avx2: avx2 path\n",  # test_linear_quant: the int8 kernel's AVX2 path
+    "  portable kernels\n",  # test_paged_attention at portable ...
+    "  avx2 kernels\n",  # ... and at avx2, compared with portable bit for bit
+    "  avx2: rows bit-identical in calls of 1 .. 300\n",  # test_linear: the dense AVX2 path
+]
+_PORTABLE = [
+    "cpu isa level: portable\n",
+    "  portable kernels\n",
+    "  (no vector level on this CPU: only the portable path)\n",  # test_linear_quant
+    "  (no dense linear path at this CPU's level: skipped)\n",  # test_linear, test_linear_f32
+]
+_NO_STACK = "the decoder stack tests skip)\n"  # test_decoder_stack below avx2
+PATH_LINES = {"EPYC-Milan": _AVX2, "Haswell-v4": _AVX2, "Nehalem": [*_PORTABLE, _NO_STACK]}
+_AVX2_ONLY = [line for line in _AVX2 if line not in _PORTABLE]
+ABSENT_LINES = {"EPYC-Milan": [_NO_STACK], "Haswell-v4": [_NO_STACK], "Nehalem": _AVX2_ONLY}
+"""Lines whose presence means a path the level should run was skipped, or one above it ran."""
+TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
+SLOWEST_FIRST = ("test_linear", "test_paged_attention")  # ~13-70 s, ~15-60 s under TCG
+TIMED_OUT = 124  # as timeout(1) says it
+TCG_WARNING = f"{QEMU}: warning: TCG doesn't support requested feature"
+
+
+def _missing() -> str | None:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"not an x86-64 machine ({platform.machine()})"
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "needs a C++ compiler"
+    for tool in ("cmake", QEMU):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (apt-get install cmake qemu-user)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    build = tmp_path_factory.mktemp("x86_64") / "build"
+    configure = [
+        "cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+        "-DPAGEDSERVE_BUILD_TESTS=ON", "-DPAGEDSERVE_BUILD_PYTHON=OFF",
+        "-DPAGEDSERVE_CUDA=OFF", "-DPAGEDSERVE_NATIVE_ARCH=OFF",
+    ]  # fmt: skip
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    _run(configure)
+    _run(["cmake", "--build", str(build), "-j2"])
+    return build
+
+
+@pytest.mark.parametrize("cpu", list(LEVELS))
+def test_cpp_unit_tests_pass_under_qemu_x86_64(build: Path, cpu: str) -> None:
+    assert TESTS, "no cpp/tests/test_*.cpp found"
+    names = sorted(TESTS, key=lambda name: name not in SLOWEST_FIRST)
+    for name in names:
+        assert (build / name).is_file(), f"{name} was not built"
+    # Mostly single-threaded under TCG: two at a time on the 2-core CI machine.
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {n: pool.submit(_under_qemu, cpu, [str(build / n)], build) for n in names}
+    runs = {name: future.result() for name, future in futures.items()}
+    timings = ", ".join(f"{name} {run.seconds:.1f} s" for name, run in runs.items())
+    print(f"-cpu {cpu}: {timings}")
+    failures = [f"{name} {run.status}:\n{run.output}" for name, run in runs.items() if run.rc]
+    assert not failures, f"under {QEMU} -cpu {cpu} ({timings}):\n" + "\n".join(failures)
+    output = "".join(run.output for run in runs.values())
+    missing = [line for line in PATH_LINES[cpu] if line not in output]
+    assert not missing, f"-cpu {cpu} should run at {LEVELS[cpu]}; lines not printed: {missing}"
+    stray = [line for line in ABSENT_LINES[cpu] if line in output]
+    assert not stray, f"-cpu {cpu} should run at {LEVELS[cpu]}; lines printed: {stray}"
+
+
+PROBE = """
+import json
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from attention_batches import make_batch
+from test_attention_ops import assert_close, run_native, run_reference
+from pagedserve.core.ops import native
+from pagedserve.core.ops.attention import cpu_attention_path
+from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported
+from pagedserve.core.ops.linear import native_linear_path
+from pagedserve.core.ops.linear_quant import quant_linear_path
+from tests.core.models.test_linear import make, reference
+from tests.core.ops.test_linear_quant import product, weight
+from tests.quant_blocks import int8_activations
+
+m, n, k = 5, 40, 96
+packed, w = weight(Q.Q4_1, n, k, seed=m)
+x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+got = product(Q.Q4_1, packed, x, n).double().numpy()
+xq = int8_activations(x.numpy())
+bound = 1e-5 * (np.abs(xq) @ np.abs(w.T)) + 1e-7
+assert np.all(np.abs(got - xq @ w.T.astype(np.float64)) <= bound), "quant_linear Q4_1"
+for dtype in (torch.float32, torch.bfloat16):  # decodes and a prefill chunk, GQA
+    batch = make_batch([1, 1, 7], [5, 40, 23], group=2, head_size=64, dtype=dtype)
+    assert_close(run_native(batch), run_reference(batch), dtype)
+if native_linear_path() != "none":
+    layer = make(64, 48, True, torch.bfloat16)
+    dense_w, dense_b = layer.weight.clone(), layer.bias.clone()
+    assert layer.pack(), "Linear.pack() refused at a level with a dense path"
+    x = torch.randn(7, 64).to(torch.bfloat16)
+    want = reference(x, dense_w, dense_b, None)
+    torch.testing.assert_close(layer(x, out_dtype=torch.float32), want, rtol=1e-4, atol=1e-4)
+print(json.dumps({"supported": cpu_isa_supported(), "active": cpu_isa(),
+                  "int8": quant_linear_path(), "dense": native_linear_path(),
+                  "attention": cpu_attention_path(), "core": native.core.__file__,
+                  "torch": torch.backends.cpu.get_cpu_capability()}))
+"""
+
+
+@pytest.mark.parametrize("cpu", PYTHON_MODELS)
+def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
+    level = LEVELS[cpu]
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_MAX_CPU_ISA"}
+    paths = [str(ROOT), str(ROOT / "tests" / "core" / "attention"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    python = os.path.realpath(sys.executable)  # an ELF for qemu, not a launcher script
+    run = _under_qemu(cpu, [python, "-c", PROBE], ROOT, env)
+    print(f"-cpu {cpu}: python {run.seconds:.1f} s")
+    assert run.rc == 0, f"python under {QEMU} -cpu {cpu} {run.status}:\n{run.output}"
+    got = json.loads(run.output.strip().splitlines()[-1])
+    dense = "none" if level == "portable" else level  # no dense kernel below avx2: torch's
+    want = {"supported": level, "active": level, "int8": level, "attention": level, "dense": dense}
+    assert {key: got[key] for key in want} == want, f"-cpu {cpu} should run at {level}: {got}"
+
+
+class Run(NamedTuple):
+    rc: int
+    output: str  # stdout + stderr, without qemu's notes on features its TCG lacks
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        if self.rc < 0:  # qemu re-raises the guest's fatal signal: SIGILL, an instruction it lacks
+            return f"was killed by {signal.Signals(-self.rc).name}"
+        return "timed out" if self.rc == TIMED_OUT else f"exited {self.rc}"
+
+
+def _under_qemu(cpu: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Run:
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            [QEMU, "-cpu", cpu, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = TIMED_OUT, f"timed out after {e.timeout} s\n{e.stdout!r}\n{e.stderr!r}"
+    kept = [line for line in out.splitlines(keepends=True) if not line.startswith(TCG_WARNING)]
+    return Run(rc, "".join(kept), time.monotonic() - start)
