@@ -134,6 +134,6 @@ TEST(decoder_stack_refuses_bad_arguments) {
 
 int main() {
     if (!linear_bf16_supported())  // the stack's products are the bf16 linear kernel's
-        std::fprintf(stderr, "  (no AVX512-BF16 on this CPU: the decoder stack tests skip)\n");
+        std::fprintf(stderr, "  (below level avx2, no bf16 linear: the decoder stack tests skip)\n");
     return check::run_all_tests();
 }
