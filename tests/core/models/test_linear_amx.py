@@ -4,7 +4,8 @@ linear_quant/amx.hpp, models/linear_dispatch.py): the bf16 choice on given timin
 on tiles (cpu_linear amx); the quantized kernel on AMX-INT8 tiles giving the VNNI path's bits,
 in the op and in the decoder stack, and its start-up choice. On a CPU without AMX the tiles are
 the kernels' software emulation of the SDM's pseudo-code (same blocking, tails and epilogue);
-where the CPU has AMX the op tests run on its tiles too."""
+where the CPU has AMX the op tests run on its tiles too. Below ISA level avx512_bf16 (an AVX2-only
+CPU) the tile tests skip and the dispatch's rules on given timings still run."""
 
 from __future__ import annotations
 
@@ -44,18 +45,24 @@ from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import gguf_rows, row_addresses
 from tests.tiny_models import write_gguf_model
 
-pytestmark = pytest.mark.skipif(
-    not isa_at_least("avx512_bf16"),
-    reason="the AMX paths, emulated ones too, run on the AVX512-BF16 kernel (ISA level avx512_bf16)",
-)
 HARDWARE = amx_available()  # before any test turns the emulation on
 QUANT_HARDWARE = quant_amx_available()
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
+def needs_bf16_kernel() -> None:
+    """The tests that run tiles skip below ISA level avx512_bf16 (the dispatch's rules on given
+    timings run everywhere)."""
+    if not isa_at_least("avx512_bf16"):
+        pytest.skip(
+            "the AMX paths, emulated ones too, run on the AVX512-BF16 kernel (ISA level avx512_bf16)"
+        )
+
+
 @pytest.fixture
 def emulated() -> Iterator[None]:
+    needs_bf16_kernel()
     core.linear_amx_emulation(True)
     tiles_agree_with_avx512.cache_clear()
     try:
@@ -68,6 +75,7 @@ def emulated() -> Iterator[None]:
 @pytest.fixture(params=["emulated", "hardware"])
 def tiles(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each kind of tile this machine has: the emulation everywhere, the CPU's own with AMX."""
+    needs_bf16_kernel()
     if request.param == "hardware":
         if not HARDWARE:
             pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant them)")
