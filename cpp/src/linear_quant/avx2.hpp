@@ -55,12 +55,6 @@ using avx2_math::bf16_bits8;
 using avx2_math::silu_mul8;
 using avx2_math::widen_bf16x8;
 
-PAGEDSERVE_AVX2_TARGET inline __m256 load8(const void* p, bool float32, std::int64_t i) {
-    if (float32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-    return widen_bf16x8(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i)));
-}
-
 // ---- the product ----
 
 // An empty asm that takes v in a register and may change it: the sums are added in program
@@ -223,6 +217,20 @@ struct Avx2Kernel {
     }
 };
 
+// ---- the epilogue ----
+
+// Under avx2_math's own fp-contract setting: GCC inlines no function whose optimize options
+// differ from its caller's, so otherwise bf16_bits8, silu_mul8 and widen_bf16x8 were calls
+// (their ymm arguments through memory). Nothing here multiplies and adds, so nothing changes bits.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+PAGEDSERVE_AVX2_TARGET inline __m256 load8(const void* p, bool float32, std::int64_t i) {
+    if (float32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+    return widen_bf16x8(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i)));
+}
+
 // out's row `row`, columns [col, col + count) (count <= 8) from 8 fp32 lanes.
 PAGEDSERVE_AVX2_TARGET inline void store8(const QuantLinearArgs& q, std::int64_t row,
                                           std::int64_t col, __m256 v, std::int64_t count) {
@@ -292,6 +300,7 @@ PAGEDSERVE_AVX2_TARGET void store_tile8(const Avx2Args& a, std::int64_t row0, st
         }
     }
 }
+#pragma GCC pop_options  // fp-contract
 
 template <typename K, int R>
 PAGEDSERVE_AVX2_TARGET void sweep_panel(const Avx2Args& a, std::int64_t row0, std::int64_t tile0,
