@@ -10,9 +10,9 @@ picks the path it picks there: our kernels at level avx2, torch at AVX2. qemu's 
 IEEE to the bit (its FMA is a single rounding), so the tokens are the ones a Zen 3 gives.
 
 The logits per step (atol 1e-4) and the engine's greedy tokens (chunked prefill, a mixed batch, a
-prefix-cache hit, prompts past the window) of those three families and the soft-capped gemma2,
-plus the three families' extra weight draws, all from test_families.py (about two minutes: qemu
-runs torch and transformers some 20x slower, their import alone takes ~45 s).
+prefix-cache hit, prompts past the window) of those three families, on test_families.py's weights
+and on one more draw each (about 90 s: qemu runs torch and transformers some 20x slower, their
+import alone takes ~45 s; 70 more draws of the three agreed when this was written, bench/RESULTS.md).
 Skips, saying why, off x86-64 or without qemu-x86_64 (scripts/install.sh test installs qemu-user
 as root on Debian).
 """
@@ -31,13 +31,15 @@ ROOT = Path(__file__).resolve().parents[3]
 QEMU = "qemu-x86_64"
 CPU_MODEL = "EPYC-Milan"  # AMD Zen 3: AVX2, FMA, F16C; no AVX-512, no AVX-VNNI
 FAMILIES = "tests/core/models/test_families.py"
-CASES = ["gemma3", "qwen3-window", "mistral-window", "gemma2"]  # about 5 s each under qemu
+CASES = ["gemma3", "qwen3-window", "mistral-window"]  # about 5 s each under qemu
 TESTS = (
     [f"{FAMILIES}::test_logits_match_transformers[{case}]" for case in CASES]
     + [f"{FAMILIES}::test_engine_greedy_matches_transformers[{case}]" for case in CASES]
-    + [f"{FAMILIES}::test_engine_greedy_matches_transformers_other_weights"]
+    + [
+        f"{FAMILIES}::test_engine_greedy_matches_transformers_other_weights[{case}-seed21]"
+        for case in CASES
+    ]
 )
-NUM_OTHER_WEIGHTS = 9  # 3 families x 3 seeds
 # Run inside the emulated CPU: say which paths this CPU model makes our kernels and torch take,
 # then the oracle tests.
 RUNNER = """
@@ -66,5 +68,5 @@ def test_families_match_transformers_on_emulated_zen3() -> None:
     assert result.returncode == 0, f"under {QEMU} -cpu {CPU_MODEL}:\n{output}"
     # The paths a Zen 3 takes, or the run proved nothing about that CPU.
     assert "emulated: cpu isa avx2, torch AVX2" in result.stdout, output
-    expected = 2 * len(CASES) + NUM_OTHER_WEIGHTS
+    expected = 3 * len(CASES)
     assert f"{expected} passed" in result.stdout, output
