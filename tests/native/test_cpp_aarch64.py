@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.native.cpp_build import ROOT, build_cpp_tests
+
 CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 # Debian's cross libraries (libc6-arm64-cross, libstdc++6-arm64-cross, libgomp1-arm64-cross).
@@ -55,19 +56,11 @@ pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    build = tmp_path_factory.mktemp("aarch64") / "build"
-    configure = [
-        "cmake", "-S", str(ROOT), "-B", str(build),
+    return build_cpp_tests(
+        tmp_path_factory.mktemp("aarch64") / "build",
         "-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
         f"-DCMAKE_CXX_COMPILER={CXX}", "-DCMAKE_BUILD_TYPE=Release",
-        "-DPAGEDSERVE_BUILD_TESTS=ON", "-DPAGEDSERVE_BUILD_PYTHON=OFF",
-        "-DPAGEDSERVE_CUDA=OFF", "-DPAGEDSERVE_NATIVE_ARCH=OFF",
-    ]  # fmt: skip
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
-    _run(configure)
-    _run(["cmake", "--build", str(build), "-j2"])
-    return build
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("cpu", CPU_MODELS)
@@ -86,12 +79,3 @@ def test_cpp_unit_tests_pass_under_qemu_aarch64(build: Path, cpu: str) -> None:
     assert f"cpu isa level: {LEVELS[cpu]}\n" in output, f"-cpu {cpu} did not run at {LEVELS[cpu]}"
     missing = [line for line in PATH_LINES[cpu] if line not in output]
     assert not missing, f"under -cpu {cpu} these NEON paths did not run: {missing}"
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        pytest.fail(
-            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-        )
-    return result

@@ -24,22 +24,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from tests.native.test_cpp_aarch64 import _run  # cmake, failing the test with its output
+from tests.native.cpp_build import ROOT, build_cpp_tests
+from tests.native.qemu_x86 import QEMU, qemu_missing, under_qemu
 
-ROOT = Path(__file__).resolve().parents[2]
-QEMU = "qemu-x86_64"
 LEVELS = {"EPYC-Milan": "avx2", "Haswell-v4": "avx2", "Nehalem": "portable"}
 """CPU model -> the ISA level the one build must run at there."""
 PYTHON_MODELS = ["EPYC-Milan", "Nehalem"]
@@ -63,19 +57,14 @@ ABSENT_LINES = {"EPYC-Milan": [_NO_STACK], "Haswell-v4": [_NO_STACK], "Nehalem":
 """Lines whose presence means a path the level should run was skipped, or one above it ran."""
 TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
 SLOWEST_FIRST = ("test_linear", "test_paged_attention")  # ~13-70 s, ~15-60 s under TCG
-TIMED_OUT = 124  # as timeout(1) says it
-TCG_WARNING = f"{QEMU}: warning: TCG doesn't support requested feature"
 
 
 def _missing() -> str | None:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"not an x86-64 machine ({platform.machine()})"
     if shutil.which("c++") is None and shutil.which("g++") is None:
         return "needs a C++ compiler"
-    for tool in ("cmake", QEMU):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (apt-get install cmake qemu-user)"
-    return None
+    if shutil.which("cmake") is None:
+        return "needs cmake"
+    return qemu_missing()
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
@@ -83,17 +72,9 @@ pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    build = tmp_path_factory.mktemp("x86_64") / "build"
-    configure = [
-        "cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-        "-DPAGEDSERVE_BUILD_TESTS=ON", "-DPAGEDSERVE_BUILD_PYTHON=OFF",
-        "-DPAGEDSERVE_CUDA=OFF", "-DPAGEDSERVE_NATIVE_ARCH=OFF",
-    ]  # fmt: skip
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
-    _run(configure)
-    _run(["cmake", "--build", str(build), "-j2"])
-    return build
+    return build_cpp_tests(
+        tmp_path_factory.mktemp("x86_64") / "build", "-DCMAKE_BUILD_TYPE=Release"
+    )
 
 
 @pytest.mark.parametrize("cpu", list(LEVELS))
@@ -102,9 +83,9 @@ def test_cpp_unit_tests_pass_under_qemu_x86_64(build: Path, cpu: str) -> None:
     names = sorted(TESTS, key=lambda name: name not in SLOWEST_FIRST)
     for name in names:
         assert (build / name).is_file(), f"{name} was not built"
-    # Mostly single-threaded under TCG: two at a time on the 2-core CI machine.
+    # Mostly single-threaded under TCG: one per core, two at least.
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        futures = {n: pool.submit(_under_qemu, cpu, [str(build / n)], build) for n in names}
+        futures = {n: pool.submit(under_qemu, cpu, [str(build / n)], build) for n in names}
     runs = {name: future.result() for name, future in futures.items()}
     timings = ", ".join(f"{name} {run.seconds:.1f} s" for name, run in runs.items())
     print(f"-cpu {cpu}: {timings}")
@@ -164,36 +145,10 @@ def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
     paths = [str(ROOT), str(ROOT / "tests" / "core" / "attention"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     python = os.path.realpath(sys.executable)  # an ELF for qemu, not a launcher script
-    run = _under_qemu(cpu, [python, "-c", PROBE], ROOT, env)
+    run = under_qemu(cpu, [python, "-c", PROBE], ROOT, env)
     print(f"-cpu {cpu}: python {run.seconds:.1f} s")
     assert run.rc == 0, f"python under {QEMU} -cpu {cpu} {run.status}:\n{run.output}"
     got = json.loads(run.output.strip().splitlines()[-1])
     dense = "none" if level == "portable" else level  # no dense kernel below avx2: torch's
     want = {"supported": level, "active": level, "int8": level, "attention": level, "dense": dense}
     assert {key: got[key] for key in want} == want, f"-cpu {cpu} should run at {level}: {got}"
-
-
-class Run(NamedTuple):
-    rc: int
-    output: str  # stdout + stderr, without qemu's notes on features its TCG lacks
-    seconds: float
-
-    @property
-    def status(self) -> str:
-        if self.rc < 0:  # qemu re-raises the guest's fatal signal: SIGILL, an instruction it lacks
-            return f"was killed by {signal.Signals(-self.rc).name}"
-        return "timed out" if self.rc == TIMED_OUT else f"exited {self.rc}"
-
-
-def _under_qemu(cpu: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Run:
-    start = time.monotonic()
-    try:
-        done = subprocess.run(
-            [QEMU, "-cpu", cpu, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
-        rc, out = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out = TIMED_OUT, f"timed out after {e.timeout} s\n{e.stdout!r}\n{e.stderr!r}"
-    kept = [line for line in out.splitlines(keepends=True) if not line.startswith(TCG_WARNING)]
-    return Run(rc, "".join(kept), time.monotonic() - start)

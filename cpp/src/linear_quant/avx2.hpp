@@ -220,8 +220,8 @@ struct Avx2Kernel {
 // ---- the epilogue ----
 
 // Under avx2_math's own fp-contract setting: GCC inlines no function whose optimize options
-// differ from its caller's, so otherwise bf16_bits8, silu_mul8 and widen_bf16x8 were calls
-// (their ymm arguments through memory). Nothing here multiplies and adds, so nothing changes bits.
+// differ from its caller's, so otherwise bf16_bits8, silu_mul8 and widen_bf16x8 were calls (every
+// live ymm register is caller-saved). Nothing here multiplies and adds, so no bits change.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 

@@ -19,16 +19,15 @@ as root on Debian).
 
 from __future__ import annotations
 
-import platform
-import shutil
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.native.qemu_x86 import QEMU, qemu_missing, under_qemu
+
 ROOT = Path(__file__).resolve().parents[3]
-QEMU = "qemu-x86_64"
 CPU_MODEL = "EPYC-Milan"  # AMD Zen 3: AVX2, FMA, F16C; no AVX-512, no AVX-VNNI
 FAMILIES = "tests/core/models/test_families.py"
 CASES = ["gemma3", "qwen3-window", "mistral-window"]  # about 5 s each under qemu
@@ -50,23 +49,12 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
 """
 
 
-def _missing() -> str | None:
-    if platform.machine() != "x86_64":
-        return "emulates an x86-64 CPU model: needs an x86-64 host"
-    if shutil.which(QEMU) is None:
-        return f"needs {QEMU} (apt-get install qemu-user)"
-    return None
-
-
-@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+@pytest.mark.skipif(qemu_missing() is not None, reason=qemu_missing() or "")
 def test_families_match_transformers_on_emulated_zen3() -> None:
-    cmd = [QEMU, "-cpu", CPU_MODEL, sys.executable, "-c", RUNNER, *TESTS]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540)
-    output = result.stdout + "\n".join(
-        line for line in result.stderr.splitlines() if "TCG doesn't support" not in line
-    )
-    assert result.returncode == 0, f"under {QEMU} -cpu {CPU_MODEL}:\n{output}"
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_MAX_CPU_ISA"}  # the CPU's level
+    python = os.path.realpath(sys.executable)  # an ELF for qemu, not a launcher script
+    run = under_qemu(CPU_MODEL, [python, "-c", RUNNER, *TESTS], ROOT, env, timeout=540)
+    assert run.rc == 0, f"under {QEMU} -cpu {CPU_MODEL} {run.status}:\n{run.output}"
     # The paths a Zen 3 takes, or the run proved nothing about that CPU.
-    assert "emulated: cpu isa avx2, torch AVX2" in result.stdout, output
-    expected = 3 * len(CASES)
-    assert f"{expected} passed" in result.stdout, output
+    assert "emulated: cpu isa avx2, torch AVX2" in run.output, run.output
+    assert f"{3 * len(CASES)} passed" in run.output, run.output
