@@ -1,7 +1,7 @@
 """The families' transformers oracle over many weight draws (issue 24's Zen 3 disagreement).
 
     python bench/family_sweep.py gemma3,qwen3-window,mistral-window --seeds 30-39 [--tree DIR]
-    qemu-x86_64 -cpu EPYC-Milan $(python -c 'import sys, os; print(os.path.realpath(sys.executable))') \\
+    qemu-x86_64 -cpu EPYC-Milan $(python -c 'import sys; print(sys.executable)') \\
         bench/family_sweep.py gemma3 --seeds 1-8          # as a Zen 3 runs it (torch at AVX2)
 
 For each family (test_families.py's CASES / WINDOW_CASES ids) and seed: a tiny random checkpoint

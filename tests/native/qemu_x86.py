@@ -4,10 +4,12 @@ kernels, torch and everything else pick the paths they pick on such a CPU."""
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +26,30 @@ def qemu_missing() -> str | None:
     if shutil.which(QEMU) is None:
         return f"needs {QEMU} (apt-get install qemu-user)"
     return None
+
+
+def runs_natively(level: str) -> str | None:
+    """Why emulating a CPU of ISA `level` proves nothing here, or None: this CPU's own best level
+    (uncapped: PAGEDSERVE_MAX_CPU_ISA lowers our kernels, not what the CPU executes) is not above
+    it, so no instruction of a higher level can leak past the dispatch, and the native runs of
+    the same tests (the sanitized C++ tests, the whole suite) already cover the level, several
+    times faster than qemu's TCG, which on an AVX2 host emulates AVX2 slowly."""
+    from pagedserve.core.ops.cpu_features import X86_ISAS
+    from pagedserve.core.ops.native import core
+
+    best = str(core.cpu_isa_supported())
+    if best in X86_ISAS and X86_ISAS.index(best) > X86_ISAS.index(level):
+        return None
+    return f"this CPU's best level is {best}: the native tests run level {level} here"
+
+
+def python_executable() -> str:
+    """This interpreter for qemu to run: sys.executable as it is, not its realpath, so that a
+    virtualenv's python (a symlink to the base interpreter, or a copy) still finds its
+    pyvenv.cfg and the venv's packages. qemu-user follows the symlink to the ELF itself."""
+    with open(os.path.realpath(sys.executable), "rb") as binary:
+        assert binary.read(4) == b"\x7fELF", f"{sys.executable} is not an ELF program"
+    return sys.executable
 
 
 class Run(NamedTuple):

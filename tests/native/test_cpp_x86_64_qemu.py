@@ -25,14 +25,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.native.cpp_build import ROOT, build_cpp_tests
-from tests.native.qemu_x86 import QEMU, qemu_missing, under_qemu
+from tests.native.qemu_x86 import (
+    QEMU,
+    python_executable,
+    qemu_missing,
+    runs_natively,
+    under_qemu,
+)  # fmt: skip
 
 LEVELS = {"EPYC-Milan": "avx2", "Haswell-v4": "avx2", "Nehalem": "portable"}
 """CPU model -> the ISA level the one build must run at there."""
@@ -77,7 +82,16 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.mark.parametrize("cpu", list(LEVELS))
+def _emulated(models: list[str]) -> list[object]:
+    """The CPU models, each skipped where this CPU runs its level natively (runs_natively)."""
+    params = []
+    for cpu in models:
+        why = _missing() or runs_natively(LEVELS[cpu])
+        params.append(pytest.param(cpu, marks=pytest.mark.skipif(why is not None, reason=str(why))))
+    return params
+
+
+@pytest.mark.parametrize("cpu", _emulated(list(LEVELS)))
 def test_cpp_unit_tests_pass_under_qemu_x86_64(build: Path, cpu: str) -> None:
     assert TESTS, "no cpp/tests/test_*.cpp found"
     names = sorted(TESTS, key=lambda name: name not in SLOWEST_FIRST)
@@ -138,14 +152,13 @@ print(json.dumps({"supported": cpu_isa_supported(), "active": cpu_isa(),
 """
 
 
-@pytest.mark.parametrize("cpu", PYTHON_MODELS)
+@pytest.mark.parametrize("cpu", _emulated(PYTHON_MODELS))
 def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
     level = LEVELS[cpu]
     env = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_MAX_CPU_ISA"}
     paths = [str(ROOT), str(ROOT / "tests" / "core" / "attention"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    python = os.path.realpath(sys.executable)  # an ELF for qemu, not a launcher script
-    run = under_qemu(cpu, [python, "-c", PROBE], ROOT, env)
+    run = under_qemu(cpu, [python_executable(), "-c", PROBE], ROOT, env)
     print(f"-cpu {cpu}: python {run.seconds:.1f} s")
     assert run.rc == 0, f"python under {QEMU} -cpu {cpu} {run.status}:\n{run.output}"
     got = json.loads(run.output.strip().splitlines()[-1])

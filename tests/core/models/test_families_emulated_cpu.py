@@ -20,12 +20,17 @@ as root on Debian).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.native.qemu_x86 import QEMU, qemu_missing, under_qemu
+from tests.native.qemu_x86 import (
+    QEMU,
+    python_executable,
+    qemu_missing,
+    runs_natively,
+    under_qemu,
+)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU_MODEL = "EPYC-Milan"  # AMD Zen 3: AVX2, FMA, F16C; no AVX-512, no AVX-VNNI
@@ -49,11 +54,14 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
 """
 
 
-@pytest.mark.skipif(qemu_missing() is not None, reason=qemu_missing() or "")
+def _skip() -> str | None:
+    return qemu_missing() or runs_natively("avx2")  # on an AVX2-only host test_families.py is it
+
+
+@pytest.mark.skipif(_skip() is not None, reason=_skip() or "")
 def test_families_match_transformers_on_emulated_zen3() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_MAX_CPU_ISA"}  # the CPU's level
-    python = os.path.realpath(sys.executable)  # an ELF for qemu, not a launcher script
-    run = under_qemu(CPU_MODEL, [python, "-c", RUNNER, *TESTS], ROOT, env, timeout=540)
+    run = under_qemu(CPU_MODEL, [python_executable(), "-c", RUNNER, *TESTS], ROOT, env, timeout=540)
     assert run.rc == 0, f"under {QEMU} -cpu {CPU_MODEL} {run.status}:\n{run.output}"
     # The paths a Zen 3 takes, or the run proved nothing about that CPU.
     assert "emulated: cpu isa avx2, torch AVX2" in run.output, run.output
