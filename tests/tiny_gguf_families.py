@@ -27,8 +27,8 @@ import gguf
 import numpy as np
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from tests.tiny_models import _add_tensor, add_gguf_shape, finish_gguf, make_hf_model
-from tests.tiny_tokenizers import train_tiny_spm
+from bench.common.tiny_models import _add_tensor, add_gguf_shape, finish_gguf, make_hf_model
+from bench.common.tiny_tokenizers import train_tiny_spm
 
 GGUF_FAMILY_ARCH = {
     "gemma2": gguf.MODEL_ARCH.GEMMA2,

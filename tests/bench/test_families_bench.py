@@ -1,4 +1,4 @@
-"""bench/families.py --tiny: both configs (MoE, sliding window) run through pagedserve and
+"""bench/engine/families.py --tiny: both configs (MoE, sliding window) run through pagedserve and
 transformers on the same weights, and the JSON carries the CPU model and a figure per engine
 (a smoke run: its figures rank nothing)."""
 
@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "families.py"
+from bench.common import ROOT
 
 
 def test_families_bench_tiny_runs() -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny"], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "bench.engine.families", "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)

@@ -1,4 +1,4 @@
-"""bench/plots.py (issue 17): the same figures whether read from a compare.sh run folder or from
+"""bench/serving/plots.py (issue 17): the same figures whether read from a compare.sh run folder or from
 the table compare_report.py wrote for it, and one PNG per plot, titled with the CPU and date."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.bench.test_serving_smoke import SCRIPT, load_bench_module
+from tests.bench.test_serving_smoke import load_bench_module
 
 SERVERS = {"pagedserve": 1.0, "llama-q4_1": 0.5, "llama-q8_0": 0.8}  # server -> speed factor
 
@@ -27,8 +27,7 @@ def _report(concurrency: int, speed: float) -> dict:
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # plots.py imports compare_report
+def bench() -> tuple[ModuleType, ModuleType]:
     return load_bench_module("plots"), load_bench_module("compare_report")
 
 

@@ -1,8 +1,8 @@
-"""bench/serving.py against a live pagedserve: a few requests, and the JSON it prints."""
+"""bench/serving/serving.py against a live pagedserve: a few requests, and the JSON it prints."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -12,20 +12,16 @@ from types import ModuleType
 
 import pytest
 
-from tests.openai_compat.conftest import API_KEY, Server, start_server, stop_server
+from bench.common import ROOT
+from bench.common.server import API_KEY, Server, start_server, stop_server
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serving.py"
+SCRIPT = ROOT / "bench" / "serving" / "serving.py"  # run by path: it imports nothing from bench
 PERCENTILE_FIELDS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 
 
 def load_bench_module(name: str) -> ModuleType:
-    path = SCRIPT.with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """A module of bench/serving/, imported as the package it is (bench never edits sys.path)."""
+    return importlib.import_module(f"bench.serving.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -158,14 +154,14 @@ def test_report_reads_the_alternating_ratio(tmp_path: Path) -> None:
 
 
 def test_serving_ratio_alternates_waves(tmp_path: Path) -> None:
-    """bench/serving_ratio.py (compare.sh's serving / offline figure) end to end on tiny waves:
+    """bench/serving/serving_ratio.py (compare.sh's serving / offline figure) end to end on tiny waves:
     a server and an offline engine loaded side by side, a ratio per pair (a smoke run: its
     figures rank nothing)."""
     figures = tmp_path / "ratio.json"
-    cmd = [sys.executable, str(SCRIPT.with_name("serving_ratio.py")), "--pairs", "2",
+    cmd = [sys.executable, "-m", "bench.serving.serving_ratio", "--pairs", "2",
            "--num-requests", "4", "--prompt-tokens", "16", "--output-tokens", "4",
            "--work", str(tmp_path / "work"), "--json", str(figures)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "CPU: " in done.stdout and "| this checkout | 2 |" in done.stdout
     f = json.loads(figures.read_text())["this checkout"]

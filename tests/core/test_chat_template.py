@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.core.chat_template import (
+from bench.common.tiny_tokenizers import default_gguf_path, write_tiny_bpe, write_tiny_spm
+from pagedserve.core.tokenizers.chat_template import (
     ChatTemplate,
     ChatTemplateError,
     NoChatTemplateError,
     load_chat_template,
 )
-from pagedserve.core.tokenizer import load_tokenizer
-from tests.tiny_tokenizers import default_gguf_path, write_tiny_bpe, write_tiny_spm
+from pagedserve.core.tokenizers.load import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.core.detokenizer import IncrementalDetokenizer
-from pagedserve.core.tokenizer import Tokenizer, load_tokenizer
-from tests.tiny_tokenizers import TRICKY_TEXTS, default_gguf_path, write_tiny_bpe, write_tiny_spm
+from bench.common.tiny_tokenizers import (
+    TRICKY_TEXTS,
+    default_gguf_path,
+    write_tiny_bpe,
+    write_tiny_spm,
+)
+from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
+from pagedserve.core.tokenizers.load import Tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="module", params=["gguf", "bpe", "spm"])

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedserve import LLM, SamplingParams
-from pagedserve.core.pooling_params import PoolingParams
-from tests.tiny_embedders import (
+from bench.common.tiny_embedders import (
     hidden_states,
     pool_by_hand,
     write_gguf_embedder,
     write_tiny_embedder,
 )
+from pagedserve import LLM, SamplingParams
+from pagedserve.core.pooling_params import PoolingParams
 
 TEXTS = [
     "the quick brown fox",

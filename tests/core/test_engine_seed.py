@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench.common.tiny_models import write_gguf_llama
 from pagedserve import LLM, SamplingParams
-from tests.tiny_models import write_gguf_llama
 
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42", "abc"]
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_gguf_llama, write_hf_model
+from bench.common.tiny_tokenizers import write_tiny_bpe, write_tiny_spm
 from pagedserve import LLM, SamplingParams
-from tests.tiny_models import write_gguf_llama, write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe, write_tiny_spm
 
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)

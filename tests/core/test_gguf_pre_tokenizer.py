@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.tiny_models import write_gguf_model
 from pagedserve import LLM
 from pagedserve.core.tokenizers.gguf_vocab import gguf_tokenizer
-from tests.tiny_models import write_gguf_model
 
 TEXT = "Hello  world 12345 it's"
 

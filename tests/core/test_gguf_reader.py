@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
+from bench.common.tiny_models import write_gguf_llama
 from pagedserve.core.gguf_reader import gguf_reader
-from tests.tiny_models import write_gguf_llama
 
 
 def test_same_fields_and_tensors_as_gguf_reader(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.common.tiny_models import write_gguf_llama, write_hf_model
+from bench.common.tiny_tokenizers import write_tiny_bpe
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.spec_decode.ngram import NgramIndex
-from tests.tiny_models import write_gguf_llama, write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe
 
 REPEATING = [
     "the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.tiny_models import write_gguf_llama
 from pagedserve import LLM, SamplingParams
-from tests.tiny_models import write_gguf_llama
 
 PROMPTS = [
     "the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the",
@@ -56,8 +56,8 @@ def test_greedy_equal_with_an_agreeing_and_a_disagreeing_draft(
 
 
 def test_a_draft_of_another_vocabulary_is_refused(models: tuple[str, str], tmp_path: Path) -> None:
-    from tests.tiny_models import write_hf_model
-    from tests.tiny_tokenizers import write_tiny_spm
+    from bench.common.tiny_models import write_hf_model
+    from bench.common.tiny_tokenizers import write_tiny_spm
 
     folder = tmp_path / "spm"
     write_tiny_spm(folder)

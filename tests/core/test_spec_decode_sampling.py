@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
+from bench.common.tiny_models import write_gguf_llama
 from pagedserve import LLM, SamplingParams
-from pagedserve.core import model_runner
-from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.runner import model_runner
+from pagedserve.core.sched.scheduler import StepPlan
 from pagedserve.core.spec_decode.verify import Verification
-from tests.tiny_models import write_gguf_llama
 
 # Tokens the tiny model (seed 5) often samples, repeated so that its outputs match n-grams.
 PROMPT = [67, 269, 48, 61, 195, 344, 212, 48, 61, 195, 226, 61, 209, 344, 219, 48, 195, 61, 212]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_tokenizers import write_tiny_bpe, write_tiny_spm, write_tiny_spm_gguf
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.structured import GrammarCache, GrammarState
 from pagedserve.core.structured.bitmask import GrammarMasker
-from pagedserve.core.tokenizer import load_tokenizer
-from tests.tiny_tokenizers import write_tiny_bpe, write_tiny_spm, write_tiny_spm_gguf
+from pagedserve.core.tokenizers.load import load_tokenizer
 
 WORDS = r"[a-z]{1,8}( [a-z]{1,8}){0,3}\."
 GRAMMARS = [

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.core.tokenizer import load_tokenizer
+from bench.common.tiny_tokenizers import TRICKY_TEXTS, write_tiny_spm_gguf
+from pagedserve.core.tokenizers.load import load_tokenizer
 from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
-from tests.tiny_tokenizers import TRICKY_TEXTS, write_tiny_spm_gguf
 
 transformers = pytest.importorskip("transformers")
 

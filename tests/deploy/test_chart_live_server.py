@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.common.server import LOAD_TIMEOUT_S, free_port
 from tests.deploy.chart import (
     find,
     parse_server,
@@ -26,7 +27,6 @@ from tests.deploy.chart import (
     scraped_metric_names,
     server_container,
 )
-from tests.openai_compat.conftest import LOAD_TIMEOUT_S, free_port
 
 VALUE_SET = "cpu+inference-extension"
 SMALL_CACHE = ["--num-pages", "256", "--max-model-len", "1024"]

@@ -117,10 +117,10 @@ import json
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from attention_batches import make_batch
+from bench.common.attention_batches import make_batch
 from test_attention_ops import assert_close, run_native, run_reference
 from pagedserve.core.ops import native
-from pagedserve.core.ops.attention import cpu_attention_path
+from pagedserve.core.attention.ops import cpu_attention_path
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported
 from pagedserve.core.ops.linear import native_linear_path
 from pagedserve.core.ops.linear_quant import quant_linear_path

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.server import free_port
 from pagedserve import cli
 from pagedserve.cli import build_parser, configs_from_args
 from pagedserve.core.config import CacheConfig, field_docs
-from tests.openai_compat.conftest import free_port
 
 
 def _configs(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

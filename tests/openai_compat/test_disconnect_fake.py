@@ -15,9 +15,9 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from bench.common.server import free_port
 from pagedserve.openai_compat.app import create_app
 from pagedserve.openai_compat.server_config import ServerConfig
-from tests.openai_compat.conftest import free_port
 from tests.openai_compat.fake_engine import FakeEngine
 
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from langchain_openai import ChatOpenAI, OpenAI
 
-from tests.openai_compat.conftest import API_KEY, Server
+from bench.common.server import API_KEY, Server
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import time
 import httpx
 import orjson
 
-from tests.openai_compat.conftest import API_KEY, Server
+from bench.common.server import API_KEY, Server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -8,7 +8,8 @@ import httpx
 import openai
 import pytest
 
-from tests.openai_compat.conftest import API_KEY, BODY_LIMIT, Server
+from bench.common.server import API_KEY, Server
+from tests.openai_compat.conftest import BODY_LIMIT
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 

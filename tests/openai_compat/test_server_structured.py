@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.openai_compat.conftest import API_KEY, Server
+from bench.common.server import API_KEY, Server
 
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 LIMITS = {"max_tokens": 80, "temperature": 0}

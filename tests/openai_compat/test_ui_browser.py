@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from playwright.sync_api import BrowserContext, Page, Response, Route
 
+from bench.common.server import API_KEY, Server
 from pagedserve.core.outputs import CompletionOutput, RequestOutput
 from pagedserve.core.sampling_params import SamplingParams
-from tests.openai_compat.conftest import API_KEY, Server
 from tests.openai_compat.fake_engine import FakeEngine
 from tests.openai_compat.test_disconnect_fake import LiveServer
 from tests.openai_compat.ui_browser import Console, chromium, find_chromium, screenshot

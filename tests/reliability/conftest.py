@@ -15,10 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
-from tests.openai_compat.conftest import Server, start_server, stop_server
+from bench.common.server import (
+    Server,
+    parse_sse,
+    start_server,
+    stop_server,
+)
 
 NUM_PAGES = 512
 MAX_MODEL_LEN = 1024
@@ -72,33 +76,6 @@ def assert_envelope(response: httpx.Response) -> dict[str, Any]:
     assert error["param"] is None or isinstance(error["param"], str), error
     assert error["code"] is None or isinstance(error["code"], str), error
     return error
-
-
-def parse_sse(raw: bytes) -> list[Any]:
-    """SSE body -> payloads; "[DONE]" stays a string. Fails on any frame that is not
-    `data: <json>` followed by a blank line."""
-    text = raw.decode("utf-8")
-    assert text.endswith("\n\n"), text[-200:]
-    frames = text[:-2].split("\n\n")
-    payloads: list[Any] = []
-    for frame in frames:
-        assert frame.startswith("data: ") and "\n" not in frame, frame[:200]
-        data = frame.removeprefix("data: ")
-        payloads.append(data if data == "[DONE]" else orjson.loads(data))
-    return payloads
-
-
-def check_completion_stream(payloads: list[Any], max_tokens: int) -> str:
-    """A well-formed /v1/completions stream with usage: one id, text deltas, exactly one
-    finish_reason on the last choice chunk, usage, then [DONE]. Returns the text."""
-    assert payloads[-1] == "[DONE]", payloads[-3:]
-    chunks, usage = payloads[:-2], payloads[-2]
-    assert not any("error" in c for c in payloads[:-1]), payloads
-    assert usage["choices"] == [] and 1 <= usage["usage"]["completion_tokens"] <= max_tokens
-    assert chunks and len({c["id"] for c in payloads[:-1]}) == 1
-    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
-    assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), reasons
-    return "".join(c["choices"][0]["text"] for c in chunks)
 
 
 def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:

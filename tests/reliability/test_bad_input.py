@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.openai_compat.conftest import Server
+from bench.common.server import Server
 from tests.reliability.conftest import BODY_LIMIT, TEMPLATE_TRIGGERS, assert_envelope, wait_idle
 
 CHAT = "/v1/chat/completions"

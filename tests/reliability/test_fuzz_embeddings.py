@@ -12,15 +12,15 @@ import httpx
 import pytest
 from schemathesis import GenerationMode
 
-from tests.openai_compat.conftest import Server, start_server, stop_server
-from tests.reliability.conftest import wait_idle
-from tests.reliability.schema_fuzz import (
+from bench.common.schema_fuzz import (
     FuzzReport,
     fuzz_operation,
     load_schema,
     post_operations,
 )
-from tests.tiny_embedders import write_tiny_embedder
+from bench.common.server import Server, start_server, stop_server
+from bench.common.tiny_embedders import write_tiny_embedder
+from tests.reliability.conftest import wait_idle
 
 EXAMPLES = {"/v1/embeddings": 60, "/v1/chat/completions": 5, "/v1/completions": 5}
 

@@ -2,7 +2,7 @@
 /openapi.json: valid and schema-breaking bodies for every POST route (the Responses API's cancel
 route: its path id). No response is a 5xx (nor a server-error frame inside a 200 stream),
 every 4xx is OpenAI's error envelope, and the server is healthy after. The 10,000-case run is
-bench/fuzz_long.py."""
+bench/serving/fuzz_long.py."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import httpx
 import pytest
 from schemathesis import GenerationMode
 
-from tests.openai_compat.conftest import Server
-from tests.reliability.conftest import wait_idle
-from tests.reliability.schema_fuzz import (
+from bench.common.schema_fuzz import (
     FuzzReport,
     fuzz_operation,
     load_schema,
     post_operations,
 )
+from bench.common.server import Server
+from tests.reliability.conftest import wait_idle
 
 # Examples per (operation, mode): generation routes cost engine steps, the others do not.
 EXAMPLES = {

@@ -12,8 +12,8 @@ import random
 import httpx
 import psutil
 
-from tests.openai_compat.conftest import Server
-from tests.reliability.conftest import check_completion_stream, stream_completion, wait_idle
+from bench.common.server import Server, check_completion_stream
+from tests.reliability.conftest import stream_completion, wait_idle
 
 NUM_STREAMS = 256
 NUM_WAVES = 3

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.openai_compat.conftest import Server, start_server, stop_server
+from bench.common.server import Server, start_server, stop_server
 from tests.reliability.conftest import (
     assert_envelope,
     check_completion_stream,

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.openai_compat.conftest import Server
+from bench.common.server import Server
 from tests.reliability.conftest import wait_idle
 
 LONG = 200  # tokens: the request is still running when the test looks

@@ -6,10 +6,9 @@ import itertools
 
 import pytest
 import torch
-from attention_batches import devices, make_batch
 
-from pagedserve.core.attention import reference
-from pagedserve.core.ops import attention as ops
+from bench.common.attention_batches import devices, make_batch
+from pagedserve.core.attention import ops, reference
 from pagedserve.core.ops.cpu_features import forced_cpu_isa
 
 # A mixed batch: a one-token prompt, a request with no query this step, decodes at and across

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_batches import make_batch
 
+from bench.common.attention_batches import make_batch
+from pagedserve.core.attention import ops
 from pagedserve.core.attention.base import KV_CACHE_DIMS
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.attention.registry import get_attention_backend
-from pagedserve.core.ops import attention as ops
 from pagedserve.core.ops import native
 
 

@@ -9,11 +9,10 @@ import itertools
 
 import pytest
 import torch
-from attention_batches import devices, make_batch
 from test_attention_invariance import SEQ_LEN, attend, cached_request
 
-from pagedserve.core.attention import reference
-from pagedserve.core.ops import attention as ops
+from bench.common.attention_batches import devices, make_batch
+from pagedserve.core.attention import ops, reference
 
 # Decodes just inside / at / past page edges, a fresh prompt, chunks that start mid-page and
 # straddle the window's start, and a request with no query this step.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe
+from bench.common.tiny_models import write_hf_model
+from bench.common.tiny_tokenizers import write_tiny_bpe
 
 
 def write_tp_model(folder: Path, architecture: str = "llama") -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_gguf_llama
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.errors import EngineDeadError
 from pagedserve.core.models.registry import read_arch
@@ -22,7 +23,6 @@ from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import check_divisible, shard_arch, shard_weight
 from pagedserve.core.outputs import RequestOutput
 from tests.core.distributed.conftest import write_tp_model
-from tests.tiny_models import write_gguf_llama
 
 PROMPTS = ["the quick brown fox", "hello world, this is", "Once upon a time 42"]
 ENGINE = dict(dtype="float32", num_pages=64, page_size=8, max_num_batched_tokens=16)
@@ -133,7 +133,7 @@ def test_worker_death_while_idle_is_reported(tp_model: Path) -> None:
 def test_bf16_ranks_run_native_kernels_per_layer(tp_model: Path) -> None:
     """At TP > 1 the layers run one by one (the one-call native decoder stack cannot stop for
     the all-reduce), each projection still on the packed native kernel where the CPU has it."""
-    from pagedserve.core.models.linear import PackableLinear
+    from pagedserve.core.models.linear.dense import PackableLinear
     from pagedserve.core.ops.linear import native_linear_available
 
     llm = LLM(str(tp_model), tensor_parallel_size=2, dtype="bfloat16", num_pages=64)

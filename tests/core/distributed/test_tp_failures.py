@@ -18,8 +18,8 @@ import openai
 import psutil
 import pytest
 
+from bench.common.server import Server, free_port, start_server, stop_server
 from pagedserve import LLM, SamplingParams
-from tests.openai_compat.conftest import Server, free_port, start_server, stop_server
 
 PROMPT = "the quick brown fox"
 FLAGS = ("--tensor-parallel-size", "2", "--dtype", "float32", "--num-pages", "64",

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from bench.common.tiny_models import permute_rotary
 from pagedserve.core.models.families import arch_from_hf_config
 from pagedserve.core.models.layers import rope_inv_freq
 from pagedserve.core.models.loader_gguf import iter_gguf_weights, open_gguf, unpermute_rotary
-from tests.tiny_models import permute_rotary
 
 BASE = {
     "model_type": "llama",

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_hf_model
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
-from pagedserve.core.models.decoder_stack import DecoderStack
+from pagedserve.core.models.decoder_stack.stack import DecoderStack
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
 from tests.core.models.paged_driver import PagedBatch
-from tests.tiny_models import write_hf_model
 
 needs_kernel = pytest.mark.skipif(
     not native_linear_available(), reason="no native linear kernel below ISA level avx2"

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.common.family_oracle import PROMPT, WINDOW_CASES, assert_engine_matches, load_hf
+from bench.common.tiny_models import write_hf_model
+from bench.common.tiny_tokenizers import write_tiny_bpe
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.ops.cpu_features import (
@@ -27,11 +30,7 @@ from pagedserve.core.ops.cpu_features import (
     forced_cpu_isa,
     runnable_isas,
 )
-from tests.core.models.family_oracle import assert_engine_matches, load_hf
 from tests.core.models.test_default_model import CHAT_PROMPT, TEXT_PROMPT
-from tests.core.models.test_families import PROMPT, WINDOW_CASES
-from tests.tiny_models import write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe
 
 MAX_TOKENS = 16
 """The best level's greedy tokens; the others score them and decode the first DECODED anew (the

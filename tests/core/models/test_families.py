@@ -11,51 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.family_oracle import (
+    CASES,
+    LONGROPE,
+    PROMPT,
+    WINDOW_CASES,
+    assert_engine_matches,
+    load_hf,
+)
+from bench.common.tiny_models import write_hf_model
+from bench.common.tiny_tokenizers import write_tiny_bpe
 from pagedserve import LLM
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.resolve import resolve_model
-from tests.core.models.family_oracle import assert_engine_matches, load_hf
 from tests.core.models.paged_driver import PagedBatch
-from tests.tiny_models import write_hf_model
-from tests.tiny_tokenizers import write_tiny_bpe
-
-LONGROPE = {
-    "rope_type": "longrope",
-    "short_factor": [1.0 + 0.1 * i for i in range(8)],
-    "long_factor": [2.0 + 0.5 * i for i in range(8)],
-}
-# (family, config overrides); sliding windows are 8 tokens, prompts run past them.
-CASES = {
-    "qwen3": ("qwen3", {}),
-    "qwen3-attention-bias": ("qwen3", {"attention_bias": True}),  # q/k/v and o_proj biases
-    "qwen3_moe": ("qwen3_moe", {}),
-    "qwen3_moe-unnormalized": ("qwen3_moe", {"norm_topk_prob": False}),
-    "qwen2_moe-shared": ("qwen2_moe", {}),
-    "mixtral": ("mixtral", {}),
-    "gemma2-no-window": ("gemma2", {"sliding_window": 4096}),  # >= the context: full
-    "gemma3-no-window": ("gemma3_text", {"sliding_window": 4096, "num_hidden_layers": 3,
-                         "layer_types": ["sliding_attention", "full_attention",
-                                         "sliding_attention"]}),
-    "gemma3-attention-bias": ("gemma3_text", {"sliding_window": 4096, "attention_bias": True}),
-    "phi3": ("phi3", {}),
-    "phi3-longrope": ("phi3", {"rope_scaling": LONGROPE}),
-    "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 8}}),
-}  # fmt: skip
-# These need the paged kernels' sliding window / logit soft-capping.
-WINDOW_CASES = {
-    "mistral-window": ("mistral", {"sliding_window": 8}),
-    "mixtral-window": ("mixtral", {"sliding_window": 8}),
-    "gemma2": ("gemma2", {"attn_logit_softcapping": 50.0}),
-    "gemma3": ("gemma3_text", {"num_hidden_layers": 3, "layer_types": ["sliding_attention",
-               "full_attention", "sliding_attention"]}),
-    "qwen3-window": ("qwen3", {"use_sliding_window": True, "sliding_window": 8,
-                     "layer_types": ["sliding_attention", "full_attention"]}),
-}  # fmt: skip
-PROMPT = [3, 17, 42, 99, 7, 250, 11, 64, 128, 5, 77, 31, 200, 9, 14, 300, 21, 8]
 
 
 def window_kernels() -> bool:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_gguf_model
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.resolve import resolve_model
 from tests.core.models.paged_driver import PagedBatch
-from tests.tiny_models import write_gguf_model
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 64, 128, 5, 77, 31]
 FAMILIES = {

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_hf_model
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.families import arch_from_hf_config
 from pagedserve.core.models.resolve import resolve_model
 from tests.core.models.test_arch_and_errors import BASE as ARCH_BASE
-from tests.tiny_models import write_hf_model
 
 BASE = {**ARCH_BASE, "max_position_embeddings": 256}
 

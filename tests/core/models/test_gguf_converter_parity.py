@@ -1,8 +1,8 @@
 """llama.cpp's own converter (convert_hf_to_gguf.py, from the llama-cpp-python sdist that
-bench/build_llama_cpp.sh unpacks into bench/.work/) on tiny Gemma 2, Gemma 3 and Phi-3 folders:
+bench/serving/build_llama_cpp.sh unpacks into bench/.work/) on tiny Gemma 2, Gemma 3 and Phi-3 folders:
 its files carry the same keys, values and tensor names as tests/tiny_gguf_families.py writes,
 and our loader reads them into the logits transformers computes on the folder. Skipped where
-that source is not unpacked (a clean checkout): run bench/build_llama_cpp.sh once, then
+that source is not unpacked (a clean checkout): run bench/serving/build_llama_cpp.sh once, then
 `pytest -m slow tests/core/models/test_gguf_converter_parity.py`."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import gguf
 import pytest
 import torch
 
+from bench.common.family_oracle import LONGROPE, PROMPT
+from bench.common.tiny_models import make_hf_model
+from bench.common.tiny_tokenizers import write_tiny_spm
 from tests.core.models.paged_driver import PagedBatch
-from tests.core.models.test_families import LONGROPE, PROMPT, load
+from tests.core.models.test_families import load
 from tests.tiny_gguf_families import GGUF_FAMILY_SHAPE, write_gguf_family
-from tests.tiny_models import make_hf_model
-from tests.tiny_tokenizers import write_tiny_spm
 
 WORK = Path(__file__).resolve().parents[3] / "bench" / ".work"
 CONVERTERS = sorted(WORK.glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
@@ -28,7 +29,7 @@ CONVERTERS = sorted(WORK.glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not CONVERTERS, reason="llama.cpp's converter is not unpacked: run bench/build_llama_cpp.sh"
+        not CONVERTERS, reason="llama.cpp's converter is not unpacked: run bench/serving/build_llama_cpp.sh"
     ),
 ]
 CASES = {

@@ -13,15 +13,15 @@ import gguf
 import pytest
 import torch
 
+from bench.common.family_oracle import LONGROPE, PROMPT, assert_engine_matches
+from bench.common.tiny_models import add_gguf_shape, finish_gguf, make_hf_model
+from bench.common.tiny_tokenizers import TRICKY_TEXTS
 from pagedserve import LLM
 from pagedserve.core.models.loader_gguf import open_gguf
-from pagedserve.core.tokenizer import load_tokenizer
-from tests.core.models.family_oracle import assert_engine_matches
+from pagedserve.core.tokenizers.load import load_tokenizer
 from tests.core.models.paged_driver import PagedBatch
-from tests.core.models.test_families import LONGROPE, PROMPT, load, needs_window
+from tests.core.models.test_families import load, needs_window
 from tests.tiny_gguf_families import write_gguf_family
-from tests.tiny_models import add_gguf_shape, finish_gguf, make_hf_model
-from tests.tiny_tokenizers import TRICKY_TEXTS
 
 pytestmark = needs_window
 CASES = {

@@ -16,11 +16,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from bench.common.tiny_models import write_gguf_model
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.attention.native import NativeAttentionBackend
-from pagedserve.core.models import linear_dispatch, load_model
+from pagedserve.core.engine.build import is_batch_invariant
+from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.linear_dispatch import (
+from pagedserve.core.models.linear import dispatch as linear_dispatch
+from pagedserve.core.models.linear.dispatch import (
     DispatchInputs,
     Timing,
     amx_from_rows,
@@ -40,10 +43,8 @@ from pagedserve.core.ops.linear import (
 )
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_amx_available, quant_linear
 from pagedserve.core.ops.native import core
-from pagedserve.core.startup import is_batch_invariant
 from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import gguf_rows, row_addresses
-from tests.tiny_models import write_gguf_model
 
 HARDWARE = amx_available()  # before any test turns the emulation on
 QUANT_HARDWARE = quant_amx_available()

@@ -14,24 +14,24 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
+from bench.common.tiny_models import write_gguf_model
 from pagedserve.core.attention.native import NativeAttentionBackend
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
-from pagedserve.core.models.linear import Linear
-from pagedserve.core.models.loader_gguf import open_gguf
-from pagedserve.core.models.quantized import (
+from pagedserve.core.models.linear.dense import Linear
+from pagedserve.core.models.linear.quantized import (
     KeptTensor,
     QuantizedGateUpLinear,
     QuantizedLinear,
     QuantizedPlan,
     plan_quantized,
 )
+from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
 from tests.core.models.paged_driver import PagedBatch
 from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import dequantized, gguf_rows, int8_activations
-from tests.tiny_models import write_gguf_model
 
 IDS = [5, 17, 42, 7, 99, 3, 250, 11]
 

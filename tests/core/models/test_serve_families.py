@@ -10,11 +10,11 @@ from pathlib import Path
 
 from openai import OpenAI
 
+from bench.common.server import start_server, stop_server
+from bench.common.tiny_models import write_hf_model
+from bench.common.tiny_tokenizers import CHATML_TEMPLATE, write_tiny_bpe
 from pagedserve import LLM, SamplingParams
-from tests.openai_compat.conftest import start_server, stop_server
 from tests.tiny_gguf_families import write_gguf_family
-from tests.tiny_models import write_hf_model
-from tests.tiny_tokenizers import CHATML_TEMPLATE, write_tiny_bpe
 
 PROMPT = "the quick brown fox"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common.tiny_models import write_gguf_llama, write_gguf_model, write_hf_model
 from pagedserve.core.attention.reference import TorchReferenceBackend
 from pagedserve.core.models import load_model
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from tests.core.models.paged_driver import PagedBatch
-from tests.tiny_models import write_gguf_llama, write_gguf_model, write_hf_model
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 64, 128, 5, 77, 31]
 LLAMA3_SCALING = {
