@@ -223,7 +223,7 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
 def configure_logging(config: ServerConfig) -> None:
     """One handler on the root logger; every line carries its request's X-Request-Id ("-"
     outside a request). The access log, when asked, prints whatever the log level."""
-    from pagedserve.openai_compat.request_log import RequestIdFilter, access_logger
+    from pagedserve.openai_compat.common.request_log import RequestIdFilter, access_logger
 
     logging.basicConfig(
         level=config.log_level.upper(),

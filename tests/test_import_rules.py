@@ -162,3 +162,38 @@ def test_no_import_cycles() -> None:
 
     for name in graph:
         visit(name, ())
+
+
+SERVER = "pagedserve.openai_compat"
+ENDPOINTS = ("chat", "completions", "embeddings", "responses")
+# What an endpoint package may import besides common/ and itself: /v1/responses is served on
+# the chat machinery (its items become chat messages, chat's service generates).
+ENDPOINT_USES = {"responses": {"chat"}}
+
+
+def server_part(dotted: str) -> str | None:
+    """The part of openai_compat a module belongs to: an endpoint, common, or top (the app)."""
+    if not dotted.startswith(SERVER + "."):
+        return None
+    part = dotted.removeprefix(SERVER + ".").split(".")[0]
+    return part if part in (*ENDPOINTS, "common") else "top"
+
+
+def test_the_server_side_is_layered_app_endpoints_common() -> None:
+    """openai_compat's imports go down: the app (app, routes, state, openapi, ui, server_config)
+    -> the endpoint packages -> common/; common imports no endpoint and endpoints import each
+    other only as ENDPOINT_USES says (TYPE_CHECKING and function-level imports too)."""
+    parts_seen = set()
+    for path in (PACKAGE / "openai_compat").rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        part = server_part(name)
+        parts_seen.add(part)
+        for target in imports_of(path, every_from=True):
+            used = server_part(target)
+            if used is None or used == part or part == "top":
+                continue
+            assert used != "top", f"{name} imports {target}, a module above it"
+            if part == "common":
+                raise AssertionError(f"{name} (common) imports {target}, an endpoint")
+            assert used == "common" or used in ENDPOINT_USES.get(part, ()), f"{name} -> {target}"
+    assert parts_seen == {*ENDPOINTS, "common", "top"}

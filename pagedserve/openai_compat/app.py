@@ -23,10 +23,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.core.engine_client import EngineClient
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.request_log import HEADER as REQUEST_ID_HEADER
-from pagedserve.openai_compat.request_log import RequestIdMiddleware
-from pagedserve.openai_compat.responses import error_response
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.http_responses import error_response
+from pagedserve.openai_compat.common.request_log import HEADER as REQUEST_ID_HEADER
+from pagedserve.openai_compat.common.request_log import RequestIdMiddleware
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.state import ServerState

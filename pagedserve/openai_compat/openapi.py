@@ -9,9 +9,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from pagedserve import __version__
-from pagedserve.openai_compat.protocol import REQUEST_MODELS
-from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
-from pagedserve.openai_compat.protocol_responses import RESPONSES_REQUEST_MODELS
+from pagedserve.openai_compat.common.protocol import REQUEST_MODELS
+from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
+from pagedserve.openai_compat.responses.protocol import RESPONSES_REQUEST_MODELS
 
 ROUTE_MODELS: dict[str, type[BaseModel]] = {
     **REQUEST_MODELS,

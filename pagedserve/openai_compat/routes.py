@@ -9,26 +9,26 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pagedserve import __version__
-from pagedserve.openai_compat.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from pagedserve.openai_compat.openapi import openapi_document
-from pagedserve.openai_compat.parsing import parse
-from pagedserve.openai_compat.protocol import (
+from pagedserve.openai_compat.chat.serving import chat_chars, chat_token_ids
+from pagedserve.openai_compat.common.http_responses import JSONResponse, endpoint
+from pagedserve.openai_compat.common.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from pagedserve.openai_compat.common.parsing import parse
+from pagedserve.openai_compat.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
-from pagedserve.openai_compat.protocol_responses import ResponsesRequest
-from pagedserve.openai_compat.responses import JSONResponse, endpoint
-from pagedserve.openai_compat.serving_chat import chat_chars, chat_token_ids
-from pagedserve.openai_compat.serving_common import (
+from pagedserve.openai_compat.common.serving import (
     ServingContext,
     off_loop,
     require_in_vocabulary,
 )
-from pagedserve.openai_compat.serving_embeddings import embedding_only
-from pagedserve.openai_compat.serving_responses import ResponsesService
+from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
+from pagedserve.openai_compat.embeddings.serving import embedding_only
+from pagedserve.openai_compat.openapi import openapi_document
+from pagedserve.openai_compat.responses.protocol import ResponsesRequest
+from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.state import ServerState
 
 

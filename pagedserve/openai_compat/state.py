@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 
 from pagedserve.core.engine_client import EngineClient
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.metrics import ServerMetrics
-from pagedserve.openai_compat.response_store import ResponseStore
+from pagedserve.openai_compat.chat.serving import ChatService
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.metrics import ServerMetrics
+from pagedserve.openai_compat.common.serving import ServingContext
+from pagedserve.openai_compat.completions.serving import CompletionService
+from pagedserve.openai_compat.embeddings.serving import EmbeddingService
+from pagedserve.openai_compat.responses.serving import ResponsesService
+from pagedserve.openai_compat.responses.store import ResponseStore
 from pagedserve.openai_compat.server_config import ServerConfig
-from pagedserve.openai_compat.serving_chat import ChatService
-from pagedserve.openai_compat.serving_common import ServingContext
-from pagedserve.openai_compat.serving_completion import CompletionService
-from pagedserve.openai_compat.serving_embeddings import EmbeddingService
-from pagedserve.openai_compat.serving_responses import ResponsesService
 
 
 class ServerState:

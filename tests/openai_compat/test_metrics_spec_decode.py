@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pagedserve.core.outputs import EngineStats, SpecDecodeStats
-from pagedserve.openai_compat.metrics import EngineStatsCollector
+from pagedserve.openai_compat.common.metrics import EngineStatsCollector
 from tests.openai_compat.fake_engine import FakeEngine
 
 

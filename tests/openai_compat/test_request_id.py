@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from pagedserve.openai_compat.request_log import RequestIdFilter
+from pagedserve.openai_compat.common.request_log import RequestIdFilter
 from pagedserve.openai_compat.server_config import ServerConfig
 from tests.openai_compat.fake_app import fake_client
 from tests.openai_compat.fake_engine import FakeEngine

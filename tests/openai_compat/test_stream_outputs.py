@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from pagedserve.core.outputs import CompletionOutput, RequestOutput
-from pagedserve.openai_compat.metrics import ServerMetrics
-from pagedserve.openai_compat.serving_common import stream_outputs
+from pagedserve.openai_compat.common.metrics import ServerMetrics
+from pagedserve.openai_compat.common.serving import stream_outputs
 
 
 class ScriptedStream:

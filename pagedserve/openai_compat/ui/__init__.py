@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pagedserve import __version__
-from pagedserve.openai_compat.responses import JSONResponse
+from pagedserve.openai_compat.common.http_responses import JSONResponse
 
 if TYPE_CHECKING:
     from pagedserve.openai_compat.state import ServerState

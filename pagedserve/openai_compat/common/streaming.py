@@ -16,7 +16,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from pagedserve.openai_compat.errors import APIError, internal
+from pagedserve.openai_compat.common.errors import APIError, internal
 
 logger = logging.getLogger("pagedserve.server")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.openai_compat.reasoning import ReasoningParser, wants_reasoning
+from pagedserve.openai_compat.chat.reasoning import ReasoningParser, wants_reasoning
 
 CASES = [
     ("", "<think>\nLet me think. 2+2 is 4.\n</think>\n\nThe answer is 4.",

@@ -18,8 +18,8 @@ import jsonschema
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.structured import GrammarError
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.protocol import (
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     StructuredOutputsField,

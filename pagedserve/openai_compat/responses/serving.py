@@ -24,15 +24,11 @@ from starlette.types import Receive
 
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import RequestOutput
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.chat_output import OutputPlan
-from pagedserve.openai_compat.protocol_responses import ResponsesRequest
-from pagedserve.openai_compat.response_store import ResponseStore, StoredResponse
-from pagedserve.openai_compat.responses import JSONResponse
-from pagedserve.openai_compat.responses_input import chat_request, with_ids
-from pagedserve.openai_compat.responses_output import OutputBuilder, base_response, usage
-from pagedserve.openai_compat.serving_chat import ChatService, Prepared, chat_chars
-from pagedserve.openai_compat.serving_common import (
+from pagedserve.openai_compat.chat.output import OutputPlan
+from pagedserve.openai_compat.chat.serving import ChatService, Prepared, chat_chars
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.serving import (
     ServingContext,
     engine_errors,
     now,
@@ -40,8 +36,12 @@ from pagedserve.openai_compat.serving_common import (
     sampling_params,
     stream_outputs,
 )
-from pagedserve.openai_compat.streaming import SSEResponse, until_disconnect
-from pagedserve.openai_compat.structured import compile_off_loop
+from pagedserve.openai_compat.common.streaming import SSEResponse, until_disconnect
+from pagedserve.openai_compat.common.structured import compile_off_loop
+from pagedserve.openai_compat.responses.input import chat_request, with_ids
+from pagedserve.openai_compat.responses.output import OutputBuilder, base_response, usage
+from pagedserve.openai_compat.responses.protocol import ResponsesRequest
+from pagedserve.openai_compat.responses.store import ResponseStore, StoredResponse
 
 logger = logging.getLogger("pagedserve.server")
 T = TypeVar("T")

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pagedserve.openai_compat.tool_parsers.base import (
+from pagedserve.openai_compat.chat.tool_parsers.base import (
     ParsedCall,
     ParsedDelta,
     ToolCallDelta,
     ToolParser,
     parse_all,
 )
-from pagedserve.openai_compat.tool_parsers.formats import (
+from pagedserve.openai_compat.chat.tool_parsers.formats import (
     HermesParser,
     Llama3JsonParser,
     MistralParser,

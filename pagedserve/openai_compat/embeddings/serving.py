@@ -21,10 +21,9 @@ from starlette.types import Receive
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.pooling_params import PoolerConfig, PoolingParams
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.protocol_embeddings import EmbeddingRequest
-from pagedserve.openai_compat.responses import JSONResponse
-from pagedserve.openai_compat.serving_common import (
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.serving import (
     ServingContext,
     collect,
     engine_errors,
@@ -32,7 +31,8 @@ from pagedserve.openai_compat.serving_common import (
     off_loop,
     require_in_vocabulary,
 )
-from pagedserve.openai_compat.streaming import until_disconnect
+from pagedserve.openai_compat.common.streaming import until_disconnect
+from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 
 _LITTLE_F32 = np.dtype("<f4")
 

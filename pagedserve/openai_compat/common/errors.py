@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pagedserve.core.sampling_params import SamplingParamsError
-from pagedserve.openai_compat.protocol import FieldError
+from pagedserve.openai_compat.common.protocol import FieldError
 
 
 class APIError(Exception):

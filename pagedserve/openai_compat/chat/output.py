@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.openai_compat.reasoning import ReasoningParser
-from pagedserve.openai_compat.tool_parsers import ParsedDelta, ToolCallDelta, ToolParser
-from pagedserve.openai_compat.tool_parsers.base import fold_calls
+from pagedserve.openai_compat.chat.reasoning import ReasoningParser
+from pagedserve.openai_compat.chat.tool_parsers import ParsedDelta, ToolCallDelta, ToolParser
+from pagedserve.openai_compat.chat.tool_parsers.base import fold_calls
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from pagedserve.openai_compat.tool_parsers.base import CallStreamer, ParsedDelta, held_prefix
-from pagedserve.openai_compat.tool_parsers.stream import ArrayBody, CharParser, ObjectsBody
+from pagedserve.openai_compat.chat.tool_parsers.base import CallStreamer, ParsedDelta, held_prefix
+from pagedserve.openai_compat.chat.tool_parsers.stream import ArrayBody, CharParser, ObjectsBody
 
 
 class HermesParser(CharParser):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from pagedserve.openai_compat.tool_parsers.base import (
+from pagedserve.openai_compat.chat.tool_parsers.base import (
     CallStreamer,
     ParsedDelta,
     ToolCallDelta,

@@ -13,13 +13,14 @@ from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import StructuredOutputs
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.chat_output import OutputPlan
-from pagedserve.openai_compat.logprobs import chat_logprobs
-from pagedserve.openai_compat.protocol import ChatCompletionRequest, ChatMessage
-from pagedserve.openai_compat.reasoning import wants_reasoning
-from pagedserve.openai_compat.responses import JSONResponse
-from pagedserve.openai_compat.serving_common import (
+from pagedserve.openai_compat.chat.output import OutputPlan
+from pagedserve.openai_compat.chat.reasoning import wants_reasoning
+from pagedserve.openai_compat.chat.tools import ToolPlan, plan_tools, template_messages
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.logprobs import chat_logprobs
+from pagedserve.openai_compat.common.protocol import ChatCompletionRequest, ChatMessage
+from pagedserve.openai_compat.common.serving import (
     ServingContext,
     collect,
     engine_errors,
@@ -31,9 +32,8 @@ from pagedserve.openai_compat.serving_common import (
     stream_outputs,
     usage,
 )
-from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
-from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
-from pagedserve.openai_compat.tools import ToolPlan, plan_tools, template_messages
+from pagedserve.openai_compat.common.streaming import SSEResponse, sse_frames, until_disconnect
+from pagedserve.openai_compat.common.structured import compile_off_loop, structured_outputs
 
 
 def render_chat(

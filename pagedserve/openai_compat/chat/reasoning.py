@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedserve.openai_compat.tool_parsers.base import held_prefix
+from pagedserve.openai_compat.chat.tool_parsers.base import held_prefix
 
 OPEN, CLOSE = "<think>", "</think>"
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedserve.openai_compat.tool_parsers import (
+from pagedserve.openai_compat.chat.tool_parsers import (
     PARSERS,
     NamedParser,
     ParsedDelta,
@@ -17,7 +17,7 @@ from pagedserve.openai_compat.tool_parsers import (
     parse_all,
     parser_for_template,
 )
-from pagedserve.openai_compat.tool_parsers.base import fold_calls
+from pagedserve.openai_compat.chat.tool_parsers.base import fold_calls
 
 WEATHER = {"city": "Paris", "unit": "celsius", "note": 'say "hi" {not a brace}'}
 TIME = {"tz": "Europe/Paris"}

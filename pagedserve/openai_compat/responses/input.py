@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.protocol import ChatCompletionRequest
-from pagedserve.openai_compat.protocol_responses import (
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.protocol import ChatCompletionRequest
+from pagedserve.openai_compat.responses.protocol import (
     FunctionTool,
     ResponsesRequest,
     ToolChoiceAllowed,

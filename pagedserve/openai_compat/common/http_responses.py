@@ -11,9 +11,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.request_log import current_request_id
-from pagedserve.openai_compat.streaming import ClientGone
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.request_log import current_request_id
+from pagedserve.openai_compat.common.streaming import ClientGone
 
 logger = logging.getLogger("pagedserve.server")
 Endpoint = Callable[[Request], Awaitable[Response]]

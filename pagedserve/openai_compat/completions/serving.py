@@ -16,11 +16,11 @@ from starlette.types import Receive
 
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.logprobs import CompletionLogprobs, merge_completion_logprobs
-from pagedserve.openai_compat.protocol import CompletionRequest
-from pagedserve.openai_compat.responses import JSONResponse
-from pagedserve.openai_compat.serving_common import (
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.logprobs import CompletionLogprobs, merge_completion_logprobs
+from pagedserve.openai_compat.common.protocol import CompletionRequest
+from pagedserve.openai_compat.common.serving import (
     ServingContext,
     collect,
     engine_errors,
@@ -32,8 +32,8 @@ from pagedserve.openai_compat.serving_common import (
     stream_outputs,
     usage,
 )
-from pagedserve.openai_compat.streaming import SSEResponse, sse_frames, until_disconnect
-from pagedserve.openai_compat.structured import compile_off_loop, structured_outputs
+from pagedserve.openai_compat.common.streaming import SSEResponse, sse_frames, until_disconnect
+from pagedserve.openai_compat.common.structured import compile_off_loop, structured_outputs
 
 
 @dataclass

@@ -19,10 +19,7 @@ from typing import Any
 
 from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.sampling_params import StructuredOutputs
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.protocol import ChatCompletionRequest, ChatMessage, Tool
-from pagedserve.openai_compat.structured import json_schema_spec
-from pagedserve.openai_compat.tool_parsers import (
+from pagedserve.openai_compat.chat.tool_parsers import (
     PARSERS,
     SPECIAL_TOKEN_PARSERS,
     NamedParser,
@@ -30,6 +27,9 @@ from pagedserve.openai_compat.tool_parsers import (
     ToolParser,
     parser_for_template,
 )
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.protocol import ChatCompletionRequest, ChatMessage, Tool
+from pagedserve.openai_compat.common.structured import json_schema_spec
 
 EMPTY_OBJECT = {"type": "object", "properties": {}}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,7 +20,6 @@ from prometheus_client.registry import Collector
 
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.outputs import EngineStats, RequestMetrics, SpecDecodeStats
-from pagedserve.openai_compat.response_store import ResponseStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -126,10 +126,23 @@ class EngineStatsCollector(Collector):
         yield per_pos
 
 
+class StoreSize(Protocol):
+    """What the collector reads of /v1/responses' store (responses/store.py's `ResponseStore`),
+    named here so that common/ imports no endpoint."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def num_bytes(self) -> int: ...
+
+    @property
+    def num_evicted(self) -> int: ...
+
+
 class ResponseStoreCollector(Collector):
     """How full the /v1/responses store is, read when Prometheus scrapes."""
 
-    def __init__(self, store: ResponseStore, model_name: str) -> None:
+    def __init__(self, store: StoreSize, model_name: str) -> None:
         self._store = store
         self._model_name = model_name
 
@@ -197,7 +210,7 @@ class ServerMetrics:
         self.embedding_requests.labels(self.model_name).inc()
         self.embedding_inputs.labels(self.model_name).inc(num_inputs)
 
-    def watch_response_store(self, store: ResponseStore) -> None:
+    def watch_response_store(self, store: StoreSize) -> None:
         self.registry.register(ResponseStoreCollector(store, self.model_name))
 
     def render(self) -> bytes:

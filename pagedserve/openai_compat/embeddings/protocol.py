@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from pagedserve.openai_compat.protocol import FieldError, TokenId, _no_nul, _Strict
+from pagedserve.openai_compat.common.protocol import FieldError, TokenId, _no_nul, _Strict
 
 MAX_INPUTS = 2048
 """OpenAI's limit on the inputs of one request."""

@@ -8,7 +8,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from pagedserve.openai_compat import errors
+from pagedserve.openai_compat.common import errors
 
 M = TypeVar("M", bound=BaseModel)
 

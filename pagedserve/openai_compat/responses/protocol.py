@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from pagedserve.openai_compat.protocol import FieldError, _no_nul, _Strict
+from pagedserve.openai_compat.common.protocol import FieldError, _no_nul, _Strict
 
 Text = Annotated[str, AfterValidator(_no_nul)]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]

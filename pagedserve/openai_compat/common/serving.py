@@ -19,9 +19,9 @@ from pagedserve.core.sampling_params import (
     SamplingParamsError,
     StructuredOutputs,
 )
-from pagedserve.openai_compat import errors
-from pagedserve.openai_compat.metrics import ServerMetrics
-from pagedserve.openai_compat.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.metrics import ServerMetrics
+from pagedserve.openai_compat.common.protocol import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("pagedserve.server")
 T = TypeVar("T")

@@ -19,11 +19,11 @@ from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
 from pagedserve.core.chat_template import ChatTemplate
-from pagedserve.openai_compat.response_store import ResponseStore, StoredResponse
+from pagedserve.openai_compat.responses.store import ResponseStore, StoredResponse
 from pagedserve.openai_compat.server_config import ServerConfig
+from tests.openai_compat.chat.test_app_tools_reasoning import CALL, QWEN_LIKE
 from tests.openai_compat.fake_app import fake_client
 from tests.openai_compat.fake_engine import FakeEngine
-from tests.openai_compat.test_app_tools_reasoning import CALL, QWEN_LIKE
 from tests.openai_compat.test_disconnect_fake import LiveServer, _wait
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -397,7 +397,7 @@ def test_client_gone_aborts_and_stores_cancelled() -> None:
 
 
 def test_items_become_chat_messages() -> None:
-    from pagedserve.openai_compat.responses_input import chat_messages
+    from pagedserve.openai_compat.responses.input import chat_messages
 
     call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
     items = [
@@ -425,10 +425,10 @@ def test_items_become_chat_messages() -> None:
 
 
 def test_a_stream_left_before_generation_starts_is_aborted_and_recorded() -> None:
-    from pagedserve.openai_compat.metrics import ServerMetrics
-    from pagedserve.openai_compat.protocol_responses import ResponsesRequest
-    from pagedserve.openai_compat.serving_common import ServingContext
-    from pagedserve.openai_compat.serving_responses import ResponsesService
+    from pagedserve.openai_compat.common.metrics import ServerMetrics
+    from pagedserve.openai_compat.common.serving import ServingContext
+    from pagedserve.openai_compat.responses.protocol import ResponsesRequest
+    from pagedserve.openai_compat.responses.serving import ResponsesService
 
     async def main() -> None:
         engine = FakeEngine(token_delay=0.05)

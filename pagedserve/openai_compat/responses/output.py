@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedserve.openai_compat.chat_output import ChoiceDelta
-from pagedserve.openai_compat.protocol_responses import ResponsesRequest
-from pagedserve.openai_compat.responses_input import (
+from pagedserve.openai_compat.chat.output import ChoiceDelta
+from pagedserve.openai_compat.chat.tool_parsers import ToolCallDelta
+from pagedserve.openai_compat.responses.input import (
     echoed_tool_choice,
     echoed_tools,
     new_item_id,
 )
-from pagedserve.openai_compat.tool_parsers import ToolCallDelta
+from pagedserve.openai_compat.responses.protocol import ResponsesRequest
 
 Event = dict[str, Any]
 """A stream event without its sequence_number (the writer numbers them)."""

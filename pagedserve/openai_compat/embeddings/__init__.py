@@ -1,0 +1,1 @@
+"""/v1/embeddings: its request model and serving."""
