@@ -8,14 +8,14 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
-    from pagedserve.core.llm import LLM
+    from pagedserve.core.engine.llm import LLM
     from pagedserve.core.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import pagedserve` (e.g. by the CLI's --help) does not load torch.
     if name == "LLM":
-        from pagedserve.core.llm import LLM
+        from pagedserve.core.engine.llm import LLM
 
         return LLM
     if name == "SamplingParams":

@@ -182,7 +182,7 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from pagedserve.core.async_engine import AsyncEngine
+    from pagedserve.core.engine.async_engine import AsyncEngine
     from pagedserve.openai_compat.app import create_app
 
     stop = asyncio.Event()
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     configure_logging(server)
     if engine.parallel.node_rank != 0:  # another node of a tensor-parallel engine
-        from pagedserve.core.distributed.node import run_node
+        from pagedserve.node import run_node
 
         return run_node(engine)
     limit_malloc_arenas()

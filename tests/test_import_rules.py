@@ -19,20 +19,35 @@ STDLIB_ONLY = [
     "request",
     "outputs",
     "errors",
-    "kv_cache",
+    "sched.kv_cache",
 ]
 NO_TORCH = [
-    "scheduler",
-    "kv_cache",
+    "sched.scheduler",
+    "sched.kv_cache",
     "gguf_reader",
     "ops.native",
-    "engine",
-    "output_processor",
+    "engine.llm_engine",  # itself: the model runner it drives is the tensors' owner
+    "engine.output_processor",
     "engine_client",
     "spec_decode.ngram",
     "spec_decode.speculator",
     "spec_decode.verify",
 ]
+TORCH_FREE_CLOSURE = [m for m in NO_TORCH if m != "engine.llm_engine"] + ["request", "config"]
+"""Modules whose every import, transitively, loads no torch (checked by importing them)."""
+LAYERS = [
+    {"config", "errors", "outputs", "sampling_params", "pooling_params", "gguf_reader"},
+    {"ops"},  # the native kernels' wrappers and the CPU's ISA levels
+    {"tokenizers", "sched", "structured"},
+    {"attention", "sampling", "request", "engine_client"},
+    {"distributed"},  # the tensor-parallel group and the step channel
+    {"models"},
+    {"device_policy", "spec_decode", "executor"},
+    {"runner"},
+    {"engine"},
+]
+"""pagedserve.core's packages (and loose modules), bottom first: a module imports only from its
+own layer and the ones below (docs/design.md's picture)."""
 SERVER_LIBS = {"starlette", "hypercorn", "orjson", "pydantic", "prometheus_client"}
 
 
@@ -59,7 +74,7 @@ def modules() -> dict[str, set[str]]:
 
 
 def test_walk_finds_the_package() -> None:
-    assert "pagedserve.core.engine" in modules()
+    assert "pagedserve.core.engine.llm_engine" in modules()
 
 
 def test_core_never_imports_the_server_side() -> None:
@@ -92,7 +107,7 @@ def test_bookkeeping_never_imports_torch(module: str) -> None:
 
 def test_the_server_side_holds_the_engine_through_the_protocol() -> None:
     """openai_compat sees the engine only as core.engine_client's EngineClient."""
-    engine_modules = ("pagedserve.core.async_engine", "pagedserve.core.engine")
+    engine_modules = ("pagedserve.core.engine.async_engine", "pagedserve.core.engine.llm_engine")
     for name, imported in modules().items():
         if name.startswith("pagedserve.openai_compat"):
             assert not set(imported) & set(engine_modules), name
@@ -113,7 +128,7 @@ def test_each_compiled_module_has_one_importer() -> None:
 
 
 TOKENIZER_SIDE = (
-    "pagedserve.core.tokenizer",
+    "pagedserve.core.tokenizers.load",
     "pagedserve.core.tokenizers",
     "pagedserve.core.gguf_reader",
 )
@@ -133,7 +148,7 @@ def test_tokenizers_never_import_models_ops_or_torch() -> None:
 def test_loading_the_tokenizer_side_imports_no_torch() -> None:
     """Transitively, at run time: a GGUF vocabulary loads without torch or the native ops."""
     code = (
-        "import sys, pagedserve.core.tokenizer; "
+        "import sys, pagedserve.core.tokenizers.load; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('pagedserve.core.ops')]; "
         "assert not bad, bad"
     )
@@ -162,6 +177,67 @@ def test_no_import_cycles() -> None:
 
     for name in graph:
         visit(name, ())
+
+
+def _core_unit(module: str) -> str:
+    """The package (or loose module) of pagedserve.core that `module` belongs to."""
+    return module.removeprefix("pagedserve.core.").split(".")[0]
+
+
+def _layer(unit: str) -> int:
+    found = [i for i, layer in enumerate(LAYERS) if unit in layer]
+    assert found, f"pagedserve.core.{unit} is in no layer of LAYERS: add it where it belongs"
+    return found[0]
+
+
+def test_core_imports_only_go_down() -> None:
+    for name, imported in modules().items():
+        if not name.startswith("pagedserve.core.") or name.endswith("core.__init__"):
+            continue
+        own = _layer(_core_unit(name))
+        for target in imported:
+            if target.startswith("pagedserve.core."):
+                assert _layer(_core_unit(target)) <= own, f"{name} imports {target}: upward"
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Transitively: the graph of packages (pagedserve.core's packages and loose modules, the
+    other top-level parts of pagedserve) has no cycle."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        unit = _unit(name)
+        targets = {
+            _unit(i) for i in imports_of(path, every_from=True) if i.startswith("pagedserve.")
+        }
+        graph.setdefault(unit, set()).update(targets - {unit})
+    done: set[str] = set()
+
+    def visit(unit: str, path: tuple[str, ...]) -> None:
+        assert unit not in path, " -> ".join((*path[path.index(unit) :], unit))
+        if unit in done or unit not in graph:
+            return
+        for target in graph[unit]:
+            visit(target, (*path, unit))
+        done.add(unit)
+
+    assert {"core.models", "core.attention", "core.engine", "openai_compat"} <= set(graph)
+    for unit in graph:
+        visit(unit, ())
+
+
+def _unit(module: str) -> str:
+    parts = module.removeprefix("pagedserve.").split(".")
+    return ".".join(parts[:2]) if parts[0] == "core" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("module", TORCH_FREE_CLOSURE)
+def test_torch_free_modules_load_no_torch(module: str) -> None:
+    code = (
+        f"import sys, pagedserve.core.{module}; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 SERVER = "pagedserve.openai_compat"

@@ -1,7 +1,7 @@
 // pybind11 glue for the CPU paged-attention kernels (paged_attention.hpp). The argument structs
 // are bound here, once; pagedserve._cuda reuses these Python types (pybind11 shares registered
 // types across modules). Pointers cross as ints; the GIL is released while a kernel runs.
-// pagedserve/core/ops/attention.py is the only caller.
+// pagedserve/core/attention/ops.py is the only caller.
 #include <pybind11/pybind11.h>
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // pybind11 glue for the bf16 CPU decoder stack (decoder_stack.hpp): pointers as ints, each
 // layer's weights a named struct (DecoderLayerWeights), the GIL released while a step runs.
-// pagedserve/core/ops/decoder_stack.py is the only caller.
+// pagedserve/core/models/decoder_stack/ops.py is the only caller.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

@@ -1,7 +1,7 @@
 // pybind11 glue for the Scheduler (scheduler.hpp). The step plan and the stats cross as bound
 // structs with named fields; the plan's arrays are read-only numpy views into the scheduler's
 // buffers (valid until the next schedule()), each keeping the plan, and so the scheduler, alive.
-// pagedserve/core/scheduler.py is the only caller.
+// pagedserve/core/sched/scheduler.py is the only caller.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -15,11 +15,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
-# auto, portable, the x86-64 levels, the aarch64 ones (pagedserve/core/ops/cpu_features.py).
-CPU_ISAS = (
-    "auto", "portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx",
-    "neon", "neon_dotprod", "neon_i8mm",
-)  # fmt: skip
+X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
+"""x86-64's ISA levels, lowest first (what each means: pagedserve/core/ops/cpu_features.py)."""
+ARM_ISAS = ("portable", "neon", "neon_dotprod", "neon_i8mm")
+"""aarch64's ISA levels, lowest first."""
+CPU_ISAS = ("auto", *X86_ISAS, *ARM_ISAS[1:])
+"""--cpu-isa's choices: auto (the CPU's best), then every level of either architecture."""
 TASKS = ("auto", "generate", "embed")
 SPECULATIVE_METHODS = ("ngram", "draft")
 

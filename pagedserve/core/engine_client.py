@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pagedserve.core.chat_template import ChatTemplate
     from pagedserve.core.outputs import EngineStats, RequestOutput
     from pagedserve.core.pooling_params import PoolerConfig, PoolingParams
     from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
-    from pagedserve.core.tokenizer import Tokenizer
+    from pagedserve.core.tokenizers.chat_template import ChatTemplate
+    from pagedserve.core.tokenizers.load import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 An embedding request is a prefill-only request: it runs through the same scheduler as any
 other, its prompt's last chunk "samples" one placeholder token that is never kept, and the model
-runner hands back the pooled hidden state instead (core/pooler.py). Its KV pages are freed in
+runner hands back the pooled hidden state instead (core/runner/pooler.py). Its KV pages are freed in
 the same step.
 """
 

@@ -10,8 +10,8 @@ from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pagedserve.core.detokenizer import IncrementalDetokenizer
     from pagedserve.core.structured.state import CompiledGrammar, GrammarState
+    from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
 
 
 @dataclass

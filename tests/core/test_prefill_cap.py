@@ -11,7 +11,7 @@ from pagedserve import LLM, SamplingParams
 from pagedserve.cli import build_parser, configs_from_args
 from pagedserve.core.config import SchedulerConfig, field_docs
 from pagedserve.core.models.resolve import ResolvedModel
-from pagedserve.core.scheduler import Scheduler, StepPlan
+from pagedserve.core.sched.scheduler import Scheduler, StepPlan
 
 
 def run_step(s: Scheduler) -> StepPlan:

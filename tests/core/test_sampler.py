@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from pagedserve.core.outputs import TokenLogprob
-from pagedserve.core.sampler import (
+from pagedserve.core.sampling import kernels
+from pagedserve.core.sampling.sampler import (
     Sampler,
     SamplingBatch,
     SamplingRow,
     apply_edits,
     prompt_logprobs,
 )
-from pagedserve.core.sampling import kernels
 from pagedserve.core.sampling_params import SamplingParams
 
 V = 700  # > 2 chunks of kernels.CHUNK, with a partial last chunk
@@ -186,7 +186,7 @@ def test_min_p_one_keeps_exactly_the_most_likely_tokens() -> None:
 @pytest.mark.parametrize("top_k", [0, 50])  # the whole-vocabulary path and the top-k path
 def test_top_p_below_float32_range_keeps_the_most_likely_token(top_k: int) -> None:
     """top_p = 3.75e-216 is valid (> 0) but 0 in float32: the nucleus is still the top token
-    (found by bench/fuzz_long.py as a 500: nothing was kept and the draw indexed column -1)."""
+    (found by bench/serving/fuzz_long.py as a 500: nothing was kept and the draw indexed column -1)."""
     x = peaked_logits()
     top = int(x.argmax())
     counts = draw_counts(x, SamplingParams(top_p=3.75e-216, top_k=top_k), draws=200)

@@ -1,11 +1,11 @@
-"""Hand-worked step plans of the scheduler wrapper (pagedserve/core/scheduler.py)."""
+"""Hand-worked step plans of the scheduler wrapper (pagedserve/core/sched/scheduler.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pagedserve.core.scheduler import AdmissionError, Scheduler, StepPlan
+from pagedserve.core.sched.scheduler import AdmissionError, Scheduler, StepPlan
 
 
 def make(**overrides: int | bool) -> Scheduler:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pagedserve.core.scheduler import AdmissionError, Scheduler, StepPlan
+from pagedserve.core.sched.scheduler import AdmissionError, Scheduler, StepPlan
 
 TOKENS = st.integers(0, 2)  # a tiny vocabulary so that prompts share prefixes often
 MAX_MODEL_LEN = 24

@@ -34,7 +34,7 @@ def runs_natively(level: str) -> str | None:
     it, so no instruction of a higher level can leak past the dispatch, and the native runs of
     the same tests (the sanitized C++ tests, the whole suite) already cover the level, several
     times faster than qemu's TCG, which on an AVX2 host emulates AVX2 slowly."""
-    from pagedserve.core.ops.cpu_features import X86_ISAS
+    from pagedserve.core.config import X86_ISAS
     from pagedserve.core.ops.native import core
 
     best = str(core.cpu_isa_supported())

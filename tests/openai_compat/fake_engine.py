@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.engine_client import EngineClient, ModelInfo
 from pagedserve.core.errors import ContextLengthError, QueueFullError
 from pagedserve.core.outputs import (
@@ -23,7 +22,8 @@ from pagedserve.core.outputs import (
 )
 from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
-from pagedserve.core.tokenizer import Tokenizer, TokenizerMeta
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
+from pagedserve.core.tokenizers.load import Tokenizer, TokenizerMeta
 
 EOS = 256
 TAG_TEMPLATE = (

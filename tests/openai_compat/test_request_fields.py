@@ -10,7 +10,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from pagedserve.core.chat_template import ChatTemplate
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
 from tests.openai_compat.fake_app import fake_client
 from tests.openai_compat.fake_engine import FakeEngine
 

@@ -23,7 +23,7 @@ import numpy as np
 
 with atheris.instrument_imports():
     from pagedserve.core.ops.native import core
-    from pagedserve.core.scheduler import Scheduler
+    from pagedserve.core.sched.scheduler import Scheduler
 
 EXPECTED = (ValueError, IndexError, RuntimeError, TypeError, OverflowError)
 INT32 = 2**31

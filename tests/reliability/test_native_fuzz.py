@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedserve.core.ops.native import core
-from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.sched.scheduler import Scheduler
 
 EXPECTED = (ValueError, IndexError, RuntimeError, TypeError, OverflowError)
 FUZZ_SECONDS = 20  # CI's share; run the target by hand for longer

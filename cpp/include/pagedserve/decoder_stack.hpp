@@ -3,7 +3,7 @@
 // do one by one (RMSNorm, packed qkv projection, rotary, cache write, paged attention, o
 // projection + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so its results are
 // those of the per-op path bit for bit. Why: the Python between a step's ~240 kernel calls took
-// 1.35 s of a 9.4 s offline run (bench/RESULTS.md). models/decoder_stack.py is the only caller.
+// 1.35 s of a 9.4 s offline run (bench/RESULTS.md). models/decoder_stack/stack.py is the only caller.
 #pragma once
 
 #include <cstdint>

@@ -17,7 +17,7 @@
 // only configured shorter), so a call that always takes AMX (amx_from_rows = 1) stays
 // batch-invariant. A row threshold does where the rows below it sum in the tiles' order
 // (LinearArgs::tile_order: a pair's even feature first, on AVX512-BF16; bit for bit the
-// emulation) and the CPU's tiles do what the SDM says (core/models/linear_dispatch.py checks on
+// emulation) and the CPU's tiles do what the SDM says (core/models/linear/dispatch.py checks on
 // the hardware). The features past the last whole 32 run in that order too, so a tile product
 // is the SDM's order throughout.
 //

@@ -1,6 +1,6 @@
 // The dense linear entries (linear.hpp): the argument checks, then the path of the active ISA
 // level (kernels.hpp). Whether a layer runs them at all, or torch's matmul, is Python's choice,
-// measured per row count at start-up (core/models/linear_dispatch.py).
+// measured per row count at start-up (core/models/linear/dispatch.py).
 #include <algorithm>
 #include <stdexcept>
 

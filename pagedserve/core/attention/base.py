@@ -58,7 +58,7 @@ class AttentionBackend(ABC):
     batch_invariant: bool = True
     """Each query's output is fixed by its own position and keys alone, whatever shares the
     call (a kernel property; the native backend can trade it for speed, --no-deterministic)."""
-    """Its kernels are the ones ops/decoder_stack.py calls, so a model may run all its layers in
+    """Its kernels are the ones models/decoder_stack/ops.py calls, so a model may run all its layers in
     that one native call instead of calling forward() layer by layer."""
 
     @abstractmethod

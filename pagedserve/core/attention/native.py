@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedserve.core.attention import ops
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
-from pagedserve.core.ops import attention as ops
 
 
 class NativeAttentionBackend(AttentionBackend):

@@ -20,7 +20,7 @@ import torch
 
 from pagedserve.core.attention.base import AttentionMetadata
 from pagedserve.core.distributed.group import TPGroup
-from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.sched.scheduler import StepPlan
 
 STOP, STEP = 0, 1
 _HEADER = 8  # command, tokens, requests, page-table width, sampled, prompt chunks, max q, max s

@@ -11,9 +11,9 @@ The batch is flattened: every tensor is [num_tokens, ...] with no padding; which
 token belongs to lives only in AttentionMetadata. Weights are fused at load time (q/k/v into
 qkv_proj, gate/up into gate_up_proj), each residual add rides on the matmul before it, and on
 CPU the norms and rotary are native ops. pack_weights() moves the linear layers onto the native
-bf16 kernel where it applies (models/linear.py), and where every layer is then a plain Llama
+bf16 kernel where it applies (models/linear/dense.py), and where every layer is then a plain Llama
 layer running natively it hands the whole stack to one native call per step
-(models/decoder_stack.py), with the same results bit for bit.
+(models/decoder_stack/stack.py), with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from torch import nn
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.decoder_stack import DecoderStack
+from pagedserve.core.models.decoder_stack.stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
-from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.linear.dense import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
-from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.ops import layer_ops
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed_sin), each [n, 1, head_size]
@@ -184,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
             local = rope_inv_freq(arch.head_size, arch.local_rope_theta, None)
             self.local_rope = rope_tables(local, positions, dtype, device)
         self.stack: DecoderStack | None = None  # set by pack_weights() where it applies
-        self.quantization = ""  # what runs the linears kept quantized (models/quantized.py)
+        self.quantization = ""  # what runs the linears kept quantized (models/linear/quantized.py)
         self.torch_from: int | None = None  # route_linears(): rows from which torch runs them
         self.amx_from = 0  # use_amx(): rows from which the native bf16 kernel takes AMX tiles
         self.amx_int8_from = 0  # and the quantized kernel AMX-INT8 tiles
@@ -213,7 +213,7 @@ class LlamaForCausalLM(nn.Module):
         """Native bf16 products of at least `from_rows` rows (0: never, 1: every one) run on
         AMX-BF16 tiles (fewer rows in the tiles' order with tile_order), quantized ones of at
         least `int8_from_rows` on AMX-INT8 tiles, where the CPU grants them: every layer's,
-        lm_head's and the decoder stack's (models/linear_dispatch.py decides)."""
+        lm_head's and the decoder stack's (models/linear/dispatch.py decides)."""
         for m in self.modules():
             if isinstance(m, PackableLinear):
                 m.use_amx(from_rows, tile_order)
@@ -239,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
 
     def route_linears(self, torch_from: int | None) -> int:
         """Steps of at least `torch_from` rows run the layers one by one with torch's matmul
-        in every dense projection (models/linear_dispatch.py); fewer keep the native kernel and
+        in every dense projection (models/linear/dispatch.py); fewer keep the native kernel and
         the decoder stack. Needs pack_weights(keep_unpacked=True); returns the bytes the kept
         weights take. None: native at every row count."""
         projections = self.dense_projections()

@@ -254,7 +254,7 @@ def iter_gguf_weights(
     reader: GGUFReader, arch: ArchConfig, skip: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every weight but the GGUF tensors named in skip (kept
-    quantized, models/quantized.py), Q/K rows back in HF's rotary order."""
+    quantized, models/linear/quantized.py), Q/K rows back in HF's rotary order."""
     permuted = arch.architecture in PERMUTED_ARCHITECTURES
     gguf_arch = _field(reader, "general.architecture")
     for tensor in reader.tensors:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.linear import GateUpLinear, Linear
+from pagedserve.core.models.linear.dense import GateUpLinear, Linear
 
 
 class DenseMLP(nn.Module):

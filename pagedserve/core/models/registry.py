@@ -18,8 +18,8 @@ from pagedserve.core.distributed.group import TPGroup
 from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
+from pagedserve.core.models.linear.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.llama import LlamaForCausalLM
-from pagedserve.core.models.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import parallelize, shard_arch, shard_weight
 
@@ -183,10 +183,10 @@ def load_model(
     With a tensor-parallel `group`, this rank's shard (models/tensor_parallel.py); model.arch
     is then the rank's shape, the returned ArchConfig the whole model's.
     quantization "auto" keeps a GGUF's quantized linears quantized where a kernel exists
-    (models/quantized.py; what runs is in model.quantization), "none" dequantizes everything;
+    (models/linear/quantized.py; what runs is in model.quantization), "none" dequantizes everything;
     tensor-parallel shards are dequantized (the quantized layers are not sharded).
-    pack=False leaves model.pack_weights() to the caller (startup.py, which first decides
-    whether the weights stay unpacked too: models/linear_dispatch.py).
+    pack=False leaves model.pack_weights() to the caller (device_policy.pack_for_dispatch, which
+    first decides whether the weights stay unpacked too: models/linear/dispatch.py).
     head_optional: an embedding checkpoint without lm_head.weight (a bare backbone) loads,
     with model.has_lm_head False (the embeddings stand in, so the module stays whole; the
     engine refuses to sample from it).

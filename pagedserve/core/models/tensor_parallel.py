@@ -29,7 +29,7 @@ from torch import nn
 
 from pagedserve.core.distributed.group import TPGroup
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.linear import Linear
+from pagedserve.core.models.linear.dense import Linear
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
 

@@ -16,11 +16,11 @@ the CPU then looks like one of that level to everything here (the kernels, --cpu
 AVX2-only CPU would, servers included; torch's own kernels still take the real CPU's paths.
 
 Levels (CPU_ISAS: this machine's architecture's ladder), each the one before plus. x86-64
-(X86_ISAS): avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI for the int8 kernel (an extension more
+(config.X86_ISAS): avx2 = AVX2 + FMA + F16C; avx2_vnni = AVX-VNNI for the int8 kernel (an extension more
 than a level: AVX-512 CPUs may lack it, so from this level up it is used where the CPU has it,
 and on a CPU without it the level is avx2); avx512 = AVX-512 F/BW/VL/DQ (the int8 kernels also
 want VNNI); avx512_bf16 = AVX512-BF16; amx = AMX-BF16 and AMX-INT8 tiles granted by Linux.
-aarch64 (ARM_ISAS): neon = Advanced SIMD (every aarch64 CPU); neon_dotprod = the SDOT / UDOT
+aarch64 (config.ARM_ISAS): neon = Advanced SIMD (every aarch64 CPU); neon_dotprod = the SDOT / UDOT
 dot products (Linux hwcap ASIMDDP); neon_i8mm = the int8 matrix multiplies (hwcap2 I8MM, for the
 int8 kernel). The ladders share only portable: the other architecture's
 levels are refused by name, and no aarch64 level is "at least" an x86 one. Each kernel family
@@ -37,11 +37,9 @@ from functools import cache
 from pathlib import Path
 
 from pagedserve.core import config
+from pagedserve.core.config import ARM_ISAS, X86_ISAS
 from pagedserve.core.ops.native import core
 
-X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
-ARM_ISAS = ("portable", "neon", "neon_dotprod", "neon_i8mm")
-assert set(X86_ISAS + ARM_ISAS) == set(config.CPU_ISAS) - {"auto"}
 CPU_ISAS = ARM_ISAS if str(core.cpu_isa_supported()) in ARM_ISAS[1:] else X86_ISAS
 """This machine's ISA levels, lowest first (cpu_features.hpp's CpuIsa: aarch64's where the
 native library reports one, x86-64's elsewhere, where a CPU without AVX2 runs portable only)."""

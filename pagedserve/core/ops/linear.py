@@ -12,7 +12,7 @@ every level, on AVX-512 from avx512.
     packed_linear(..., amx_from_rows=64)            bf16 calls of >= 64 rows on AMX tiles
     packed_linear(..., 64, tile_order=True)         ... fewer summed in the tiles' order
 
-Both products are NativeOps (ops/base.py). models/linear.py holds the layers that use them.
+Both products are NativeOps (ops/base.py). models/linear/dense.py holds the layers that use them.
 """
 
 from __future__ import annotations

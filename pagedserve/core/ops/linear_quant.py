@@ -10,7 +10,7 @@ time by the ISA level; every path gives the same bits.
 
 Batch-invariant like the bf16 kernel: each output is the same operations in the same order
 whatever the number of rows; the AMX-INT8 tiles give the VNNI path's bits (exact int32 sums),
-so a row threshold keeps that. models/quantized.py holds the layers that use it.
+so a row threshold keeps that. models/linear/quantized.py holds the layers that use it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one importer of the compiled modules.
 
 `core` is pagedserve._core (always built). `cuda` is pagedserve._cuda, or None when the package
-was built without a CUDA toolkit. The typed wrappers (core/scheduler.py and the op modules
+was built without a CUDA toolkit. The typed wrappers (core/sched/scheduler.py and the op modules
 beside this one) use these and `require` for their argument checks; nothing else imports the
 compiled modules. Torch-free: the scheduler's bookkeeping imports it.
 """

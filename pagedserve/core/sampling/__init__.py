@@ -1,1 +1,1 @@
-"""The pieces of the batched sampler; `pagedserve.core.sampler` is the public entry point."""
+"""The pieces of the batched sampler; `pagedserve.core.sampling.sampler` is the public entry point."""

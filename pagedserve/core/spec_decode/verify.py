@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from pagedserve.core.scheduler import StepPlan
+    from pagedserve.core.sched.scheduler import StepPlan
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive
 
-from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import StructuredOutputs
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
 from pagedserve.openai_compat.chat.output import OutputPlan
 from pagedserve.openai_compat.chat.reasoning import wants_reasoning
 from pagedserve.openai_compat.chat.tools import ToolPlan, plan_tools, template_messages

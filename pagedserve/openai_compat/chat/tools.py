@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedserve.core.chat_template import ChatTemplate
 from pagedserve.core.sampling_params import StructuredOutputs
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
 from pagedserve.openai_compat.chat.tool_parsers import (
     PARSERS,
     SPECIAL_TOKEN_PARSERS,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedserve.core.attention import ops
 from pagedserve.core.attention.base import AttentionMetadata
-from pagedserve.core.ops import attention as ops
 
 SEQ_LEN = 150  # spans 64-key blocks and several pages
 

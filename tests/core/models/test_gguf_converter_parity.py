@@ -29,7 +29,8 @@ CONVERTERS = sorted(WORK.glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not CONVERTERS, reason="llama.cpp's converter is not unpacked: run bench/serving/build_llama_cpp.sh"
+        not CONVERTERS,
+        reason="llama.cpp's converter is not unpacked: run bench/serving/build_llama_cpp.sh",
     ),
 ]
 CASES = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.core.models.linear import GateUpLinear, Linear
+from pagedserve.core.models.linear.dense import GateUpLinear, Linear
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.cpu_features import forced_cpu_isa, runnable_isas
 from pagedserve.core.ops.linear import (

@@ -1,5 +1,5 @@
 """The native kernels' AMX tiles as the engine uses them (cpp/src/linear/amx.hpp,
-linear_quant/amx.hpp, models/linear_dispatch.py): the bf16 choice on given timings, with
+linear_quant/amx.hpp, models/linear/dispatch.py): the bf16 choice on given timings, with
 --deterministic and without; the bf16 op on tiles against its AVX512-BF16 path; a whole engine
 on tiles (cpu_linear amx); the quantized kernel on AMX-INT8 tiles giving the VNNI path's bits,
 in the op and in the decoder stack, and its start-up choice. On a CPU without AMX the tiles are
@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from bench.common.tiny_models import write_gguf_model
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.attention.native import NativeAttentionBackend
-from pagedserve.core.engine.build import is_batch_invariant
+from pagedserve.core.device_policy import is_batch_invariant
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear import dispatch as linear_dispatch

@@ -1,5 +1,5 @@
 """The measured dispatch between the native packed linear kernel and torch's matmul on CPU
-(models/linear_dispatch.py): the decision on given timings, a real calibration, the forced and
+(models/linear/dispatch.py): the decision on given timings, a real calibration, the forced and
 the mixed paths against transformers' fp32 greedy tokens, and --deterministic keeping native;
 the calibration and the forced paths at each native path's level (avx2, avx512, avx512_bf16; a
 level the CPU lacks skips, saying so)."""
@@ -15,9 +15,9 @@ import torch
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.core.config import ModelConfig
-from pagedserve.core.models import linear as linear_module
-from pagedserve.core.models import linear_dispatch
-from pagedserve.core.models.linear_dispatch import (
+from pagedserve.core.models.linear import dense as linear_module
+from pagedserve.core.models.linear import dispatch as linear_dispatch
+from pagedserve.core.models.linear.dispatch import (
     DispatchInputs,
     Timing,
     layer_shapes,

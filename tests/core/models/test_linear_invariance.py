@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.core.models.linear import GateUpLinear, Linear
+from pagedserve.core.models.linear.dense import GateUpLinear, Linear
 from pagedserve.core.ops.linear import native_linear_available
 
 ROWS = (1, 2, 5, 7, 64, 300)

@@ -1,4 +1,4 @@
-"""GGUF weights kept quantized in the model (models/quantized.py, --quantization auto): which
+"""GGUF weights kept quantized in the model (models/linear/quantized.py, --quantization auto): which
 layers are swapped, that the loaded model computes what the dequantized one does within the
 int8 activations' rounding, tied embeddings, biases, fused parts of mixed types, and the
 fallback (with a log line naming the type) where no kernel exists."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from pagedserve.core.models.quantized import gated_row_table
+from pagedserve.core.models.linear.quantized import gated_row_table
 from pagedserve.core.ops.cpu_features import CPU_ISAS, cpu_features, forced_cpu_isa, isa_at_least
 from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
 from pagedserve.core.ops.native import core
@@ -145,7 +145,7 @@ def test_the_path_follows_the_isa_level(cpu_isa: str) -> None:
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_bf16_dequantized_alternative_is_exact_up_to_fp32_sums(qtype: Q) -> None:
-    """The measured alternative (bench/linear.py): bf16 x times weights converted in registers."""
+    """The measured alternative (bench/kernels/linear.py): bf16 x times weights converted in registers."""
     if quant_linear_path() == "portable" or not isa_at_least("avx512_bf16"):
         pytest.skip("the alternative needs AVX512-BF16 and VNNI")
     m, n, k = shapes(qtype)[1]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from pagedserve.core.chat_template import ChatTemplate
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
 from pagedserve.openai_compat.app import create_app
 from pagedserve.openai_compat.server_config import ServerConfig
 from tests.openai_compat.fake_engine import FakeEngine

@@ -18,7 +18,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
-from pagedserve.core.chat_template import ChatTemplate
+from pagedserve.core.tokenizers.chat_template import ChatTemplate
 from pagedserve.openai_compat.responses.store import ResponseStore, StoredResponse
 from pagedserve.openai_compat.server_config import ServerConfig
 from tests.openai_compat.chat.test_app_tools_reasoning import CALL, QWEN_LIKE

@@ -18,7 +18,7 @@ while the native kernels sum every output over k in order whatever the rows. Any
 (float16, CUDA, a CPU below AVX2, aarch64) the torch expressions run, and are not batch-invariant.
 
 A packed layer may also keep its [out, in] weight and take torch's matmul from `torch_from`
-rows on (route(); models/linear_dispatch.py measures where that pays, e.g. oneDNN's AMX tiles on
+rows on (route(); models/linear/dispatch.py measures where that pays, e.g. oneDNN's AMX tiles on
 Intel CPUs for batched products): fewer rows stay on the native kernel. On a CPU with AMX-BF16
 the native bf16 kernel itself runs calls of at least `amx_from` rows on AMX tiles (use_amx()).
 """

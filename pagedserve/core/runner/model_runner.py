@@ -9,7 +9,7 @@ the request, whatever the batch, preemptions or speculation did. A verification 
 sample as the decode steps they stand for (spec_decode/verify.py), and the result says how many
 drafts each row keeps. What leaves is plain: token ids as numpy, logprobs as TokenLogprob,
 embeddings as lists of floats (the Pooler pools the hidden states of embedding requests,
-core/pooler.py).
+core/runner/pooler.py).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import numpy as np
 import torch
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
-from pagedserve.core.distributed.launcher import TensorParallel
 from pagedserve.core.distributed.step import StepInputs
-from pagedserve.core.kv_cache import KVCacheSpec
+from pagedserve.core.executor.launcher import TensorParallel
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.outputs import TokenLogprob
-from pagedserve.core.pooler import Pooler
 from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
-from pagedserve.core.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
-from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.runner.pooler import Pooler
+from pagedserve.core.sampling.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
+from pagedserve.core.sched.kv_cache import KVCacheSpec
+from pagedserve.core.sched.scheduler import StepPlan
 from pagedserve.core.spec_decode.draft import DraftModel
 from pagedserve.core.spec_decode.verify import Verification, num_accepted, verification
 

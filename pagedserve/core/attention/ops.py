@@ -53,7 +53,7 @@ def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int |
 def check_index(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
 ) -> None:
-    """An index tensor of the metadata (also checked once per step by ops/decoder_stack.py)."""
+    """An index tensor of the metadata (also checked once per step by models/decoder_stack/ops.py)."""
     require(t.dtype == dtype, "{} must be {}, got {}", name, dtype, t.dtype)
     require(t.shape == shape, "{} must have shape {}, got {}", name, shape, tuple(t.shape))
     require(t.device == device, "{} is on {}, kv_cache on {}", name, t.device, device)

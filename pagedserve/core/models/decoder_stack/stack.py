@@ -1,11 +1,11 @@
-"""Where the native decoder stack (ops/decoder_stack.py) applies, and each layer's weights.
+"""Where the native decoder stack (models/decoder_stack/ops.py) applies, and each layer's weights.
 
     stack = DecoderStack.build(model.layers)       # None where it does not apply
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
 It applies where every piece of a layer runs natively anyway: bfloat16 on an x86-64 CPU from
 ISA level avx2 (all projections packed, or kept quantized as one GGUF type each, which the stack
-runs on the same quantized kernel: models/quantized.py), an attention backend whose kernels the stack calls
+runs on the same quantized kernel: models/linear/quantized.py), an attention backend whose kernels the stack calls
 (`native_decoder_stack`), eager mode (traced code keeps the per-layer ops). Everything else,
 float32 and so the transformers oracle included, runs the layers one by one as before.
 """
@@ -18,10 +18,10 @@ from typing import Protocol
 import torch
 
 from pagedserve.core.attention.base import AttentionBackend
-from pagedserve.core.models.linear import PackableLinear
+from pagedserve.core.models.decoder_stack.ops import NativeDecoderStack, StackShape
+from pagedserve.core.models.linear.dense import PackableLinear
+from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
-from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
-from pagedserve.core.ops.decoder_stack import NativeDecoderStack, StackShape
 from pagedserve.core.ops.native import core
 
 

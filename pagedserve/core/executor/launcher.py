@@ -26,10 +26,13 @@ from multiprocessing.process import BaseProcess
 
 import torch
 
-from pagedserve.core.config import ParallelConfig
+from pagedserve.core.config import EngineConfig, ParallelConfig
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import StepChannel
-from pagedserve.core.distributed.worker import WorkerSpec, threads_per_rank, worker_main
+from pagedserve.core.executor.worker import WorkerSpec, threads_per_rank, worker_main
+from pagedserve.core.models.registry import read_arch
+from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.models.tensor_parallel import check_divisible
 
 logger = logging.getLogger(__name__)
 
@@ -155,3 +158,27 @@ class TensorParallel:
 
 def _with_port(parallel: ParallelConfig, port: int) -> ParallelConfig:
     return dataclasses.replace(parallel, master_port=port)
+
+
+def start_tensor_parallel(
+    config: EngineConfig, resolved: ResolvedModel, dtype: torch.dtype, device: torch.device
+) -> TensorParallel | None:
+    """At tensor_parallel_size > 1, check the model divides, then start this node's workers and
+    join every rank (rank 0 is this process); None at 1."""
+    parallel = config.parallel
+    if parallel.tensor_parallel_size == 1:
+        return None
+    if parallel.node_rank != 0:
+        raise ValueError("node_rank: only node 0 runs the engine (other nodes run workers)")
+    check_divisible(read_arch(resolved), parallel.tensor_parallel_size)
+    spec = WorkerSpec(
+        resolved=resolved,
+        dtype=dtype,
+        device=device,
+        attention_backend=config.model.attention_backend,
+        deterministic=config.model.deterministic,
+        max_positions=config.model.max_model_len,
+        page_size=config.cache.page_size,
+        parallel=parallel,
+    )
+    return TensorParallel.start(spec)

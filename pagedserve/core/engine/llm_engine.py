@@ -18,18 +18,18 @@ import time
 from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.detokenizer import IncrementalDetokenizer
+from pagedserve.core.engine.build import EngineParts, build_engine_parts
+from pagedserve.core.engine.output_processor import OutputProcessor
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
-from pagedserve.core.model_runner import ModelRunner, PromptLogprobsSpec
-from pagedserve.core.output_processor import OutputProcessor
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
 from pagedserve.core.request import Request, Sequence
+from pagedserve.core.runner.model_runner import ModelRunner, PromptLogprobsSpec
 from pagedserve.core.sampling_params import SamplingParams
-from pagedserve.core.scheduler import StepPlan
+from pagedserve.core.sched.scheduler import StepPlan
 from pagedserve.core.spec_decode.speculator import Speculator
-from pagedserve.core.startup import EngineParts, build_engine_parts
 from pagedserve.core.structured import GrammarCache, GrammarState
+from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from multiprocessing.connection import wait
 from types import FrameType
 
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.distributed.launcher import spawn_workers, stop_processes
-from pagedserve.core.distributed.worker import WorkerSpec
+from pagedserve.core.device_policy import choose_device, choose_dtype
+from pagedserve.core.executor.launcher import spawn_workers, stop_processes
+from pagedserve.core.executor.worker import WorkerSpec
 from pagedserve.core.models.resolve import resolve_model
-from pagedserve.core.startup import choose_device, choose_dtype
 
 logger = logging.getLogger(__name__)
 

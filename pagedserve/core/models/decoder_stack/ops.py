@@ -3,7 +3,7 @@
     stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
-models/decoder_stack.py decides where it applies and gathers each layer's weights.
+models/decoder_stack/stack.py decides where it applies and gathers each layer's weights.
 
 It runs llama.py's layers kernel for kernel in C++ (RMSNorm, packed qkv, rotary, cache write,
 paged attention, o + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so the
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pagedserve.core.attention.base import AttentionMetadata
+from pagedserve.core.attention.ops import check_index, page_table_stride
 from pagedserve.core.ops import native
-from pagedserve.core.ops.attention import check_index, page_table_stride
 from pagedserve.core.ops.native import require
 
 _core = native.core

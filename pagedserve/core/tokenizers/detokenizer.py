@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedserve.core.tokenizer import Tokenizer
+from pagedserve.core.tokenizers.load import Tokenizer
 
 # Prompt tokens to seed the window with, so the first output token decodes in context.
 _PROMPT_CONTEXT = 6

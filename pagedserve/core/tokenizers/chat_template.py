@@ -18,7 +18,7 @@ from jinja2 import ext, meta, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pagedserve.core.tokenizer import Tokenizer
+from pagedserve.core.tokenizers.load import Tokenizer
 
 
 class ChatTemplateError(ValueError):

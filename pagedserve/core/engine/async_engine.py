@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.engine import LLMEngine
+from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams

@@ -22,8 +22,8 @@ from pagedserve.core.outputs import RequestOutput, TokenLogprob
 from pagedserve.core.request import Request, Sequence
 
 if TYPE_CHECKING:
-    from pagedserve.core.model_runner import StepResult
-    from pagedserve.core.scheduler import Scheduler, StepPlan
+    from pagedserve.core.runner.model_runner import StepResult
+    from pagedserve.core.sched.scheduler import Scheduler, StepPlan
 
 
 class OutputProcessor:

@@ -10,7 +10,7 @@ tiles; MKL's fp32 GEMM), chosen by the step's row count from a measurement.
     model.use_amx(dispatch.amx_from)                        # the native kernel's AMX tiles
 
 The calibration times one decoder layer's four dense projections (qkv, o with its residual,
-gate_up with SiLU-and-mul, down with its residual), each as models/linear.py runs it and each
+gate_up with SiLU-and-mul, down with its residual), each as models/linear/dense.py runs it and each
 after a native RMSNorm (so torch pays the hand-over between the two OpenMP pools it pays in a
 layer), on random weights of the model's shapes, at a few row counts (16, 64, 256 and the
 step's token budget, at most 1,024), the two paths alternating, medians of 3-7 calls: 0.26 s
@@ -48,8 +48,8 @@ from functools import cache
 import torch
 
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.linear import GateUpLinear, Linear, PackableLinear
-from pagedserve.core.models.quantized import QuantizedGateUpLinear, QuantizedLinear
+from pagedserve.core.models.linear.dense import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.cpu_features import cpu_features
 from pagedserve.core.ops.linear import (

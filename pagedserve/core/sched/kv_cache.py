@@ -64,3 +64,23 @@ def choose_num_pages(spec: KVCacheSpec, budget_bytes: int, min_pages_needed: int
             "max_model_len needs; raise the budget or lower max_model_len"
         )
     return num_pages
+
+
+def resolve_max_model_len(requested: int | None, max_positions: int) -> int:
+    """--max-model-len, or the model's max_position_embeddings when not given; never beyond it."""
+    if requested is None:
+        return max_positions
+    if requested > max_positions:
+        raise ValueError(
+            f"max_model_len: {requested} exceeds the model's {max_positions} positions"
+        )
+    return requested
+
+
+def size_kv_cache(
+    spec: KVCacheSpec, max_model_len: int, budget_bytes: int, num_pages: int | None = None
+) -> KVCacheLayout:
+    """The KV cache's size: `num_pages` when given (--num-pages), else as many pages as the
+    budget holds, and never fewer than one request of max_model_len needs."""
+    pages_per_request = -(-max_model_len // spec.page_size)
+    return KVCacheLayout(spec, num_pages or choose_num_pages(spec, budget_bytes, pages_per_request))

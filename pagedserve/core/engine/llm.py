@@ -17,7 +17,7 @@ from pagedserve.core.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from pagedserve.core.engine import LLMEngine
+from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams

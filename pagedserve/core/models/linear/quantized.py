@@ -53,7 +53,7 @@ class Segment:
 
 def _use_amx(layer: QuantizedLinear | QuantizedGateUpLinear, from_rows: int) -> None:
     """Products of at least `from_rows` rows on AMX-INT8 tiles where the CPU grants them: the
-    VNNI path's bits, so only speed decides (models/linear_dispatch.py; 0: never)."""
+    VNNI path's bits, so only speed decides (models/linear/dispatch.py; 0: never)."""
     require(from_rows >= 0, "use_amx: from_rows must be >= 0, got {}", from_rows)
     layer.amx_from = from_rows
 

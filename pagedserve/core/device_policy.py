@@ -1,0 +1,208 @@
+"""The device and CPU policy: the one place that decides where and how the model runs.
+
+    level = apply_cpu_isa(config.cpu_isa)             # --cpu-isa: the native kernels' ISA level
+    device = choose_device(config.device)             # --device auto: CUDA when torch sees one
+    dtype = choose_dtype(config.dtype, device, quantized)   # --dtype auto, by level and kernels
+    summary = pack_for_dispatch(model, config, dtype, device, tensor_parallel=False)
+    invariant = is_batch_invariant(model, attention, device)  # what --deterministic gives
+
+The ISA levels themselves (names, the CPU's features, forcing a level) are ops/cpu_features.py's,
+the kernels' own paths the ops' (`cpu_attention_path`, `quant_linear_path`, ...), and the
+dense linear's calibration models/linear/dispatch.py's; what is decided from them lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import torch
+
+from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.attention.ops import cpu_attention_path
+from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig
+from pagedserve.core.models.linear.dense import PackableLinear
+from pagedserve.core.models.linear.dispatch import (
+    DispatchInputs,
+    calibration_rows,
+    plan_dispatch,
+    quantized_amx_choice,
+    tiles_agree_with_avx512,
+)
+from pagedserve.core.models.linear.quantized import (
+    QuantizedGateUpLinear,
+    QuantizedLinear,
+    plan_quantized,
+)
+from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.loader_gguf import open_gguf
+from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
+from pagedserve.core.ops.linear import amx_available, native_linear_available
+from pagedserve.core.ops.linear_quant import quant_linear_path
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """ISA level avx512_bf16 or above (AVX-512 BF16, or AMX): bf16 matmuls run at about twice
+    fp32's speed there."""
+    return isa_at_least("avx512_bf16")
+
+
+def cpu_kernels(deterministic: bool, quantized: bool, dtype: torch.dtype) -> str:
+    """The start-up line's CPU kernels, e.g. "cpu kernels: isa avx2 (attention avx2, int8
+    linear avx2)" (the int8 path only for weights kept quantized), and what --deterministic
+    means at that level."""
+    attention = cpu_attention_path()
+    int8 = f", int8 linear {quant_linear_path()}" if quantized else ""
+    text = f"cpu kernels: isa {cpu_isa()} (attention {attention}{int8})"
+    if deterministic:  # attention/kernels.hpp: every level rounds alike, but for vdpbf16ps
+        text += "; deterministic: attention scores alike in any batch"
+        if dtype == torch.float32 or attention != "avx512_bf16":
+            text += ", its bits the same at every level"
+    elif attention in ("portable", "avx2"):
+        text += "; --no-deterministic: no faster decode attention at this level"
+    return text
+
+
+def apply_cpu_isa(name: str) -> str:
+    """Sets the native kernels' ISA level (auto: the CPU's best); returns the level that runs."""
+    if name == "auto":
+        return set_cpu_isa(cpu_isa_supported())
+    level = set_cpu_isa(name)
+    if level != name and name == "avx2_vnni":
+        logger.warning("cpu_isa avx2_vnni: this CPU has no AVX-VNNI, so the kernels run at avx2")
+    elif level != name:
+        logger.warning("cpu_isa %s: this CPU runs up to %s, so the kernels run at %s", name,
+                       cpu_isa_supported(), level)  # fmt: skip
+    return level
+
+
+def choose_dtype(name: str, device: torch.device, quantized: bool = False) -> torch.dtype:
+    """--dtype auto: bf16 on CUDA where the GPU has it (else fp16); on a CPU, bf16 where it has
+    AVX512-BF16, or, from ISA level avx2, where the linears run on native kernels that take bf16
+    and compute in fp32: the quantized ones (`quantized`: every linear kept quantized) or the
+    dense ones (AVX2 FMAs on bf16 widened in registers). bf16 is then storage between the layers
+    and lets the native decoder stack run (measured on dense SmolLM2-135M at level avx2: faster
+    than fp32, on torch's matmul or the native fp32 kernel, at c=1 decode and in a 1,000-token
+    prefill); else float32."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # Measured in bench/RESULTS.md: bf16 is faster on CPUs with native bf16 dot products.
+    if cpu_has_bf16() or (isa_at_least("avx2") and (quantized or native_linear_available())):
+        return torch.bfloat16
+    return torch.float32
+
+
+def choose_model_dtype(
+    config: EngineConfig, resolved: ResolvedModel, device: torch.device
+) -> torch.dtype:
+    """--dtype for this model: choose_dtype, told whether every linear stays quantized (on a CPU
+    without bf16 dot products, bf16 storage pays from avx2 only then or on the dense kernels)."""
+    mc = config.model
+    quantized = (
+        mc.dtype == "auto"
+        and device.type == "cpu"
+        and not cpu_has_bf16()
+        and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
+    )
+    return choose_dtype(mc.dtype, device, quantized)
+
+
+def every_linear_quantized(resolved: ResolvedModel, mc: ModelConfig, tensor_parallel: bool) -> bool:
+    """The CPU model will run every linear on the quantized kernels (quantization auto, a GGUF
+    whose every linear has a kernel, no tensor parallelism: shards are dequantized)."""
+    if mc.quantization != "auto" or resolved.format != "gguf" or tensor_parallel:
+        return False
+    arch, reader = open_gguf(resolved.path)
+    plan = plan_quantized(reader, arch, dtype=torch.float32, device=torch.device("cpu"), quiet=True)
+    return plan.every_linear_kept
+
+
+def pack_for_dispatch(
+    model: LlamaForCausalLM,
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    tensor_parallel: bool,
+) -> str:
+    """Pack the weights for the CPU linear path ModelConfig.cpu_linear picks (a calibration
+    for auto: models/linear_dispatch.py) and route the steps; what runs, "" off the CPU."""
+    if device.type != "cpu":
+        model.pack_weights()
+        return ""
+    mc, start = config.model, time.perf_counter()
+    inputs = DispatchInputs(
+        arch=model.arch,
+        dtype=dtype,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        quantized=bool(model.quantization),
+        tensor_parallel=tensor_parallel,
+        dense=bool(model.dense_projections()),
+    )
+    dispatch = plan_dispatch(mc.cpu_linear, mc.deterministic, inputs)
+    model.pack_weights(keep_unpacked=dispatch.keeps_weights)
+    kept = model.route_linears(dispatch.torch_from)
+    layers = model.decoder_layers()
+    int8_from, int8_note = quantized_amx_choice(
+        list(layers[0].modules()) if layers and model.quantization else [],
+        calibration_rows(config.scheduler.max_num_batched_tokens),
+        dtype,
+    )
+    model.use_amx(dispatch.amx_from, int8_from, dispatch.amx_tile_order)
+    if int8_note:
+        dispatch = replace(dispatch, summary=f"{dispatch.summary}; quantized kernel: {int8_note}")
+    logger.info(
+        "%s (decided in %.2f s)%s",
+        dispatch.summary,
+        time.perf_counter() - start,
+        f"; the unpacked weights kept for torch take {kept / 2**20:.1f} MiB more" if kept else "",
+    )
+    return dispatch.summary
+
+
+def is_batch_invariant(
+    model: torch.nn.Module, attention: AttentionBackend, device: torch.device
+) -> bool:
+    """True when every kernel of a forward fixes each output's reduction order whatever the
+    batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
+    layer on the native bf16/fp32 kernel at every row count (no step routed to torch by
+    --cpu-linear) or on the quantized one and the native CPU attention
+    with batch_invariant on (--deterministic, the default). torch's matmul (float16, CUDA, CPUs
+    without AVX512-BF16), the torch reference attention, --no-deterministic and the CUDA
+    kernels (whose decode splits long contexts) are not. The native kernel's AMX tiles keep it
+    at every row count or none, or from a row count where the rows below round as they do
+    (AVX512-BF16 itself, or summing in the tiles' order)."""
+    linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    orders = {m.tile_order for m in linears if m.amx_from > 1}  # thresholds, by their order
+    quantized = any(isinstance(m, QuantizedLinear | QuantizedGateUpLinear) for m in model.modules())
+    return (
+        device.type == "cpu"
+        and attention.batch_invariant
+        and (bool(linears) or quantized)
+        and all(m.packed is not None and m.torch_from is None for m in linears)
+        and (not amx_available() or all(tiles_agree_with_avx512(order) for order in orders))
+    )
+
+
+def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:
+    """The KV cache's memory budget: a share of the GPU's free memory, or --kv-cache-memory."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * cache.gpu_memory_utilization)
+    return int(cache.kv_cache_memory * (1 << 30))

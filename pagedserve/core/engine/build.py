@@ -1,0 +1,209 @@
+"""Wiring: an EngineConfig becomes the engine's parts, once, before the first step.
+
+Every decision is one call to the module that owns it, so that this file only connects them:
+device_policy (ISA level, device, dtype, linear dispatch, batch invariance), models.load_model
+(the weights), executor.launcher (tensor-parallel ranks), spec_decode.draft (the draft model),
+sched.kv_cache (how many KV pages), tokenizers (tokenizer and chat template).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.attention.registry import get_attention_backend
+from pagedserve.core.config import EngineConfig
+from pagedserve.core.device_policy import (
+    apply_cpu_isa,
+    choose_device,
+    choose_model_dtype,
+    cpu_kernels,
+    is_batch_invariant,
+    kv_budget_bytes,
+    pack_for_dispatch,
+)
+from pagedserve.core.engine_client import ModelInfo
+from pagedserve.core.executor.launcher import TensorParallel, start_tensor_parallel
+from pagedserve.core.executor.worker import share_num_pages
+from pagedserve.core.models import load_model
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.pooling_config import resolve_pooler
+from pagedserve.core.models.registry import read_arch
+from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+from pagedserve.core.pooling_params import PoolerConfig
+from pagedserve.core.runner.model_runner import ModelRunner
+from pagedserve.core.sched.kv_cache import KVCacheLayout, resolve_max_model_len, size_kv_cache
+from pagedserve.core.sched.scheduler import Scheduler
+from pagedserve.core.spec_decode.draft import build_draft_model
+from pagedserve.core.tokenizers.chat_template import ChatTemplate, load_chat_template
+from pagedserve.core.tokenizers.load import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    resolved: ResolvedModel
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    arch: ArchConfig
+    model_runner: ModelRunner
+    scheduler: Scheduler
+    max_model_len: int
+    kv_layout: KVCacheLayout
+    batch_invariant: bool
+    """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
+    weights: str = ""
+    """What runs the weights (ModelInfo.weights)."""
+    pooler: PoolerConfig | None = None
+    """How embedding requests pool (task embed); None: the model generates."""
+    can_generate: bool = True
+    """The model has an LM head (an embedding checkpoint may have none)."""
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(
+            name=self.resolved.name,
+            max_model_len=self.max_model_len,
+            vocab_size=self.tokenizer.vocab_size,
+            page_size=self.kv_layout.spec.page_size,
+            num_pages=self.kv_layout.num_pages,
+            dtype=str(self.model_runner.dtype).removeprefix("torch."),
+            device=str(self.model_runner.device),
+            batch_invariant=self.batch_invariant,
+            weights=self.weights,
+            task="embed" if self.pooler is not None else "generate",
+            pooler=self.pooler,
+        )
+
+
+@dataclass
+class _Loaded:
+    """The model on its device, with what start-up decided around it."""
+
+    model: LlamaForCausalLM
+    arch: ArchConfig
+    """The whole model's shape (model.arch is this rank's under tensor parallelism)."""
+    weights: str
+    max_model_len: int
+    layout: KVCacheLayout
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    mc = config.model
+    apply_cpu_isa(mc.cpu_isa)
+    resolved = resolve_model(mc.model)
+    device = choose_device(mc.device)
+    dtype = choose_model_dtype(config, resolved, device)
+    tokenizer = load_tokenizer(resolved.path)
+    template_path = Path(mc.chat_template) if mc.chat_template else None
+    chat_template = load_chat_template(tokenizer, template_path)
+    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
+    pooler = resolve_pooler(mc.task, resolved, read_arch(resolved).hidden_size, mc.matryoshka)
+    if pooler is not None and config.parallel.tensor_parallel_size > 1:
+        raise ValueError("task embed runs at tensor_parallel_size 1")
+    tp = start_tensor_parallel(config, resolved, dtype, device)
+    device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
+    try:
+        loaded = _load(config, resolved, dtype, device, attention, tp, pooler)
+    except BaseException:
+        if tp is not None:
+            tp.close(polite=False)
+        raise
+    runner = _model_runner(config, loaded, tokenizer, dtype, device, tp, pooler)
+    # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
+    # (gloo's and NCCL's algorithms chunk by size), so by the batch.
+    invariant = tp is None and is_batch_invariant(loaded.model, attention, device)
+    logger.info(
+        "model %s (%s, task %s) on %s in %s, weights: %s, tensor_parallel_size %d, "
+        "attention %s, %sbatch-invariant; %s",
+        resolved.name, loaded.arch.architecture, _describe_task(pooler), device, dtype,
+        loaded.weights, config.parallel.tensor_parallel_size, attention.name,
+        "" if invariant else "not ", loaded.layout.describe(),
+    )  # fmt: skip
+    return EngineParts(
+        resolved, tokenizer, chat_template, loaded.arch, runner,
+        _scheduler(config, loaded, pooler), loaded.max_model_len, loaded.layout, invariant,
+        loaded.weights, pooler, loaded.model.has_lm_head,
+    )  # fmt: skip
+
+
+def _load(
+    config: EngineConfig,
+    resolved: ResolvedModel,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention: AttentionBackend,
+    tp: TensorParallel | None,
+    pooler: PoolerConfig | None,
+) -> _Loaded:
+    """The weights, packed for the linear path the policy picks, and the KV cache's size."""
+    mc, page_size = config.model, config.cache.page_size
+    # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
+    # long factors only when the served context exceeds the original one).
+    model, arch = load_model(
+        resolved, dtype=dtype, device=device, attention=attention,
+        max_positions=mc.max_model_len, group=tp.group if tp else None,
+        quantization=mc.quantization, pack=False, head_optional=pooler is not None,
+    )  # fmt: skip
+    linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
+    weights = model.quantization or str(dtype).removeprefix("torch.")
+    weights += f"; {linears}" if linears else ""
+    if device.type == "cpu":
+        weights += f"; {cpu_kernels(mc.deterministic, bool(model.quantization), dtype)}"
+    max_model_len = resolve_max_model_len(mc.max_model_len, arch.max_position_embeddings)
+    spec = ModelRunner.kv_spec(model.arch, page_size, dtype)  # this rank's KV heads
+    budget = kv_budget_bytes(config.cache, device)
+    layout = size_kv_cache(spec, max_model_len, budget, config.cache.num_pages)
+    if tp is not None:
+        share_num_pages(tp.group, layout.num_pages)  # the same pages (page tables) on every rank
+    return _Loaded(model, arch, weights, max_model_len, layout)
+
+
+def _model_runner(
+    config: EngineConfig,
+    loaded: _Loaded,
+    tokenizer: Tokenizer,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp: TensorParallel | None,
+    pooler: PoolerConfig | None,
+) -> ModelRunner:
+    num_pages, page_size = loaded.layout.num_pages, config.cache.page_size
+    draft = None
+    if config.speculative.speculative_method == "draft":
+        if tp is not None:
+            raise ValueError("speculative_method draft runs at tensor_parallel_size 1")
+        draft = build_draft_model(config, tokenizer, dtype, device, num_pages)
+    return ModelRunner(
+        loaded.model, loaded.model.arch, num_pages=num_pages, page_size=page_size, dtype=dtype,
+        device=device, vocab_size=tokenizer.vocab_size, eos_token_ids=tokenizer.eos_token_ids,
+        tp=tp, pooler=pooler, draft=draft,
+    )  # fmt: skip
+
+
+def _scheduler(config: EngineConfig, loaded: _Loaded, pooler: PoolerConfig | None) -> Scheduler:
+    sc, cc = config.scheduler, config.cache
+    return Scheduler(
+        num_pages=loaded.layout.num_pages,
+        page_size=cc.page_size,
+        max_num_seqs=sc.max_num_seqs,
+        max_num_batched_tokens=sc.max_num_batched_tokens,
+        max_prefill_tokens_while_decoding=sc.max_prefill_tokens_while_decoding,
+        # An embedding request's prompt may fill the context: the placeholder token it
+        # "samples" (never computed, never in the KV cache) is the one beyond.
+        max_model_len=loaded.max_model_len + (pooler is not None),
+        enable_prefix_caching=cc.enable_prefix_caching,
+    )
+
+
+def _describe_task(pooler: PoolerConfig | None) -> str:
+    if pooler is None:
+        return "generate"
+    normalized = ", normalized" if pooler.normalize else ""
+    return f"embed: {pooler.pooling} pooling{normalized}, {pooler.dimensions} dimensions"
