@@ -22,6 +22,7 @@ import torch
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.attention.ops import cpu_attention_path
 from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig
+from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.linear.dense import PackableLinear
 from pagedserve.core.models.linear.dispatch import (
     DispatchInputs,
@@ -35,7 +36,6 @@ from pagedserve.core.models.linear.quantized import (
     QuantizedLinear,
     plan_quantized,
 )
-from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
@@ -134,7 +134,7 @@ def every_linear_quantized(resolved: ResolvedModel, mc: ModelConfig, tensor_para
 
 
 def pack_for_dispatch(
-    model: LlamaForCausalLM,
+    model: CausalLM,
     config: EngineConfig,
     dtype: torch.dtype,
     device: torch.device,
@@ -177,7 +177,7 @@ def pack_for_dispatch(
 
 
 def is_batch_invariant(
-    model: torch.nn.Module, attention: AttentionBackend, device: torch.device
+    model: CausalLM, attention: AttentionBackend, device: torch.device
 ) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear

@@ -31,7 +31,7 @@ from pagedserve.core.executor.launcher import TensorParallel, start_tensor_paral
 from pagedserve.core.executor.worker import share_num_pages
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.pooling_config import resolve_pooler
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
@@ -86,7 +86,7 @@ class EngineParts:
 class _Loaded:
     """The model on its device, with what start-up decided around it."""
 
-    model: LlamaForCausalLM
+    model: CausalLM
     arch: ArchConfig
     """The whole model's shape (model.arch is this rank's under tensor parallelism)."""
     weights: str

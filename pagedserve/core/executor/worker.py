@@ -22,7 +22,7 @@ from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.config import ParallelConfig
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import StepChannel, StepInputs
-from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.registry import load_model
 from pagedserve.core.models.resolve import ResolvedModel
 
@@ -64,7 +64,7 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, name="pagedserve-parent-watch", daemon=True).start()
 
 
-def run_step(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs) -> None:
+def run_step(model: CausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs) -> None:
     """Rank 0's forward pass, collective for collective (models/tensor_parallel.py)."""
     hidden = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)
     model.compute_logits(hidden[inputs.sample_rows])

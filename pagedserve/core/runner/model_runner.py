@@ -25,7 +25,7 @@ from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
 from pagedserve.core.distributed.step import StepInputs
 from pagedserve.core.executor.launcher import TensorParallel
 from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.base import CausalLM
 from pagedserve.core.outputs import TokenLogprob
 from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
@@ -72,7 +72,7 @@ class StepResult:
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         arch: ArchConfig,
         *,
         num_pages: int,

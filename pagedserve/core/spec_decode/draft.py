@@ -21,7 +21,7 @@ from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.device_policy import pack_for_dispatch
-from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.registry import load_model
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.native import core as _native
@@ -49,7 +49,7 @@ class _Row:
 class DraftModel:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         *,
         num_pages: int,
         page_size: int,
