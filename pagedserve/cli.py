@@ -1,7 +1,8 @@
 """`pagedserve serve [MODEL]`: argv and env -> frozen configs -> hypercorn serving the app.
 
-This is the only module that reads argv or the environment. Flag help comes from the config
-dataclasses' field docstrings, so the two never disagree.
+This is the only module that reads argv or the environment, but for PAGEDSERVE_MAX_CPU_ISA,
+which ops/cpu_features.py reads so that the cap holds in child processes and tests too. Flag help
+comes from the config dataclasses' field docstrings, so the two never disagree.
 """
 
 from __future__ import annotations

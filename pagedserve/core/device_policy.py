@@ -142,7 +142,7 @@ def pack_for_dispatch(
     tensor_parallel: bool,
 ) -> str:
     """Pack the weights for the CPU linear path ModelConfig.cpu_linear picks (a calibration
-    for auto: models/linear_dispatch.py) and route the steps; what runs, "" off the CPU."""
+    for auto: models/linear/dispatch.py) and route the steps; what runs, "" off the CPU."""
     if device.type != "cpu":
         model.pack_weights()
         return ""
@@ -176,9 +176,7 @@ def pack_for_dispatch(
     return dispatch.summary
 
 
-def is_batch_invariant(
-    model: CausalLM, attention: AttentionBackend, device: torch.device
-) -> bool:
+def is_batch_invariant(model: CausalLM, attention: AttentionBackend, device: torch.device) -> bool:
     """True when every kernel of a forward fixes each output's reduction order whatever the
     batch, the prefill chunking, the cache hits and the thread count (issue 16): every linear
     layer on the native bf16/fp32 kernel at every row count (no step routed to torch by

@@ -58,7 +58,7 @@ struct LinearArgs {
     // ... or, with tile_order, the calls below it sum in the order of the SDM's TDPBF16PS (a
     // pair's even feature first: two VDPBF16PS per pair, each with one feature of x): bit for
     // bit the tiles where the CPU's follow the SDM (the emulated ones do), at twice the dot
-    // products of the plain path (bench/linear.py's 'order' column).
+    // products of the plain path (bench/kernels/linear.py's 'order' column).
     bool tile_order = false;
 };
 

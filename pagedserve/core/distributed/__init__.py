@@ -1,3 +1,4 @@
-"""Tensor parallelism over torch.distributed: the process group and its collectives (group.py),
-the step plan sent to the workers (step.py), the worker processes (worker.py) and their
-launcher and watchdog on the engine's side (launcher.py)."""
+"""The bottom of tensor parallelism, under the models: the process group and its collectives
+(group.py) and the step inputs rank 0 sends every worker (step.py, which a single process builds
+its inputs with too). The worker processes and their launcher sit above the models, in
+core/executor/."""

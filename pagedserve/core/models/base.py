@@ -1,10 +1,11 @@
 """CausalLM: what the engine asks of a model, whatever its architecture.
 
 The model runner, the device policy, the draft model and the tensor-parallel workers hold a model
-only as this protocol; `models/registry.py`'s MODEL_CLASSES maps an HF architecture name to the
-class the loader builds. Every text family today is one class, `LlamaForCausalLM` (llama.py),
-switched by ArchConfig's flags (families.py). A model of another shape is a class of its own
-there, implementing this protocol:
+only as this protocol; `models/registry.py`'s MODEL_CLASSES maps an architecture
+(ArchConfig.architecture: HF's model_type, GGUF's names mapped to it) to the class the loader
+builds. Every text family today is one class, `LlamaForCausalLM` (llama.py), switched by
+ArchConfig's flags (families.py). A model of another shape is a class of its own there,
+implementing this protocol (load_model's and MODEL_CLASSES' types then widen to it):
 
 - a vision-language model: its vision tower and projector beside a Llama-shaped decoder, the
   image embeddings written into `forward`'s hidden states at their token positions (the runner

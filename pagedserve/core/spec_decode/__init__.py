@@ -6,6 +6,6 @@ the chunk as it would sample a decode step (spec_decode/verify.py) and keeps the
 the first one the target disagrees with, then the target's own token. The proposals are
 deterministic given the sequence (one-hot proposal distributions), so "sample the target at
 each position and accept while it equals the draft" is exact rejection sampling: greedy and
-sampled outputs keep their distribution, seeded ones their very tokens. Stdlib only (no
-torch) but verify.py's row building.
+sampled outputs keep their distribution, seeded ones their very tokens. ngram, speculator and
+verify import no torch; draft.py (a model of its own) does.
 """

@@ -3,7 +3,7 @@ decoding sequence that still pays (ngram.py proposes it, or the draft model, dra
 the model runner, for all of them in one batch); after each step, what the target accepted,
 which tunes the next drafts and feeds /metrics. No torch.
 
-When it pays (docs/design.md; bench/spec_step_cost.py measures the costs in bench/RESULTS.md):
+When it pays (docs/design.md; bench/engine/spec_step_cost.py measures the costs in bench/RESULTS.md):
 a step of B decoding sequences costs about (B + `STEP_ROWS`) decode rows, and each draft token
 one more row of `DRAFT_ROW` decode rows. The draft token at position i (1-based) is accepted
 with probability about alpha^i, alpha the sequence's recent rate of accepted draft tokens, and
@@ -33,7 +33,7 @@ DraftBatch = Callable[[list[tuple[int, list[int], int]]], dict[int, list[int]]]
 """(seq_id, prompt + output tokens, most drafts) per sequence -> its drafts (draft.py)."""
 
 DRAFT_ROW = 0.55
-"""A draft token's row, in decode rows (bench/spec_step_cost.py, Xeon 2026-12-03: 0.5-0.6)."""
+"""A draft token's row, in decode rows (bench/engine/spec_step_cost.py, Xeon 2026-12-03: 0.5-0.6)."""
 STEP_ROWS = 4.5
 """A step's fixed cost, in decode rows (the same run: 5.6 ms for 1 sequence, +1.0 ms each)."""
 _PAUSE = 8

@@ -11,7 +11,7 @@ ops/linear.py's native_linear_path()).
 
 Why our own kernel: at a small model's decode shapes (hidden 576) torch's bf16 matmul was
 slower, most of all at one row (weights streamed for a single request), and it cannot fuse the
-residual add or write fp32 logits; bench/linear.py measures both side by side (figures in
+residual add or write fp32 logits; bench/kernels/linear.py measures both side by side (figures in
 bench/RESULTS.md). Float32 weights on such a CPU take the kernel's fp32 twin: torch's fp32
 matmul picks its kernel by the row count, so a row's logits changed with the batch (issue 16),
 while the native kernels sum every output over k in order whatever the rows. Anywhere else

@@ -20,7 +20,7 @@ least measured row count from which it beats native by MARGIN (25 %) at every la
 count; a step with fewer rows keeps native (the one-call decoder stack), one with at least that
 many runs the layers one by one with torch linears (lm_head stays native: its fp32 logits).
 Torch is not batch-invariant: with --deterministic batched steps stay native and the summary
-says what torch would have gained. Figures: bench/linear.py and bench/RESULTS.md (on Zen 4
+says what torch would have gained. Figures: bench/kernels/linear.py and bench/RESULTS.md (on Zen 4
 native wins at every row count; on Intel AMX CPUs oneDNN is 4-10x faster from 64 rows). The
 same measurement decides at the AVX2 levels, where the bf16 kernel reads half fp32's bytes but
 computes in fp32 at AVX2's width, and torch's bf16 or fp32 matmul takes the CPU's own path
