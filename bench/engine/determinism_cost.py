@@ -6,7 +6,6 @@ default) vs --no-deterministic, or this checkout vs a baseline build.
     git archive <baseline-rev> | tar -x -C /tmp/base
     cmake -S /tmp/base -B /tmp/base/build -DPAGEDSERVE_CUDA=OFF \
         -Dpybind11_DIR="$(python -m pybind11 --cmakedir)" && cmake --build /tmp/base/build -j2
-    cp /tmp/base/build/_core*.so /tmp/base/pagedserve/
     python -m bench.engine.determinism_cost --baseline /tmp/base --repeats 5 [--candidate /tmp/cand]
 
 Each measurement is a fresh process on the default model (offline engine, greedy, ignore_eos):
@@ -14,7 +13,8 @@ c=32 output tokens/s (32 prompts of 100-400 tokens, --output-tokens each, 32 run
 and the prefill of one 1024-token prompt (tokens/s, one output token). The two builds
 alternate, repeat by repeat, so machine noise falls on both; medians are reported. The baseline
 (and a --candidate tree built the same way, else this checkout's install) is imported from its
-source tree with this venv's editable-install finder removed.
+source tree, with the `_core` module beside its sources or else the newest under its build/
+(bench/common/in_tree.py: without this venv's editable-install finder, the import path as is).
 """
 
 from __future__ import annotations
@@ -28,16 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-LAUNCH = """
-import runpy, sys
-base = sys.argv[1]
-if base:
-    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-    sys.path.insert(0, base)
-sys.argv = sys.argv[2:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+from bench.common import ROOT, in_tree
 
 
 def worker(dtype: str, output_tokens: int, deterministic: bool, quantization: str) -> dict:
@@ -80,13 +71,13 @@ def worker(dtype: str, output_tokens: int, deterministic: bool, quantization: st
 def run(
     base: str, dtype: str, output_tokens: int, deterministic: bool = True, quantization: str = ""
 ) -> dict:
-    cmd = [sys.executable, "-c", LAUNCH, base, str(HERE), "--worker", "--dtype", dtype,
-           "--output-tokens", str(output_tokens)]  # fmt: skip
+    cmd = in_tree(base, "-m", "bench.engine.determinism_cost", "--worker", "--dtype", dtype,
+                  "--output-tokens", str(output_tokens))  # fmt: skip
     if not deterministic:
         cmd.append("--no-deterministic")
     if quantization:
         cmd += ["--quantization", quantization]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

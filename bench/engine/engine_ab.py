@@ -2,9 +2,11 @@
 
     python -m bench.engine.engine_ab BASE_TREE CANDIDATE_TREE [--isa avx2] [--pairs 2] [--reps 2]
 
-Each tree (a source checkout with its own `_core` build, as bench/engine/determinism_cost.py describes,
-or the editable install's tree) runs in a fresh process, the two alternating for --pairs pairs:
-`LLM(cpu_isa=..., enable_prefix_caching=False)` on the default model, 2 threads, then --reps
+Each tree (a source checkout with its own `_core` build beside its sources or under its build/, as
+bench/engine/determinism_cost.py describes, or the editable install's tree: `.`) runs in a fresh
+process (bench/common/in_tree.py: either module layout, before or after issue 37's regrouping),
+the two alternating for --pairs pairs: `LLM(cpu_isa=..., enable_prefix_caching=False)` on the
+default model, 2 threads, then --reps
 times a 1,000-token prompt with max_tokens=1 (seconds) and 32 x 128-token prompts x 128 greedy
 tokens at once (output tok/s); each process prints its medians. The CPU model and load average
 are printed: on a shared machine read the pairs side by side.
@@ -18,32 +20,38 @@ import os
 import subprocess
 import sys
 
-WORKER = """
-import glob, json, logging, statistics, sys, time
-tree, isa, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if glob.glob(tree + "/pagedserve/_core*.so"):  # a tree with its own build; else the editable one
-    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-    sys.path[:0] = [tree]
-logging.disable(logging.WARNING)
-from pagedserve import LLM, SamplingParams
-# A tree from before the ISA levels (no cpu_isa argument) runs at its one path: pass it only if forced.
-llm = LLM(**({} if isa == "auto" else {"cpu_isa": isa}), enable_prefix_caching=False)
-text = "The quick brown fox jumps over the lazy dog while the sun sets slowly. " * 200
-ids = llm.tokenizer.encode(text)
-one = SamplingParams(temperature=0, max_tokens=1)
-many = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-llm.generate([ids[:1000]], one)  # warm-up
-res = {"1k prefill s": [], "c32 tok/s": []}
-for _ in range(reps):
-    t = time.perf_counter()
-    llm.generate([ids[:1000]], one)
-    res["1k prefill s"].append(time.perf_counter() - t)
-    t = time.perf_counter()
-    out = llm.generate([ids[i:i + 128] for i in range(32)], many)
-    tokens = sum(len(o.outputs[0].token_ids) for o in out)
-    res["c32 tok/s"].append(tokens / (time.perf_counter() - t))
-print(json.dumps({k: round(statistics.median(v), 3) for k, v in res.items()}))
-"""
+from bench.common import ROOT, in_tree
+
+
+def worker(argv: list[str]) -> int:
+    """One tree's process (bench.common.in_tree loaded its pagedserve): ISA, repeats."""
+    import logging
+    import statistics
+    import time
+
+    isa, reps = argv[0], int(argv[1])
+    logging.disable(logging.WARNING)
+    from pagedserve import LLM, SamplingParams
+
+    # A tree from before the ISA levels (no cpu_isa argument) runs at its one path: pass it only
+    # if forced.
+    llm = LLM(**({} if isa == "auto" else {"cpu_isa": isa}), enable_prefix_caching=False)
+    text = "The quick brown fox jumps over the lazy dog while the sun sets slowly. " * 200
+    ids = llm.tokenizer.encode(text)
+    one = SamplingParams(temperature=0, max_tokens=1)
+    many = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    llm.generate([ids[:1000]], one)  # warm-up
+    res: dict[str, list[float]] = {"1k prefill s": [], "c32 tok/s": []}
+    for _ in range(reps):
+        t = time.perf_counter()
+        llm.generate([ids[:1000]], one)
+        res["1k prefill s"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        out = llm.generate([ids[i : i + 128] for i in range(32)], many)
+        tokens = sum(len(o.outputs[0].token_ids) for o in out)
+        res["c32 tok/s"].append(tokens / (time.perf_counter() - t))
+    print(json.dumps({k: round(statistics.median(v), 3) for k, v in res.items()}))
+    return 0
 
 
 def main() -> int:
@@ -59,8 +67,8 @@ def main() -> int:
     print(f"CPU: {cpu_model()}; isa {a.isa}; load average before {os.getloadavg()}")
     for _ in range(a.pairs):
         for tree in (a.base, a.candidate):
-            cmd = [sys.executable, "-c", WORKER, tree, a.isa, str(a.reps)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            cmd = in_tree(tree, "bench.engine.engine_ab:worker", a.isa, str(a.reps))
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             if done.returncode != 0:
                 sys.exit(f"{tree}: the worker failed:\n{done.stderr[-2000:]}")
             print(tree, json.loads(done.stdout.strip().splitlines()[-1]), flush=True)

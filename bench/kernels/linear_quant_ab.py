@@ -3,10 +3,11 @@
     python -m bench.kernels.linear_quant_ab BASE_TREE CANDIDATE_TREE [--isa avx2] [--types Q4_1,Q8_0]
         [--rows 32,1024] [--threads 1] [--rounds 3]
 
-Each tree (a source checkout with its own `_core` build, as bench/engine/determinism_cost.py describes,
-or the editable install's tree) runs in a fresh process, the two alternating for --rounds rounds, at SmolLM2-135M's layer shapes
-(qkv, o + residual, gate_up with its SiLU-gated epilogue, down + residual; bf16 in and out), the
-same weights (gguf's quantizer, seed 0) and inputs in both. Each process prints, per type, layer
+Each tree (a source checkout with its own `_core` build beside its sources or under its build/, as
+bench/engine/determinism_cost.py describes, or the editable install's tree: `.`) runs in a fresh
+process (bench/common/in_tree.py), the two alternating for --rounds rounds, at SmolLM2-135M's layer
+shapes (qkv, o + residual, gate_up with its SiLU-gated epilogue, down + residual; bf16 in and
+out), the same weights (gguf's quantizer, seed 0) and inputs in both. Each process prints, per type, layer
 and row count, the median of its calls in us; the table is the median over rounds of each, the
 ratio candidate / base and the candidate's GFLOP/s. The CPU model and load average are printed:
 on a shared machine read the ratios.
@@ -21,44 +22,49 @@ import statistics
 import subprocess
 import sys
 
-WORKER = """
-import json, statistics, sys, time
-base, isa, types, rows, threads = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4], int(sys.argv[5])
-import glob
-if glob.glob(base + "/pagedserve/_core*.so"):  # a tree with its own build; else the editable one
-    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-    sys.path[:0] = [base]
-import numpy as np, torch
-from gguf import GGMLQuantizationType
-from gguf.quants import quantize
-from pagedserve.core.ops.cpu_features import set_cpu_isa
-from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
-torch.set_num_threads(threads)
-set_cpu_isa(isa)
+from bench.common import ROOT, in_tree
+
 LAYERS = [("qkv", 576, 960, False, 0), ("o+res", 576, 576, True, 0),
-          ("gate_up", 576, 3072, False, 1536), ("down+res", 1536, 576, True, 0)]
-res = {"path": quant_linear_path()}
-for t in types:
-    qtype = GGMLQuantizationType[t]
-    for name, k, n, residual, gated in LAYERS:
-        rng = np.random.default_rng(0)
-        blocks = np.ascontiguousarray(quantize(rng.standard_normal((n, k), np.float32), qtype))
-        addresses = blocks.ctypes.data + np.arange(n, dtype=np.int64) * blocks.strides[0]
-        packed = pack_quant_weight(int(qtype), addresses, k)
-        for m in map(int, rows.split(",")):
-            g = torch.Generator().manual_seed(m)
-            x = torch.randn(m, k, generator=g).bfloat16()
-            r = torch.randn(m, n, generator=g).bfloat16() if residual else None
-            out = torch.empty(m, gated or n, dtype=torch.bfloat16)
-            calls = max(3, min(200, int(3e8 // (m * n * k))))
-            times = []
-            for _ in range(calls):
-                s = time.perf_counter()
-                quant_linear(out, x, packed, int(qtype), None, r, gated)
-                times.append(time.perf_counter() - s)
-            res[f"{t} {name} {m}"] = [statistics.median(times) * 1e6, 2 * m * n * k]
-print(json.dumps(res))
-"""
+          ("gate_up", 576, 3072, False, 1536), ("down+res", 1536, 576, True, 0)]  # fmt: skip
+
+
+def worker(argv: list[str]) -> int:
+    """One tree's process (bench.common.in_tree loaded its pagedserve): ISA, types, rows, threads."""
+    import time
+
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from pagedserve.core.ops.cpu_features import set_cpu_isa
+    from pagedserve.core.ops.linear_quant import pack_quant_weight, quant_linear, quant_linear_path
+
+    isa, types, rows, threads = argv[0], argv[1].split(","), argv[2], int(argv[3])
+    torch.set_num_threads(threads)
+    set_cpu_isa(isa)
+    res: dict = {"path": quant_linear_path()}
+    for t in types:
+        qtype = GGMLQuantizationType[t]
+        for name, k, n, residual, gated in LAYERS:
+            rng = np.random.default_rng(0)
+            blocks = np.ascontiguousarray(quantize(rng.standard_normal((n, k), np.float32), qtype))
+            addresses = blocks.ctypes.data + np.arange(n, dtype=np.int64) * blocks.strides[0]
+            packed = pack_quant_weight(int(qtype), addresses, k)
+            for m in map(int, rows.split(",")):
+                g = torch.Generator().manual_seed(m)
+                x = torch.randn(m, k, generator=g).bfloat16()
+                r = torch.randn(m, n, generator=g).bfloat16() if residual else None
+                out = torch.empty(m, gated or n, dtype=torch.bfloat16)
+                calls = max(3, min(200, int(3e8 // (m * n * k))))
+                times = []
+                for _ in range(calls):
+                    s = time.perf_counter()
+                    quant_linear(out, x, packed, int(qtype), None, r, gated)
+                    times.append(time.perf_counter() - s)
+                res[f"{t} {name} {m}"] = [statistics.median(times) * 1e6, 2 * m * n * k]
+    print(json.dumps(res))
+    return 0
 
 
 def cpu_model() -> str:
@@ -84,9 +90,9 @@ def main() -> int:
     runs: dict[str, list[dict]] = {args.base: [], args.candidate: []}
     for _ in range(args.rounds):
         for tree in (args.base, args.candidate):
-            cmd = [sys.executable, "-c", WORKER, tree, args.isa, args.types, args.rows,
-                   str(args.threads)]  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            cmd = in_tree(tree, "bench.kernels.linear_quant_ab:worker", args.isa, args.types,
+                          args.rows, str(args.threads))  # fmt: skip
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             if done.returncode != 0:
                 sys.exit(f"{tree}: the worker failed:\n{done.stderr}")
             runs[tree].append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -4,8 +4,8 @@
         --repeats 3 [--mixed-seconds 30] [--cases c32,long,mixed] [--write]
 
 A variant is NAME:TREE[:FLAGS]: a source tree (`.`, this checkout's editable install; any other
-tree needs its own `_core` build inside it, as bench/engine/determinism_cost.py describes) and extra
-`pagedserve serve` flags. Each repeat starts every variant's server in turn (alternating, on the
+tree needs its own `_core` build, beside its sources or under its build/, as
+bench/engine/determinism_cost.py describes) and extra `pagedserve serve` flags. Each repeat starts every variant's server in turn (alternating, on the
 same free port scheme), runs bench/serving/serving.py's cases against it and stops it; the table holds
 medians over the repeats, with the CPU model and the load average before and after.
 
@@ -32,16 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, WORK
+from bench.common import ROOT, WORK, in_tree
 
-# Imports pagedserve from the given tree, not from the editable install's finder.
-LAUNCHER = """
-import runpy, sys
-tree = sys.argv.pop(1)
-sys.meta_path[:] = [f for f in sys.meta_path if "skbc" not in type(f).__module__]
-sys.path.insert(0, tree)
-runpy.run_module("pagedserve", run_name="__main__", alter_sys=True)
-"""
 NUM_PAGES = 18 * (2200 + 128 + 64) // 16  # compare.sh's mixed KV room: 18 slots
 # case -> (serving.py arguments, the figures taken from its report: (column, key, stat))
 CASES: dict[str, tuple[list[str], list[tuple[str, str, str]]]] = {
@@ -70,9 +62,9 @@ def start_server(tree: str, flags: list[str], gguf: str, log: Path) -> tuple[sub
     port = free_port()
     serve = ["serve", gguf, "--num-pages", str(NUM_PAGES), "--max-num-seqs", "64",
              "--max-model-len", "4096", "--port", str(port), *flags]  # fmt: skip
-    same = Path(tree).resolve() == ROOT
-    cmd = [sys.executable, "-m", "pagedserve"] if same else [sys.executable, "-c", LAUNCHER, tree]
-    proc = subprocess.Popen([*cmd, *serve], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # The tree's own pagedserve (bench/common/in_tree.py); this checkout's: the installed one.
+    cmd = in_tree(tree, "-m", "pagedserve", *serve)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:

@@ -26,54 +26,60 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.common import WORK
+from bench.common import ROOT, WORK, in_tree
 
-# Runs a module or script from a tree (or the installed build when the tree is ""), recording
-# (start, end, model seconds, sampled sequences) of every LLMEngine.step into $TRACE at exit.
-LAUNCH = """
-import atexit, json, os, runpy, sys, time
-base = sys.argv[1]
-if base:
-    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-    sys.path.insert(0, base)
-from pagedserve.core.engine.llm_engine import LLMEngine
-from pagedserve.core.runner.model_runner import ModelRunner
-steps, model = [], []
-execute, step = ModelRunner.execute, LLMEngine.step
-if os.environ.get("SYNTHETIC_FORWARD_S"):  # the HTTP path alone: a sleep for the model
-    import numpy as np
-    from pagedserve.core.runner.model_runner import StepResult
-    def execute(self, plan, sample_seqs, prompt_specs):
-        time.sleep(float(os.environ["SYNTHETIC_FORWARD_S"]))
-        return StepResult(np.full(len(sample_seqs), 1000, np.int32), None, {})
-def timed_execute(self, *args, **kwargs):
-    start = time.perf_counter()
-    try:
-        return execute(self, *args, **kwargs)
-    finally:
-        model.append(time.perf_counter() - start)
-def traced_step(self, *args, **kwargs):
-    start, before = time.perf_counter(), len(model)
-    outputs = step(self, *args, **kwargs)
-    spent = model[-1] if len(model) > before else 0.0
-    steps.append((start, time.perf_counter(), spent, len(outputs)))
-    return outputs
-ModelRunner.execute, LLMEngine.step = timed_execute, traced_step
-atexit.register(lambda: json.dump(steps, open(os.environ["TRACE"], "w")))
-sys.argv = sys.argv[2:]
-if sys.argv[0] == "-m":
-    sys.argv = sys.argv[1:]
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-else:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+
+def traced(argv: list[str]) -> int:
+    """Run `-m MODULE ARGS...` (bench.common.in_tree loaded the tree's pagedserve), recording
+    (start, end, model seconds, sampled sequences) of every LLMEngine.step into $TRACE at exit;
+    with $SYNTHETIC_FORWARD_S, a sleep that samples a constant token replaces the model."""
+    import atexit
+    import runpy
+
+    from bench.common.in_tree import first_module
+
+    # Their homes since issue 37's regrouping, then before it (a baseline tree's layout).
+    engine = first_module("pagedserve.core.engine.llm_engine", "pagedserve.core.engine")
+    runner = first_module("pagedserve.core.runner.model_runner", "pagedserve.core.model_runner")
+    steps: list[tuple[float, float, float, int]] = []
+    model: list[float] = []
+    execute, step = runner.ModelRunner.execute, engine.LLMEngine.step
+    if os.environ.get("SYNTHETIC_FORWARD_S"):  # the HTTP path alone: a sleep for the model
+        import numpy as np
+
+        def execute(self: Any, plan: Any, sample_seqs: list, prompt_specs: list) -> Any:
+            time.sleep(float(os.environ["SYNTHETIC_FORWARD_S"]))
+            return runner.StepResult(np.full(len(sample_seqs), 1000, np.int32), None, {})
+
+    def timed_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return execute(self, *args, **kwargs)
+        finally:
+            model.append(time.perf_counter() - start)
+
+    def traced_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start, before = time.perf_counter(), len(model)
+        outputs = step(self, *args, **kwargs)
+        spent = model[-1] if len(model) > before else 0.0
+        steps.append((start, time.perf_counter(), spent, len(outputs)))
+        return outputs
+
+    runner.ModelRunner.execute, engine.LLMEngine.step = timed_execute, traced_step
+    atexit.register(lambda: Path(os.environ["TRACE"]).write_text(json.dumps(steps)))
+    if argv[:1] != ["-m"] or len(argv) < 2:
+        sys.exit("traced: -m MODULE [ARGS...]")
+    sys.argv = argv[1:]
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    return 0
+
+
 SERVE = ["--num-pages", "640", "--max-num-seqs", "64", "--max-model-len", "2048"]
 
 
@@ -129,8 +135,8 @@ def wait_for_quiet(limit: float, patience_s: float) -> float:
 
 def launch(tree: str, trace: Path, args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TRACE": str(trace)}
-    cmd = [sys.executable, "-c", LAUNCH, tree, *args]
-    return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, **kw)
+    cmd = in_tree(tree, "bench.serving.serving_overhead:traced", *args)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, **kw)
 
 
 def decode_steps(trace: Path) -> dict[str, float]:
@@ -193,7 +199,7 @@ def serve(
 
 def offline(tree: str, work: Path, prompts: Path) -> dict[str, Any]:
     trace = work / "offline_steps.json"
-    args = [str(Path(__file__).with_name("serving_offline.py")), "--prompts-jsonl", str(prompts),
+    args = ["-m", "bench.serving.serving_offline", "--prompts-jsonl", str(prompts),
             "--max-num-seqs", "32", "--output-tokens", "128", "--num-pages", "640"]  # fmt: skip
     used_before, others = resource.getrusage(resource.RUSAGE_CHILDREN), Others()
     proc = launch(tree, trace, args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -24,54 +24,39 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
-from bench.common import WORK
+from bench.common import ROOT, WORK, in_tree
 from bench.common.server import free_port
 
-# Imports pagedserve from a source tree (its own _core module beside it) instead of this venv's
-# editable install; "" keeps the install.
-PRELUDE = """
-import json, sys, time
-tree = sys.argv.pop(1)
-if tree:
-    sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
-    sys.path.insert(0, tree)
-"""
-SERVER = (
-    PRELUDE
-    + """
-import runpy
-sys.argv = ["pagedserve", *sys.argv[1:]]
-runpy.run_module("pagedserve", run_name="__main__", alter_sys=True)
-"""
-)
-# One JSON command per stdin line ({"prompts": path, "output_tokens": n}), one JSON answer per
-# stdout line; "ready" once loaded.
-OFFLINE = (
-    PRELUDE
-    + """
-from pagedserve import LLM, SamplingParams
-llm = LLM(max_num_seqs=32, num_pages=int(sys.argv[1]), enable_prefix_caching=False)
-llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4))
-print("ready", flush=True)
-for line in sys.stdin:
-    command = json.loads(line)
-    prompts = [json.loads(p)["prompt"] for p in open(command["prompts"]) if p.strip()]
-    params = SamplingParams(temperature=0, max_tokens=command["output_tokens"], ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"output_tok_per_s": tokens / seconds, "output_tokens": tokens}), flush=True)
-"""
-)
 NUM_PAGES = 640  # compare.sh's short grid: 32 slots x (128 + 128 + 64) tokens / 16
+
+
+def offline_worker(argv: list[str]) -> int:
+    """A tree's offline engine, loaded once (bench.common.in_tree loaded its pagedserve): one JSON
+    command per stdin line ({"prompts": path, "output_tokens": n}), one JSON answer per stdout
+    line; "ready" once loaded. argv: the KV pages."""
+    from pagedserve import LLM, SamplingParams
+
+    llm = LLM(max_num_seqs=32, num_pages=int(argv[0]), enable_prefix_caching=False)
+    llm.generate(["warm up"] * 2, SamplingParams(temperature=0, max_tokens=4))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        prompts = [json.loads(p)["prompt"] for p in Path(command["prompts"]).read_text().split("\n")
+                   if p.strip()]  # fmt: skip
+        params = SamplingParams(temperature=0, max_tokens=command["output_tokens"], ignore_eos=True)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        print(json.dumps({"output_tok_per_s": tokens / seconds, "output_tokens": tokens}),
+              flush=True)  # fmt: skip
+    return 0
 
 
 class Tree:
@@ -83,17 +68,19 @@ class Tree:
         self.port = free_port()
         serve = [model, "--port", str(self.port), "--num-pages", str(NUM_PAGES),
                  "--max-num-seqs", "64", "--max-model-len", "2048", "--no-enable-prefix-caching"]  # fmt: skip
-        self.server = self._start(SERVER, path, ["serve", *serve], "server.log")
-        self.offline = self._start(OFFLINE, path, [str(NUM_PAGES)], "offline.log", pipes=True)
+        # Each in its own process with the tree's pagedserve (bench/common/in_tree.py).
+        self.server = self._start(path, ["-m", "pagedserve", "serve", *serve], "server.log")
+        self.offline = self._start(path, ["bench.serving.serving_ratio:offline_worker",
+                                          str(NUM_PAGES)], "offline.log", pipes=True)  # fmt: skip
         self.ratios: list[float] = []
         self.served: list[float] = []
         self.offline_tok_s: list[float] = []
 
-    def _start(self, code: str, tree: str, args: list[str], log: str,
+    def _start(self, tree: str, target: list[str], log: str,
                pipes: bool = False) -> subprocess.Popen[str]:  # fmt: skip
         err: IO[str] = (self.work / log).open("w")
         return subprocess.Popen(
-            [sys.executable, "-c", code, tree, *args], cwd=tempfile.gettempdir(), text=True,
+            in_tree(tree, *target), cwd=ROOT, text=True,
             stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
             stdout=subprocess.PIPE if pipes else err, stderr=err,
         )  # fmt: skip
