@@ -35,6 +35,11 @@ class PoolerConfig:
     default_prompt_name: str | None = None
     """The prompt applied when a request names none (sentence-transformers' default)."""
 
+    def describe(self) -> str:
+        """The start-up line's task part, e.g. "mean pooling, normalized, 384 dimensions"."""
+        normalized = ", normalized" if self.normalize else ""
+        return f"{self.pooling} pooling{normalized}, {self.dimensions} dimensions"
+
     def __post_init__(self) -> None:
         if self.pooling not in POOLING_TYPES:
             raise ValueError(f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")

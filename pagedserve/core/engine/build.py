@@ -83,9 +83,7 @@ class EngineParts:
 
 
 @dataclass
-class _Loaded:
-    """The model on its device, with what start-up decided around it."""
-
+class _Loaded:  # the model on its device, with what start-up decided around it
     model: CausalLM
     arch: ArchConfig
     """The whole model's shape (model.arch is this rank's under tensor parallelism)."""
@@ -119,10 +117,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     invariant = tp is None and is_batch_invariant(loaded.model, attention, device)
+    task = "generate" if pooler is None else f"embed: {pooler.describe()}"
     logger.info(
         "model %s (%s, task %s) on %s in %s, weights: %s, tensor_parallel_size %d, "
         "attention %s, %sbatch-invariant; %s",
-        resolved.name, loaded.arch.architecture, _describe_task(pooler), device, dtype,
+        resolved.name, loaded.arch.architecture, task, device, dtype,
         loaded.weights, config.parallel.tensor_parallel_size, attention.name,
         "" if invariant else "not ", loaded.layout.describe(),
     )  # fmt: skip
@@ -200,10 +199,3 @@ def _scheduler(config: EngineConfig, loaded: _Loaded, pooler: PoolerConfig | Non
         max_model_len=loaded.max_model_len + (pooler is not None),
         enable_prefix_caching=cc.enable_prefix_caching,
     )
-
-
-def _describe_task(pooler: PoolerConfig | None) -> str:
-    if pooler is None:
-        return "generate"
-    normalized = ", normalized" if pooler.normalize else ""
-    return f"embed: {pooler.pooling} pooling{normalized}, {pooler.dimensions} dimensions"
