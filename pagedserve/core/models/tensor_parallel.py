@@ -30,6 +30,7 @@ from torch import nn
 from pagedserve.core.distributed.group import TPGroup
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import Linear
+from pagedserve.core.models.linear.parallel import ParallelLMHead, RowParallelLinear
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
 
@@ -93,37 +94,6 @@ def shard_weight(name: str, w: torch.Tensor, arch: ArchConfig, rank: int, tp: in
     if name.endswith("o_proj.bias"):  # added once, on rank 0
         return w if rank == 0 else torch.zeros_like(w)
     return w  # norms, routers, the shared expert's gate: every rank has them whole
-
-
-class RowParallelLinear(Linear):
-    """x's slice of the input features times the matching weight columns, summed over ranks;
-    the residual and bias enter on rank 0 only (so once)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, group: TPGroup) -> None:
-        super().__init__(in_features, out_features, bias)
-        self.group = group
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        *,
-        out_dtype: torch.dtype | None = None,
-    ) -> torch.Tensor:
-        residual = residual if self.group.is_first else None
-        return self.group.all_reduce(super().forward(x, residual, out_dtype=out_dtype))
-
-
-class ParallelLMHead(Linear):
-    """This rank's vocabulary slice of the logits, gathered into whole rows on rank 0."""
-
-    def __init__(self, in_features: int, out_features: int, group: TPGroup) -> None:
-        super().__init__(in_features, out_features)
-        self.group = group
-
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        # [m, vocab] on rank 0, [m, vocab / tp] elsewhere; Linear.forward's arguments
-        return self.group.gather_columns(super().forward(x, *args, **kwargs))
 
 
 class VocabParallelEmbedding(nn.Embedding):
