@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from bench.common.server import Server, start_server, stop_server
-from tests.reliability.conftest import (
-    assert_envelope,
+from bench.common.server import (
+    Server,
     check_completion_stream,
     parse_sse,
-    wait_idle,
+    start_server,
+    stop_server,
 )
+from tests.reliability.conftest import assert_envelope, wait_idle
 
 MAX_WAITING = 4
 MAX_NUM_SEQS = 2
