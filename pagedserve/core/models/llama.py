@@ -19,7 +19,7 @@ layer running natively it hands the whole stack to one native call per step
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -253,6 +253,17 @@ class LlamaForCausalLM(nn.Module):
 
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
+
+    def weight_tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the weights occupy: parameters, buffers (packed weights, rope tables)
+        and the GGUF blocks of the layers kept quantized, which are plain attributes."""
+        yield from self.parameters()
+        yield from self.buffers()
+        for m in self.modules():
+            if isinstance(m, QuantizedLinear):
+                yield from (segment.packed for segment in m.segments)
+            elif isinstance(m, QuantizedGateUpLinear):
+                yield m.packed
 
     def _apply(
         self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True

@@ -15,6 +15,7 @@ core/runner/pooler.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from pagedserve.core.models.base import CausalLM
 from pagedserve.core.outputs import TokenLogprob
 from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
+from pagedserve.core.runner.memory import describe_memory
 from pagedserve.core.runner.pooler import Pooler
 from pagedserve.core.sampling.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.sched.kv_cache import KVCacheSpec
@@ -67,6 +69,9 @@ class StepResult:
     verified: dict[int, tuple[int, int]] = field(default_factory=dict)
     """First logits entry of each verification chunk -> (its drafts, the drafts kept): its
     entries first..first + kept are the tokens it emits."""
+
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -114,6 +119,9 @@ class ModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
         ]
+        models = [model] if draft is None else [model, draft.model]
+        kv = self.kv_caches if draft is None else [*self.kv_caches, *draft.kv_caches]
+        logger.info("%s", describe_memory(models, kv, device))
 
     @staticmethod
     def kv_spec(arch: ArchConfig, page_size: int, dtype: torch.dtype) -> KVCacheSpec:
