@@ -53,6 +53,7 @@ __all__: list[str] = [
     "quant_block_features",
     "quant_linear",
     "quant_linear_amx_supported",
+    "quant_linear_float_path",
     "quant_linear_path",
     "quant_row_bytes",
     "quant_type_supported",
@@ -600,8 +601,10 @@ def quant_linear(
     force_portable: bool = False,
     dequant_bf16: bool = False,
     amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
+    float_activations: bool = False,
 ) -> None: ...
 def quant_linear_amx_supported() -> bool: ...
+def quant_linear_float_path() -> str: ...
 def quant_linear_path() -> str: ...
 def quant_row_bytes(
     ggml_type: typing.SupportsInt | typing.SupportsIndex,

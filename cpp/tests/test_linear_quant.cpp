@@ -6,6 +6,8 @@
 // The AMX-INT8 path equal to the VNNI path bit for bit for every type, on the emulated tiles
 // everywhere and on the CPU's where it has AMX. Run under ASan/UBSan by
 // tests/native/test_cpp_sanitized.py.
+// float_activations (x kept in fp32): every type at every level this CPU runs against a double
+// reference of the dequantized weight, bias / residual / gated, bf16 and fp32; batch invariance.
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -262,6 +264,187 @@ bool bf16_rounding_edges_agree() {
 
 constexpr int kTypes[] = {kGgmlQ4_0, kGgmlQ4_1, kGgmlQ8_0, kGgmlQ4_K, kGgmlQ5_K, kGgmlQ6_K};
 
+// ---- float activations (QuantLinearArgs::float_activations) ----
+
+// The packed weight decoded in double by layout.hpp's documented bytes: w[col k + e] = scale * u +
+// min, independently of the kernels' arithmetic (Q8_0 / Q4_1 also checked against make_rows').
+std::vector<double> decode_packed(int type, const std::vector<std::uint8_t>& packed, std::int64_t n,
+                                  std::int64_t k) {
+    const int bits = type == kGgmlQ4_0 || type == kGgmlQ4_1 || type == kGgmlQ4_K ? 4 : 8;
+    const int group = type == kGgmlQ6_K ? 16 : 32;
+    const int scale_bytes = type == kGgmlQ4_0 || type == kGgmlQ4_1 || type == kGgmlQ8_0 ? 2 : 4;
+    const std::int64_t quant_bytes = 32 * 32 * bits / 8, groups = 32 / group;
+    const std::int64_t block_bytes = quant_bytes + 2 * groups * 32 * scale_bytes;
+    const auto scale_at = [&](const std::uint8_t* block, int which, std::int64_t g, std::int64_t c) {
+        const std::uint8_t* at = block + quant_bytes + ((which * groups + g) * 32 + c) * scale_bytes;
+        if (scale_bytes == 4) {
+            float v;
+            std::memcpy(&v, at, sizeof(v));
+            return double(v);
+        }
+        const int h = at[0] | (at[1] << 8), exp = (h >> 10) & 31, mant = h & 1023;
+        const double mag = exp ? std::ldexp(1024.0 + mant, exp - 25) : std::ldexp(double(mant), -24);
+        return (h & 0x8000) ? -mag : mag;
+    };
+    std::vector<double> w(n * k);
+    for (std::int64_t col = 0; col < n; ++col) {
+        const std::int64_t c = col % 32, h = c / 16, lane = c % 16;
+        for (std::int64_t b = 0; b < k / 32; ++b) {
+            const std::uint8_t* block = packed.data() + ((col / 32) * (k / 32) + b) * block_bytes;
+            for (std::int64_t e = 0; e < 32; ++e) {
+                const std::int64_t st = e / 4, j = e % 4;
+                int u;
+                if (bits == 8) {
+                    u = block[((st * 2 + h) * 16 + lane) * 4 + j];
+                } else {
+                    const int byte = block[(((st % 4) * 2 + h) * 16 + lane) * 4 + j];
+                    u = st < 4 ? (byte & 0xF) : (byte >> 4);
+                }
+                w[col * k + 32 * b + e] =
+                    scale_at(block, 0, e / group, c) * u + scale_at(block, 1, e / group, c);
+            }
+        }
+    }
+    return w;
+}
+
+float bf16_value(std::uint16_t bits) {
+    const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof(f));
+    return f;
+}
+
+std::uint16_t bf16_truncated(float f) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    return static_cast<std::uint16_t>(bits >> 16);
+}
+
+// One float-activation product's inputs and outputs; x, bias and the residual in bf16 or fp32,
+// out bf16 (bf16 x) or fp32. run() calls quant_linear on rows [row0, row0 + m) of x.
+struct FloatCase {
+    int type;
+    std::int64_t n, k, gated_width;
+    bool bf16, extras;
+    std::vector<std::uint8_t> packed;
+    std::vector<double> w;  // decoded weight [n, k]
+    std::vector<float> x, bias, start;  // x [rows, k]; start: out before the call (the residual)
+
+    FloatCase(int type_, std::int64_t rows, std::int64_t n_, std::int64_t k_, std::int64_t gated,
+              bool bf16_, bool extras_, std::mt19937& rng)
+        : type(type_), n(n_), k(k_), gated_width(gated), bf16(bf16_), extras(extras_ && !gated) {
+        std::vector<double> source;
+        packed = pack(type, make_rows(type, n, k, rng, source), n, k);
+        w = decode_packed(type, packed, n, k);
+        if (type == kGgmlQ8_0 || type == kGgmlQ4_1) {
+            for (std::int64_t i = 0; i < n * k; ++i)
+                if (w[i] != source[i]) throw std::logic_error("decode_packed disagrees with make_rows");
+        }
+        std::normal_distribution<float> dist;
+        for (auto* v : {&x, &bias, &start}) {
+            v->resize(v == &x ? rows * k : v == &bias ? n : rows * out_cols());
+            for (auto& e : *v) e = bf16 ? bf16_value(bf16_truncated(dist(rng))) : dist(rng);
+        }
+    }
+
+    std::int64_t out_cols() const { return gated_width ? gated_width : n; }
+
+    // out rows [row0, row0 + m) as fp32 (bf16 outputs widened), threaded `threads`.
+    std::vector<float> run(std::int64_t row0, std::int64_t m, int threads, bool portable) const {
+        const std::int64_t cols = out_cols();
+        std::vector<float> out32(start.begin() + row0 * cols, start.begin() + (row0 + m) * cols);
+        std::vector<std::uint16_t> x16(m * k), bias16(n), out16(m * cols);
+        QuantLinearArgs a;
+        a.ggml_type = type, a.packed = packed.data(), a.m = m, a.n = n, a.k = k;
+        a.x_stride = k, a.out_stride = cols, a.gated_width = gated_width;
+        a.float_activations = true, a.float32 = !bf16;
+        if (bf16) {
+            for (std::int64_t i = 0; i < m * k; ++i) x16[i] = bf16_truncated(x[row0 * k + i]);
+            for (std::int64_t i = 0; i < n; ++i) bias16[i] = bf16_truncated(bias[i]);
+            for (std::int64_t i = 0; i < m * cols; ++i) out16[i] = bf16_truncated(out32[i]);
+            a.x = x16.data(), a.out = out16.data(), a.bias = bias16.data();
+        } else {
+            a.x = x.data() + row0 * k, a.out = out32.data(), a.bias = bias.data();
+        }
+        if (extras) {
+            a.residual = a.out, a.residual_stride = cols;  // in place
+        } else {
+            a.bias = nullptr;
+        }
+        quant_linear(a, threads, portable);
+        if (bf16)
+            for (std::int64_t i = 0; i < m * cols; ++i) out32[i] = bf16_value(out16[i]);
+        return out32;
+    }
+
+    // The double reference of row i: sum over k of x w (and sum |x w|) for packed column j.
+    double dot(std::int64_t i, std::int64_t j, double& size) const {
+        double sum = 0;
+        size = 0;
+        for (std::int64_t e = 0; e < k; ++e) {
+            sum += double(x[i * k + e]) * w[j * k + e];
+            size += std::fabs(double(x[i * k + e]) * w[j * k + e]);
+        }
+        return sum;
+    }
+
+    // got (rows [row0, row0 + m)) within the stated tolerance of the double reference: an fp32
+    // FMA chain over k features errs by at most (k + 1) 2^-24 sum |x w|; the epilogue adds a few
+    // fp32 roundings (1e-6 relative: SiLU's polynomial and division), bf16 out half a bf16 ulp.
+    bool matches(const std::vector<float>& got, std::int64_t row0, std::int64_t m) const {
+        const double gamma = (k + 1) * std::ldexp(1.0, -24);
+        const double out_ulp = bf16 ? std::ldexp(1.0, -8) : 0.0;
+        const std::int64_t cols = out_cols();
+        for (std::int64_t i = row0; i < row0 + m; ++i) {
+            for (std::int64_t o = 0; o < cols; ++o) {
+                double want, tol;
+                if (gated_width) {
+                    double sg, su;
+                    const std::int64_t col = (o / 16) * 32 + o % 16;
+                    const double g = dot(i, col, sg), u = dot(i, col + 16, su);
+                    const double silu = g / (1 + std::exp(-g));
+                    want = silu * u;
+                    tol = 1.1 * gamma * sg * std::fabs(u) + std::fabs(silu) * gamma * su;
+                } else {
+                    double size;
+                    want = dot(i, o, size);
+                    tol = gamma * size;
+                    if (extras) {
+                        want += double(bias[o]) + double(start[i * cols + o]);
+                        tol += 1e-6 * (std::fabs(double(bias[o])) + std::fabs(double(start[i * cols + o])));
+                    }
+                }
+                tol += (1e-6 + out_ulp) * std::fabs(want) + 1e-30;
+                const double err = std::fabs(double(got[(i - row0) * cols + o]) - want);
+                if (!(err <= tol)) {
+                    std::fprintf(stderr, "  type %d row %lld col %lld: got %.9g want %.9g tol %.3g\n",
+                                 type, static_cast<long long>(i), static_cast<long long>(o),
+                                 double(got[(i - row0) * cols + o]), want, tol);
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+};
+
+// The levels whose float-activation path a test runs: portable (forced) and every level of this
+// CPU from avx2 / neon up (avx2 and above: the AVX2 path; aarch64: the portable loops).
+template <typename F>
+int each_float_level(F f) {
+    const CpuIsa best = cpu_isa_supported();
+    int runs = 0;
+    f("forced portable", true), ++runs;
+    for (CpuIsa level : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                         CpuIsa::kAmx, CpuIsa::kNeon, CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm}) {
+        if (!cpu_isa_covers(best, level) || set_cpu_isa(level) != level) continue;
+        f(cpu_isa_name(level), false), ++runs;
+    }
+    set_cpu_isa(best);
+    return runs;
+}
+
 }  // namespace
 
 TEST(quant_q8_0_and_q4_1_match_the_int8_oracle_on_both_paths) {
@@ -415,6 +598,81 @@ TEST(quant_amx_tiles_equal_vnni_for_every_type) {
         return;
     }
     each("hardware");
+}
+
+// float_activations, every type, at every level this CPU runs: fp32 and bf16 x, plain, bias +
+// in-place residual, gated (2 x 20 and 2 x 40 columns padded), against the double reference of the
+// dequantized weight; around tile edges and micro-tile heights, threaded and past a 256-row chunk.
+TEST(quant_float_activations_match_the_double_reference_at_every_level) {
+    each_float_level([&](const char* level, bool portable) {
+        const char* path = portable ? "portable" : quant_linear_float_path();
+        std::fprintf(stderr, "  %s: float-activation path %s\n", level, path);
+#if defined(__x86_64__)
+        if (!portable && cpu_isa_at_least(CpuIsa::kAvx2)) CHECK(std::strcmp(path, "avx2") == 0);
+#endif
+        std::mt19937 rng(41);
+        for (int type : kTypes) {
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
+            for (std::int64_t m : {1, 2, 3, 4, 5, 9}) {
+                for (std::int64_t n : {1, 33, 70}) {
+                    const bool bf16 = (m + n) % 2, extras = m % 2;
+                    const FloatCase c(type, m, n, k, 0, bf16, extras, rng);
+                    CHECK(c.matches(c.run(0, m, 2, portable), 0, m));
+                }
+            }
+            for (bool bf16 : {false, true}) {
+                const FloatCase gated(type, 7, 64, k, 20, bf16, false, rng);
+                CHECK(gated.matches(gated.run(0, 7, 2, portable), 0, 7));
+                const FloatCase wide(type, 3, 96, k, 40, bf16, false, rng);
+                CHECK(wide.matches(wide.run(0, 3, 1, portable), 0, 3));
+            }
+            if (type == kGgmlQ4_1 || type == kGgmlQ6_K) {  // past a 256-row chunk, threaded
+                const FloatCase big(type, 260, 40, k, 0, true, true, rng);
+                CHECK(big.matches(big.run(0, 260, 2, portable), 0, 260));
+            }
+        }
+    });
+}
+
+// float_activations is batch-invariant at every level: a row's output (fp32 or bf16, plain, with
+// bias and residual, gated) is bit-identical in calls of 1 .. 13 rows at any offset, on 1 or 2
+// threads, and inside a 300-row call (two row chunks).
+TEST(quant_float_activations_are_batch_invariant) {
+    each_float_level([&](const char*, bool portable) {
+        std::mt19937 rng(43);
+        for (int type : kTypes) {
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 64;
+            const std::int64_t rows = 13;
+            for (int kind = 0; kind < 3; ++kind) {  // plain fp32, bf16 + extras, gated bf16
+                const FloatCase c(type, rows, kind == 2 ? 64 : 70, k, kind == 2 ? 24 : 0, kind > 0,
+                                  kind == 1, rng);
+                const auto full = c.run(0, rows, 2, portable);
+                const std::int64_t cols = c.out_cols();
+                for (std::int64_t m = 1; m <= rows; ++m) {
+                    for (std::int64_t row0 : {std::int64_t{0}, rows - m, (rows - m) / 2}) {
+                        const auto part = c.run(row0, m, 1 + m % 2, portable);
+                        CHECK(std::equal(part.begin(), part.end(), full.begin() + row0 * cols));
+                    }
+                }
+            }
+        }
+        const FloatCase big(kGgmlQ4_1, 300, 40, 64, 0, true, false, rng);
+        const auto full = big.run(0, 300, 2, portable);
+        for (std::int64_t row0 : {0, 7, 255, 299}) {
+            const auto one = big.run(row0, 1, 1, portable);
+            CHECK(std::equal(one.begin(), one.end(), full.begin() + row0 * 40));
+        }
+    });
+}
+
+TEST(quant_float_activations_refuse_dequant_bf16) {
+    std::mt19937 rng(1);
+    std::vector<double> w;
+    const auto packed = pack(kGgmlQ4_1, make_rows(kGgmlQ4_1, 4, 64, rng, w), 4, 64);
+    std::vector<float> x(2 * 64), out(2 * 4);
+    QuantLinearArgs a = args_for(kGgmlQ4_1, x, packed, out, 2, 4, 64);
+    a.float_activations = true, a.dequant_bf16 = true;
+    CHECK_THROWS(std::invalid_argument, quant_linear(a, 1));
 }
 
 int main() { return check::run_all_tests(); }

@@ -14,6 +14,14 @@
 // order whatever the row count, the micro-tile or the threads: batch-invariant (issue 16). The
 // portable path (CPUs without AVX512-VNNI/BF16, chosen at run time) does the same arithmetic
 // with std::fma, so its plain products are bit-identical to the VNNI path's.
+//
+// With QuantLinearArgs::float_activations the activations are not rounded (issue 42: a 135M
+// model does not survive int8 activations): each x row is used as fp32 (bf16 widened exactly),
+// each weight dequantized in registers as w = fma(scale, float(u), min) (exact, see above), and
+//     acc = fma(x[e], w[e], acc)
+// over the k features in order, one fp32 accumulator per output element (then the same
+// epilogue): batch-invariant as above. Paths: AVX2 + FMA (8 lanes; ISA level avx2 and every x86
+// level above it) and portable loops (std::fma; every other CPU, aarch64 included).
 #pragma once
 
 #include <cstdint>
@@ -63,10 +71,16 @@ struct QuantLinearArgs {
     // quant_linear_amx_supported() (0: never). Same bits as AVX512-VNNI (exact int32 sums per
     // group, folded in the same order), so any threshold keeps batch invariance.
     std::int64_t amx_from_rows = 0;
+    // x kept in fp32 (see the top of this file): a W4A32 / W8A32 product, no int8 rounding of
+    // the activations. Excludes dequant_bf16; amx_from_rows does not apply.
+    bool float_activations = false;
 };
 
 // Which path quant_linear runs on this CPU: "avx512-vnni" or "portable".
 const char* quant_linear_path();
+
+// Which path quant_linear runs with float_activations on this CPU: "avx2" or "portable".
+const char* quant_linear_float_path();
 
 // True when quant_linear may take AMX-INT8 tiles (with AVX512-VNNI, whose epilogue they share):
 // the CPU has them and Linux granted them, or linear_amx_emulation (linear.hpp) is on.

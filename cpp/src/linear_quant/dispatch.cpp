@@ -1,6 +1,9 @@
 // Quantized linear layers (linear_quant.hpp): the entry, its checks, and the run-time choice among
 // the paths of kernels.hpp (one file per ISA level) by cpu_isa().
+#include <omp.h>
+
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,6 +38,33 @@ bool avx_vnni() { return cpu_isa_at_least(CpuIsa::kAvx2Vnni) && cpu_features().a
 // A vector path runs from avx2 (x86-64) or neon (aarch64) up.
 bool vector_level() { return cpu_isa_at_least(CpuIsa::kAvx2) || cpu_isa_at_least(CpuIsa::kNeon); }
 
+// float_activations: x as fp32 rows, bf16 widened (exactly) into a per-thread buffer grown to
+// the largest call seen; then the AVX2 path from level avx2 up (x86), else the portable loops.
+void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force_portable) {
+    const float* x = static_cast<const float*>(args.x);
+    std::int64_t stride = args.x_stride;
+    thread_local std::vector<float> widened;
+    if (!args.float32) {
+        if (widened.size() < static_cast<std::size_t>(args.m * args.k)) widened.resize(args.m * args.k);
+        const auto* bits = static_cast<const std::uint16_t*>(args.x);
+        float* to = widened.data();
+        const int threads = args.m * args.k < (1 << 18) ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (std::int64_t r = 0; r < args.m; ++r) {
+            for (std::int64_t i = 0; i < args.k; ++i) {
+                const std::uint32_t v = static_cast<std::uint32_t>(bits[r * args.x_stride + i]) << 16;
+                std::memcpy(to + r * args.k + i, &v, sizeof(float));
+            }
+        }
+        x = to, stride = args.k;
+    }
+#if PAGEDSERVE_X86  // the AVX2 + FMA path, from level avx2 up
+    if (!force_portable && cpu_isa_at_least(CpuIsa::kAvx2))
+        return quant_detail::quant_linear_float_avx2(args, x, stride, num_threads);
+#endif
+    quant_detail::quant_linear_float_portable(args, x, stride, num_threads);
+}
+
 }  // namespace
 
 const char* quant_linear_path() {
@@ -43,6 +73,10 @@ const char* quant_linear_path() {
     if (cpu_isa_at_least(CpuIsa::kNeonI8mm)) return "neon-i8mm";
     if (cpu_isa_at_least(CpuIsa::kNeonDotprod)) return "neon-dotprod";
     if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
+    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
+}
+
+const char* quant_linear_float_path() {
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
 }
 
@@ -55,6 +89,9 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
                  "quant_linear: k must be a multiple of the type's block size");
     if (!check_linear_args(args, "quant_linear")) return;
     check_linear(args.amx_from_rows >= 0, "quant_linear: amx_from_rows must be >= 0");
+    check_linear(!(args.float_activations && args.dequant_bf16),
+                 "quant_linear: float_activations and dequant_bf16 exclude each other");
+    if (args.float_activations) return quant_linear_float(args, std::max(1, num_threads), force_portable);
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
     // Per calling thread, grown to the largest call seen: a step calls this several times per
     // layer, so the int8 rows are not allocated each time.

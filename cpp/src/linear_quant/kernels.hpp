@@ -21,6 +21,12 @@
 //                                               for armv8.2-a+dotprod)
 //   neon_i8mm (USMMLA)        neon_i8mm.cpp     USMMLA 2 x 2 blocks (neon.hpp's, for +i8mm)
 //
+// With float_activations (linear_quant.hpp) no int8 rows: x as fp32, weights dequantized in
+// registers, one fp32 FMA chain over k per output:
+//   portable (every CPU)      portable.cpp      std::fma loops (quant_linear_float_portable)
+//   avx2 and every x86 level  avx2_float.cpp    8-lane FMAs, R rows x 16 or 32 columns a time
+//   above it
+//
 // A new ISA level adds a file here with one entry below and one line in dispatch.cpp.
 #pragma once
 
@@ -49,6 +55,11 @@ void quant_linear_avx512_vnni(const QuantLinearArgs& args, const std::uint8_t* a
 // From level avx512_bf16: bf16 outputs by vcvtneps2bf16, AMX-INT8 tiles where amx_usable(true).
 void quant_linear_avx512_bf16(const QuantLinearArgs& args, const std::uint8_t* acts,
                               std::int64_t act_row_bytes, int num_threads);
+// float_activations: x as fp32 rows (bf16 widened by the caller), x_stride elements apart.
+void quant_linear_float_portable(const QuantLinearArgs& args, const float* x,
+                                 std::int64_t x_stride, int num_threads);
+void quant_linear_float_avx2(const QuantLinearArgs& args, const float* x, std::int64_t x_stride,
+                             int num_threads);
 // The measured alternative to int8 activations: weights widened to bf16 in registers, AVX512-BF16
 // dot products with bf16 x (sums: the per-row scratch, act_row_bytes apart).
 void quant_linear_dequant_bf16(const QuantLinearArgs& args, std::uint8_t* scratch,

@@ -1,6 +1,7 @@
 // The portable path of linear_quant.hpp (see linear_quant/kernels.hpp). Threads split the
 // 32-column tiles; each (row, column) is one fp32 accumulator over the groups in order, and the
 // epilogue rounds as the vector paths do (cpu/kernel_math.hpp): the same bits, SiLU-gated included.
+// Also the float-activation product (quant_linear_float_portable), on the same epilogue.
 #include "linear_quant/kernels.hpp"
 
 #include <omp.h>
@@ -62,13 +63,10 @@ void store(const QuantLinearArgs& a, std::int64_t row, std::int64_t col, float v
         kernel_math::bf16_bits_like_vcvtneps2bf16(v);
 }
 
-// One tile's 32 columns for one row, with the driver's epilogue (bias, then residual; or a
-// gated tile's silu(gate) * up).
-void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::int64_t row,
-              const std::uint8_t* act) {
-    const std::uint8_t* tile = a.packed + t * tile_bytes(f, a.k);
-    float acc[kTileN];
-    for (std::int64_t c = 0; c < kTileN; ++c) acc[c] = dot(f, tile, c, act, a.k);
+// The driver's epilogue for one row of tile t's 32 sums: bias, then residual; or a gated tile's
+// silu(gate) * up.
+void store_tile_row(const QuantLinearArgs& a, std::int64_t t, std::int64_t row,
+                    const float (&acc)[kTileN]) {
     if (a.gated_width > 0) {
         for (std::int64_t c = 0; c < kLinearGateCols; ++c) {
             const std::int64_t col = t * kLinearGateCols + c;
@@ -85,6 +83,37 @@ void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::in
     }
 }
 
+// One tile's 32 columns for one row of int8 activations.
+void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::int64_t row,
+              const std::uint8_t* act) {
+    const std::uint8_t* tile = a.packed + t * tile_bytes(f, a.k);
+    float acc[kTileN];
+    for (std::int64_t c = 0; c < kTileN; ++c) acc[c] = dot(f, tile, c, act, a.k);
+    store_tile_row(a, t, row, acc);
+}
+
+// float_activations: x[e] times w = fma(scale, u, min), one fp32 FMA chain over the features
+// in order per column (the AVX2 path's operations, so its bits too, though no level promises
+// another's).
+void float_tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, const float* x,
+                    std::int64_t row) {
+    const std::uint8_t* tile = a.packed + t * tile_bytes(f, a.k);
+    float acc[kTileN] = {};
+    for (std::int64_t b = 0; b < a.k / kBlockK; ++b) {
+        const std::uint8_t* block = tile + b * f.block_bytes();
+        for (std::int64_t c = 0; c < kTileN; ++c) {
+            for (std::int64_t e = 0; e < kBlockK; ++e) {
+                const std::int64_t g = e / f.group_size;
+                const float w = std::fma(block_scale(f, block, 0, g, c),
+                                         static_cast<float>(unsigned_value(f, block, c, e)),
+                                         block_scale(f, block, 1, g, c));
+                acc[c] = std::fma(x[kBlockK * b + e], w, acc[c]);
+            }
+        }
+    }
+    store_tile_row(a, t, row, acc);
+}
+
 }  // namespace
 
 void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts,
@@ -94,6 +123,21 @@ void quant_linear_portable(const QuantLinearArgs& args, const std::uint8_t* acts
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (std::int64_t t = 0; t < tiles; ++t) {
         for (std::int64_t r = 0; r < args.m; ++r) tile_row(args, f, t, r, acts + r * act_row_bytes);
+    }
+}
+
+}  // namespace pagedserve::quant_detail
+
+namespace pagedserve::quant_detail {
+
+void quant_linear_float_portable(const QuantLinearArgs& args, const float* x,
+                                 std::int64_t x_stride, int num_threads) {
+    const Format f = format_of(args.ggml_type);
+    const std::int64_t tiles = num_tiles(args.n);
+    const int threads = args.m * args.n * args.k < (1 << 18) ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+        for (std::int64_t r = 0; r < args.m; ++r) float_tile_row(args, f, t, x + r * x_stride, r);
     }
 }
 

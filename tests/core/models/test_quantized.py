@@ -102,15 +102,23 @@ def test_native_stack_runs_the_quantized_layers_bit_for_bit(
         assert (got.float() - want.float()).abs().max() <= 0.3 * want.float().std()
 
 
-def test_parts_of_mixed_types_run_as_column_segments() -> None:
-    """A Q4_K_M-style fused q/k/v: Q4_1, Q8_0 and Q4_1 parts -> segments of one output."""
-    k, widths, types = 96, (64, 32, 40), (Q.Q4_1, Q.Q8_0, Q.Q4_1)
+def segmented_layer(
+    k: int, widths: tuple[int, ...], types: tuple[Q, ...], *, bias: bool
+) -> tuple[nn.Module, list[np.ndarray]]:
+    """A module whose `proj` is one QuantizedLinear of parts of these types (random GGUF rows)."""
     rows = [gguf_rows(t, n, k, seed=i) for i, (t, n) in enumerate(zip(types, widths, strict=True))]
     parts = [KeptTensor(f"p{i}", int(t), r, np.arange(r.shape[0]), k)
              for i, (t, r) in enumerate(zip(types, rows, strict=True))]  # fmt: skip
     holder = nn.Module()
-    holder.proj = Linear(k, sum(widths), bias=True)
+    holder.proj = Linear(k, sum(widths), bias=bias)
     QuantizedPlan(linears={"proj": parts}).install(holder)
+    return holder, rows
+
+
+def test_parts_of_mixed_types_run_as_column_segments() -> None:
+    """A Q4_K_M-style fused q/k/v: Q4_1, Q8_0 and Q4_1 parts -> segments of one output."""
+    k, widths, types = 96, (64, 32, 40), (Q.Q4_1, Q.Q8_0, Q.Q4_1)
+    holder, rows = segmented_layer(k, widths, types, bias=True)
     layer = holder.proj
     assert isinstance(layer, QuantizedLinear)
     assert [(s.ggml_type, s.width) for s in layer.segments] == [(3, 64), (8, 32), (3, 40)]
@@ -153,3 +161,50 @@ def test_every_linear_kept_only_when_no_linear_is_left_dense(
     assert plan.every_linear_kept is every
     if family == "mixtral":
         assert plan.linears and "layers.0.mlp" in plan.dense  # attention kept, experts not
+
+
+def test_float_activations_are_a_layer_attribute_each_forward_passes_on() -> None:
+    """use_float_activations(True) after load: x kept in fp32, so the segments compute x W^T of
+    the dequantized weight up to fp32 sums (ops/linear_quant.py), not the int8 rounding."""
+    k, widths, types = 96, (64, 40), (Q.Q4_1, Q.Q8_0)
+    holder, rows = segmented_layer(k, widths, types, bias=False)
+    layer = holder.proj
+    assert isinstance(layer, QuantizedLinear) and layer.float_activations is False
+    x, residual = torch.randn(5, k) * 3, torch.randn(5, sum(widths))
+    w = np.concatenate([dequantized(r, t) for r, t in zip(rows, types, strict=True)])
+    exact = x.double().numpy() @ w.T.astype(np.float64) + residual.double().numpy()
+    int8 = layer(x, residual).double().numpy()
+    layer.use_float_activations(True)
+    got = layer(x, residual).double().numpy()
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+    assert np.abs(got - exact).max() < 0.01 * np.abs(int8 - exact).max()
+
+    gate, up = gguf_rows(Q.Q4_1, 40, k, 7), gguf_rows(Q.Q4_1, 40, k, 8)
+    plan = QuantizedPlan(gated={"mlp": [KeptTensor("g", int(Q.Q4_1), gate, np.arange(40), k),
+                                        KeptTensor("u", int(Q.Q4_1), up, np.arange(40), k)]})  # fmt: skip
+    holder.mlp = nn.Linear(1, 1)
+    plan.install(holder)
+    mlp = holder.mlp
+    assert isinstance(mlp, QuantizedGateUpLinear) and mlp.float_activations is False
+    mlp.use_float_activations(True)
+    g = x.double().numpy() @ dequantized(gate, Q.Q4_1).T.astype(np.float64)
+    u = x.double().numpy() @ dequantized(up, Q.Q4_1).T.astype(np.float64)
+    np.testing.assert_allclose(mlp(x).double().numpy(), g / (1 + np.exp(-g)) * u, rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_float_activations_bring_the_model_to_the_dequantized_ones_logits(tmp_path: Path) -> None:
+    """Every quantized layer of a tiny Q4_1 model with float activations: fp32 logits equal the
+    dequantized model's up to fp32 summation order, far inside the int8 path's distance."""
+    path = tmp_path / "m.gguf"
+    write_gguf_model(path, "llama", qtype="Q4_1", tie=True)
+    model, arch = load(path, "auto")
+    want = logits(*load(path, "none"))
+    int8 = logits(model, arch)
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedGateUpLinear)]
+    assert layers
+    for layer in layers:
+        layer.use_float_activations(True)
+    got = logits(model, arch)
+    assert (got - want).abs().max() <= 1e-4 * want.std(), (got - want).abs().max()
+    assert (got - want).abs().max() < 0.05 * (int8 - want).abs().max()

@@ -58,6 +58,13 @@ def _use_amx(layer: QuantizedLinear | QuantizedGateUpLinear, from_rows: int) -> 
     layer.amx_from = from_rows
 
 
+def _use_float_activations(layer: QuantizedLinear | QuantizedGateUpLinear, on: bool) -> None:
+    """Keep the activations in fp32 for this layer's products (ops/linear_quant.py's
+    float_activations: no int8 rounding; slower in batches, right for models as small as
+    SmolLM2-135M). Settable after load; each forward passes it on."""
+    layer.float_activations = bool(on)
+
+
 class QuantizedLinear(nn.Module):
     """Linear's forward (x [m, in] -> [m, out], fused residual, fp32 logits) over packed GGUF
     blocks, one native call per segment of columns."""
@@ -72,8 +79,11 @@ class QuantizedLinear(nn.Module):
         )
         self.amx_from = 0
         """Rows from which the kernel runs on AMX-INT8 tiles (0: never; use_amx())."""
+        self.float_activations = False
+        """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
 
     use_amx = _use_amx
+    use_float_activations = _use_float_activations
 
     def weight_bytes(self) -> int:
         return sum(s.packed.numel() for s in self.segments)
@@ -100,7 +110,7 @@ class QuantizedLinear(nn.Module):
             quant_linear(out if whole else out[:, cols], x, s.packed, s.ggml_type,
                          None if self.bias is None else self.bias[cols],
                          residual if whole or residual is None else residual[:, cols],
-                         0, self.amx_from)  # fmt: skip
+                         0, self.amx_from, self.float_activations)  # fmt: skip
             col += s.width
         return out
 
@@ -117,8 +127,11 @@ class QuantizedGateUpLinear(nn.Module):
         self.in_features, self.width = in_features, width
         self.ggml_type, self.packed = ggml_type, packed
         self.amx_from = 0
+        self.float_activations = False
+        """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
 
     use_amx = _use_amx
+    use_float_activations = _use_float_activations
 
     def weight_bytes(self) -> int:
         return self.packed.numel()
@@ -130,7 +143,8 @@ class QuantizedGateUpLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
         x = _rows(x, self.in_features)
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
-        quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from)
+        quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from,
+                     self.float_activations)  # fmt: skip
         return out
 
 
