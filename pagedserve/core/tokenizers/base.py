@@ -5,6 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+
+from pagedserve.core.tokenizers.fim import FimTokens, find_fim_tokens
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,8 @@ class TokenizerMeta:
     chat_template: str | None = None
     add_bos_token: bool = False
     add_eos_token: bool = False
+    fim_token_ids: tuple[tuple[str, int], ...] = ()
+    """A GGUF's FIM ids by fim.GGUF_FIM_KEYS' names ("pre", "suf", "mid", ...), as written."""
 
 
 class Tokenizer(ABC):
@@ -39,12 +44,27 @@ class Tokenizer(ABC):
         self.eos_token = meta.eos_token
         self.chat_template = meta.chat_template
         self.add_bos_token = meta.add_bos_token
+        self._fim_token_ids = dict(meta.fim_token_ids)
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` as plain text: no special tokens added, and none read from the text (a
+        user's code that spells `<|fim_prefix|>` stays those characters)."""
+        return self.encode(text, add_special_tokens=False)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the vocabulary token spelled exactly `text`, or None."""
+        return None
+
+    @cached_property
+    def fim(self) -> FimTokens | None:
+        """The model's fill-in-the-middle tokens, or None (load_tokenizer finds them once)."""
+        return find_fim_tokens(self.token_id, self.vocab_size, self._fim_token_ids)
 
     @abstractmethod
     def token_bytes(self, token_id: int) -> bytes:

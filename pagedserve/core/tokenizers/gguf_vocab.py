@@ -17,6 +17,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 
 from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
+from pagedserve.core.tokenizers.fim import GGUF_FIM_KEYS
 from pagedserve.core.tokenizers.hf import HFTokenizer, byte_alphabet
 from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
 
@@ -47,6 +48,7 @@ _KEYS = (
     "model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
     "eot_token_id", "eom_token_id", "unknown_token_id", "add_bos_token", "add_eos_token",
     "add_space_prefix",
+    *(key for keys in GGUF_FIM_KEYS.values() for key in keys if key != "eot_token_id"),
 )  # fmt: skip
 
 
@@ -100,7 +102,18 @@ def _meta(vocab: dict[str, Any], add_bos_default: bool) -> TokenizerMeta:
         chat_template=vocab.get("chat_template"),
         add_bos_token=bool(vocab.get("add_bos_token", add_bos_default)) and bos is not None,
         add_eos_token=bool(vocab.get("add_eos_token", False)) and eos is not None,
+        fim_token_ids=_fim_token_ids(vocab),
     )
+
+
+def _fim_token_ids(vocab: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """llama.cpp's FIM ids by fim.GGUF_FIM_KEYS' names (the newest key written wins)."""
+    found = {}
+    for name, keys in GGUF_FIM_KEYS.items():
+        value = next((vocab[k] for k in keys if vocab.get(k) is not None), None)
+        if value is not None:
+            found[name] = int(value)
+    return tuple(found.items())
 
 
 def _bpe_tokenizer(vocab: dict[str, Any]) -> Tokenizer:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import tokenizers
 
@@ -62,6 +62,20 @@ class HFTokenizer(Tokenizer):
         # thread tokenizing megabytes does not stall the event loop (same ids either way).
         [encoding] = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
         return encoding.ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        [encoding] = self._plain_backend.encode_batch([text], add_special_tokens=False)
+        return encoding.ids
+
+    @cached_property
+    def _plain_backend(self) -> tokenizers.Tokenizer:
+        """A copy that reads special-token text as text (built on first use: FIM prompts)."""
+        plain = tokenizers.Tokenizer.from_str(self._backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    def token_id(self, text: str) -> int | None:
+        return self._backend.token_to_id(text)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
+from pagedserve.core.tokenizers.fim import FimTokens
 from pagedserve.core.tokenizers.folder import folder_tokenizer
 from pagedserve.core.tokenizers.gguf_vocab import gguf_tokenizer
 
@@ -19,7 +20,12 @@ from pagedserve.core.tokenizers.gguf_vocab import gguf_tokenizer
 def load_tokenizer(path: Path) -> Tokenizer:
     """`path`: a .gguf file, or a folder with tokenizer.json or tokenizer.model (a folder holding
     exactly one .gguf and no tokenizer files is read through that GGUF)."""
-    path = Path(path)
+    tokenizer = _load(Path(path))
+    _ = tokenizer.fim  # found once, here
+    return tokenizer
+
+
+def _load(path: Path) -> Tokenizer:
     if path.is_file() and path.suffix == ".gguf":
         return gguf_tokenizer(path)
     if path.is_dir():
@@ -31,4 +37,4 @@ def load_tokenizer(path: Path) -> Tokenizer:
     raise ValueError(f"model: {path} is neither a .gguf file nor a model folder")
 
 
-__all__ = ["Tokenizer", "TokenizerMeta", "load_tokenizer"]
+__all__ = ["FimTokens", "Tokenizer", "TokenizerMeta", "load_tokenizer"]

@@ -68,6 +68,14 @@ class SentencePieceTokenizer(Tokenizer):
             ids.append(min(self.eos_token_ids))
         return ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        # One chunk, never split at special-token text (sentencepiece itself reads none).
+        first = self._prefix_every_chunk or not text.startswith((" ", "\u2581"))
+        return (self._with_prefix if first else self._without_prefix).encode(text) if text else []
+
+    def token_id(self, text: str) -> int | None:
+        return self.piece_id(text)
+
     def _split_special(self, text: str) -> list[tuple[int, str]]:
         """(offset, text) chunks of `text`: each special token alone, plain text between them.
         A plain chunk never contains a whole special token, so the text tells them apart."""
