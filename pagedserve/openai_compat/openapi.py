@@ -11,11 +11,13 @@ from pydantic.json_schema import models_json_schema
 from pagedserve import __version__
 from pagedserve.openai_compat.common.protocol import REQUEST_MODELS
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
+from pagedserve.openai_compat.infill.protocol import InfillRequest
 from pagedserve.openai_compat.responses.protocol import RESPONSES_REQUEST_MODELS
 
 ROUTE_MODELS: dict[str, type[BaseModel]] = {
     **REQUEST_MODELS,
     "/v1/embeddings": EmbeddingRequest,
+    "/infill": InfillRequest,
     **RESPONSES_REQUEST_MODELS,
 }
 """The request body of every POST route (protocol.py's and the newer modules')."""

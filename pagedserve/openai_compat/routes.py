@@ -26,6 +26,7 @@ from pagedserve.openai_compat.common.serving import (
 )
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 from pagedserve.openai_compat.embeddings.serving import embedding_only
+from pagedserve.openai_compat.infill.protocol import InfillRequest
 from pagedserve.openai_compat.openapi import openapi_document
 from pagedserve.openai_compat.responses.protocol import ResponsesRequest
 from pagedserve.openai_compat.responses.serving import ResponsesService
@@ -54,6 +55,16 @@ async def completions(request: Request) -> Response:
     body = await parse(request, CompletionRequest, state.config.max_body_bytes)
     assert state.completion is not None
     return await state.completion.create(body, request.receive)
+
+
+@endpoint
+async def infill(request: Request) -> Response:
+    """llama.cpp's code infill (input_prefix, input_suffix, input_extra)."""
+    state = _state(request)
+    _generating(state.ready(), "/infill")
+    body = await parse(request, InfillRequest, state.config.max_body_bytes)
+    assert state.infill is not None
+    return await state.infill.create(body, request.receive)
 
 
 @endpoint
@@ -168,6 +179,7 @@ async def openapi(request: Request) -> Response:
 ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/infill", infill, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/responses", responses, methods=["POST"]),
     Route("/v1/responses/{response_id}", response, methods=["GET", "DELETE"]),

@@ -11,6 +11,7 @@ from pagedserve.openai_compat.common.metrics import ServerMetrics
 from pagedserve.openai_compat.common.serving import ServingContext
 from pagedserve.openai_compat.completions.serving import CompletionService
 from pagedserve.openai_compat.embeddings.serving import EmbeddingService
+from pagedserve.openai_compat.infill.serving import InfillService
 from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.responses.store import ResponseStore
 from pagedserve.openai_compat.server_config import ServerConfig
@@ -26,6 +27,7 @@ class ServerState:
         self.ctx: ServingContext | None = None
         self.chat: ChatService | None = None
         self.completion: CompletionService | None = None
+        self.infill: InfillService | None = None
         self.embeddings: EmbeddingService | None = None
         self.responses: ResponsesService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
@@ -42,6 +44,7 @@ class ServerState:
         )
         self.chat = ChatService(self.ctx)
         self.completion = CompletionService(self.ctx)
+        self.infill = InfillService(self.ctx)
         self.embeddings = EmbeddingService(self.ctx)
         config = self.config
         store = ResponseStore(config.response_store_size, config.response_store_mb << 20,

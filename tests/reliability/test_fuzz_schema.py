@@ -23,6 +23,7 @@ from tests.reliability.conftest import wait_idle
 EXAMPLES = {
     "/v1/chat/completions": 15,
     "/v1/completions": 15,
+    "/infill": 10,
     "/tokenize": 10,
     "/detokenize": 10,
     "/v1/embeddings": 10,

@@ -214,7 +214,6 @@ _HARMLESS: dict[str, Callable[[Any], bool]] = {
     "reasoning_effort": _absent,
     "web_search_options": _absent,
     "verbosity": _absent,
-    "suffix": lambda v: v in (None, ""),
     "best_of": lambda v: v in (None, 1),
 }
 
@@ -322,7 +321,8 @@ class CompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False
-    suffix: str | None = None
+    suffix: Annotated[str | None, AfterValidator(_no_nul)] = None
+    """Text after the completion: fill-in-the-middle on models with FIM tokens (else 400)."""
     best_of: int | None = None
 
     @model_validator(mode="after")

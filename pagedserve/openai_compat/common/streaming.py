@@ -30,9 +30,10 @@ def sse_frame(payload: Any) -> bytes:
 
 
 async def sse_frames(
-    chunks: AsyncIterator[dict[str, Any]], request_id: str
+    chunks: AsyncIterator[dict[str, Any]], request_id: str, done: bool = True
 ) -> AsyncIterator[bytes]:
-    """Chunks as SSE frames; a failure after the headers went out becomes an error frame."""
+    """Chunks as SSE frames; a failure after the headers went out becomes an error frame.
+    done: end with `data: [DONE]` (OpenAI's streams; llama.cpp's own endpoints send none)."""
     try:
         async for chunk in chunks:
             yield sse_frame(chunk)
@@ -43,7 +44,8 @@ async def sse_frames(
         yield sse_frame(internal(request_id).body())
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
-    yield DONE_FRAME
+    if done:
+        yield DONE_FRAME
 
 
 class SSEResponse(Response):

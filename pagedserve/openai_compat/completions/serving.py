@@ -3,6 +3,10 @@
 `echo` prepends the prompt (and, with `logprobs`, its logprobs, None for the first token) as
 lm-eval's loglikelihood needs. `max_tokens: 0` with echo scores the prompt only: the engine
 still samples one token (its minimum), which is dropped.
+
+`suffix` on a model with fill-in-the-middle tokens makes each prompt the prefix of a FIM prompt
+(fim.py) and the choices the middle; without FIM tokens a non-empty suffix is a 400 (an empty
+one changes nothing there). With `echo` it is a 400: the FIM prompt is not the text in order.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from starlette.types import Receive
 
 from pagedserve.core.engine_client import RequestStream
 from pagedserve.core.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from pagedserve.core.tokenizers.load import FimTokens
 from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import JSONResponse
 from pagedserve.openai_compat.common.logprobs import CompletionLogprobs, merge_completion_logprobs
@@ -34,6 +39,7 @@ from pagedserve.openai_compat.common.serving import (
 )
 from pagedserve.openai_compat.common.streaming import SSEResponse, sse_frames, until_disconnect
 from pagedserve.openai_compat.common.structured import compile_off_loop, structured_outputs
+from pagedserve.openai_compat.completions.fim import fim_params, fim_prompt, require_fim
 
 
 @dataclass
@@ -60,7 +66,11 @@ class CompletionService:
         ctx = self.ctx
         ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
-        prompts, texts = await self._prompts(req.prompt)
+        fim = self._fim(req)
+        prompts, texts = await self._prompts(req.prompt, plain=fim is not None)
+        if fim is not None:
+            suffix_ids = await off_loop(len(req.suffix or ""), tokenizer.encode_plain, req.suffix)
+            prompts = [fim_prompt(tokenizer, fim, p, suffix_ids) for p in prompts]
         score_only = req.max_tokens == 0
         top_k = req.logprobs
         prompt_k = top_k if req.echo and top_k is not None else None
@@ -68,6 +78,7 @@ class CompletionService:
         spec = structured_outputs(req)
         await compile_off_loop(ctx.engine, spec)
         params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
+        params = params if fim is None else fim_params(params, fim)
         for prompt in prompts:
             ctx.admit(prompt, params, "prompt")
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
@@ -81,10 +92,21 @@ class CompletionService:
         finals = await until_disconnect(receive, collect(streams, ctx.metrics, "prompt"))
         return JSONResponse(self._response(head, job, finals))
 
+    def _fim(self, req: CompletionRequest) -> FimTokens | None:
+        """The FIM tokens when `suffix` asks for fill-in-the-middle, else None."""
+        tokenizer = self.ctx.engine.tokenizer
+        if req.suffix is None or (req.suffix == "" and tokenizer.fim is None):
+            return None
+        fim = require_fim(tokenizer, self.ctx.model_name, "suffix")
+        if req.echo:
+            raise errors.invalid("echo cannot be combined with suffix.", param="echo")
+        return fim
+
     async def _prompts(
-        self, prompt: str | list[str] | list[int] | list[list[int]]
+        self, prompt: str | list[str] | list[int] | list[list[int]], plain: bool = False
     ) -> tuple[list[list[int]], list[str]]:
-        """Token ids and echo text of each prompt."""
+        """Token ids and echo text of each prompt (plain: text without special tokens, as a
+        FIM prefix is read)."""
         tokenizer = self.ctx.engine.tokenizer
         if isinstance(prompt, str):
             prompt = [prompt]
@@ -95,7 +117,10 @@ class CompletionService:
         ids: list[list[int]] = []
         texts: list[str] = []
         for item in prompt:
-            if isinstance(item, str):
+            if isinstance(item, str) and plain:
+                ids.append(await off_loop(len(item), tokenizer.encode_plain, item))
+                texts.append(item)
+            elif isinstance(item, str):
                 ids.append(await off_loop(len(item), tokenizer.encode, item, True))
                 texts.append(item)
             else:
