@@ -1,8 +1,8 @@
 """The /infill request body, as llama.cpp's server takes it (pydantic lives here and in common/).
 
 Unknown fields are a 400, as elsewhere; the llama.cpp fields that editors (llama.vscode,
-llama.vim) send as hints are accepted and do nothing here: `cache_prompt` (the prefix cache is
-always on), `id_slot`, `samplers` (the sampler order is fixed), `n_indent`,
+llama.vim) send as hints are accepted and do nothing here: `cache_prompt` (the prefix cache serves every
+request, on by default), `id_slot`, `samplers` (the sampler order is fixed), `n_indent`,
 `t_max_prompt_ms`, `t_max_predict_ms` and `response_fields` (the whole response is sent).
 """
 
@@ -47,7 +47,8 @@ class InfillRequest(_Strict):
     """Text right after the prefix (llama.vscode: the cursor's line up to the cursor)."""
     model: str | None = None
     n_predict: int = Field(default=-1, ge=-1)
-    """Tokens to generate; -1: until a stop or the context's end; 0: none (warms the cache)."""
+    """Tokens to generate; -1: until a stop or the context's end; 0: no text (the prompt is
+    prefilled: it warms the prefix cache)."""
     temperature: float | None = Field(default=None, ge=0)
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
