@@ -51,8 +51,8 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
-from pagedserve.core.models.linear.dense import Linear
 from pagedserve.core.models.linear.calibration import LayerShape, calibrate
+from pagedserve.core.models.linear.dense import Linear
 from pagedserve.core.models.linear.dispatch import amx_from_rows, torch_from_rows
 from pagedserve.core.ops.cpu_features import (
     cpu_features,
