@@ -36,7 +36,9 @@ def post_operations(schema: Any) -> list[Any]:
     return [op for op in ops if op.method.upper() == "POST"]
 
 
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+"""Routes that answer errors in Anthropic's envelope."""
 
 
 def clamp(body: Any, path: str = "/v1/chat/completions") -> Any:
@@ -49,7 +51,8 @@ def clamp(body: Any, path: str = "/v1/chat/completions") -> Any:
         value = body.get(name)
         if type(value) in (int, float) and value > MAX_TOKENS_CAP:
             body[name] = MAX_TOKENS_CAP
-    if path != "/v1/responses" and ("prompt" in body or "messages" in body):
+    # /v1/messages requires max_tokens: a body without it must stay the 400 it is.
+    if path not in ("/v1/responses", "/v1/messages") and ("prompt" in body or "messages" in body):
         # Absent or null means "up to the context length": ~1000 tokens, minutes on a CPU.
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_TOKENS_CAP
@@ -81,10 +84,29 @@ def envelope_problem(payload: Any) -> str | None:
     return None
 
 
+def anthropic_envelope_problem(payload: Any) -> str | None:
+    """Why `payload` is not Anthropic's error envelope, or None when it is."""
+    if not isinstance(payload, dict) or set(payload) != {"type", "error"}:
+        return f"not an Anthropic error envelope: {str(payload)[:300]}"
+    error = payload["error"]
+    if (
+        payload["type"] != "error"
+        or not isinstance(error, dict)
+        or set(error) != {"type", "message"}
+    ):
+        return f"error object has the wrong keys: {str(payload)[:300]}"
+    if not (isinstance(error["message"], str) and error["message"]):
+        return "error.message is not a non-empty string"
+    if not isinstance(error["type"], str):
+        return "error.type is not a string"
+    return None
+
+
 def stream_problem(text: str) -> str | None:
-    """A 200 event stream must not carry a server-error frame: chat's error object, or the
-    Responses API's `error` event / response.failed with code server_error. Frames may carry
-    an `event:` line before their `data:` line (the Responses API's do)."""
+    """A 200 event stream must not carry a server-error frame: chat's error object, the
+    Responses API's `error` event / response.failed with code server_error, or the Messages
+    API's `error` event of type api_error. Frames may carry an `event:` line before their
+    `data:` line (the Responses and Messages APIs' do)."""
     for frame in text.split("\n\n"):
         data = next((ln[6:] for ln in frame.split("\n") if ln.startswith("data: ")), "")
         if data.startswith("{") and '"error"' in data:
@@ -92,19 +114,23 @@ def stream_problem(text: str) -> str | None:
             if payload.get("type") == "response.failed":
                 payload = payload.get("response") or {}
             error = payload.get("error") if payload.get("type") != "error" else payload
-            if isinstance(error, dict) and "server_error" in (error.get("type"), error.get("code")):
+            if isinstance(error, dict) and isinstance(error.get("error"), dict):
+                error = error["error"]  # Anthropic's error event: {"type": "error", "error": ...}
+            kinds = ("server_error", "api_error")
+            if isinstance(error, dict) and {error.get("type"), error.get("code")} & set(kinds):
                 return f"server error frame mid-stream: {data[:300]}"
     return None
 
 
-def response_problem(response: schemathesis.Response) -> str | None:
-    """Why this response breaks the contract (no 5xx, 4xx in the envelope), or None."""
+def response_problem(response: schemathesis.Response, path: str = "") -> str | None:
+    """Why this response breaks the contract (no 5xx, 4xx in the API's envelope), or None."""
     status = response.status_code
     if status >= 500:
         return f"{status}: {response.text[:300]}"
     if 400 <= status < 500:
+        check = anthropic_envelope_problem if path in ANTHROPIC_PATHS else envelope_problem
         try:
-            return envelope_problem(response.json())
+            return check(response.json())
         except ValueError:
             return f"{status} body is not JSON: {response.text[:300]}"
     content_type = response.headers.get("content-type") or [""]
@@ -162,7 +188,7 @@ def fuzz_operation(
             report.problems.append(f"{op.label} {mode.value} body={body}: {type(exc).__name__}")
             return
         report.statuses[(op.label, mode.value, response.status_code)] += 1
-        problem = response_problem(response)
+        problem = response_problem(response, op.path)
         body = str(case.body)[:300]
         if problem is not None:
             report.problems.append(f"{op.label} {mode.value} body={body}: {problem}")

@@ -27,6 +27,8 @@ from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import error_response
 from pagedserve.openai_compat.common.request_log import HEADER as REQUEST_ID_HEADER
 from pagedserve.openai_compat.common.request_log import RequestIdMiddleware
+from pagedserve.openai_compat.messages.errors import PATH_PREFIX as MESSAGES_PREFIX
+from pagedserve.openai_compat.messages.errors import anthropic_error
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.state import ServerState
@@ -40,7 +42,8 @@ OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
 
 
 class APIKeyMiddleware:
-    """401 unless `Authorization: Bearer <key>` matches (constant-time compare)."""
+    """401 unless `Authorization: Bearer <key>` or Anthropic's `x-api-key: <key>` matches
+    (constant-time compare)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -48,15 +51,21 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not _is_open(scope["path"]):
-            header = Headers(scope=scope).get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            ok = scheme.lower() == "bearer" and hmac.compare_digest(
-                token.strip().encode(), self.expected
-            )
+            headers = Headers(scope=scope)
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            bearer = token.strip() if scheme.lower() == "bearer" else ""
+            keys = (bearer, headers.get("x-api-key", "").strip())
+            ok = any(hmac.compare_digest(k.encode(), self.expected) for k in keys if k)
             if not ok:
-                await error_response(errors.invalid_api_key())(scope, receive, send)
+                render = _renderer(scope["path"])
+                await render(errors.invalid_api_key())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _renderer(path: str) -> Callable[[errors.APIError], Response]:
+    """The error envelope of the API a path belongs to: Anthropic's under /v1/messages."""
+    return anthropic_error if path.startswith(MESSAGES_PREFIX) else error_response
 
 
 def _is_open(path: str) -> bool:
@@ -67,7 +76,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     api = errors.APIError(exc.status_code, str(exc.detail), type=kind)
-    return error_response(api)
+    return _renderer(request.url.path)(api)
 
 
 def create_app(

@@ -12,6 +12,7 @@ from pagedserve import __version__
 from pagedserve.openai_compat.common.protocol import REQUEST_MODELS
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 from pagedserve.openai_compat.infill.protocol import InfillRequest
+from pagedserve.openai_compat.messages.protocol import MESSAGES_REQUEST_MODELS
 from pagedserve.openai_compat.responses.protocol import RESPONSES_REQUEST_MODELS
 
 ROUTE_MODELS: dict[str, type[BaseModel]] = {
@@ -19,6 +20,7 @@ ROUTE_MODELS: dict[str, type[BaseModel]] = {
     "/v1/embeddings": EmbeddingRequest,
     "/infill": InfillRequest,
     **RESPONSES_REQUEST_MODELS,
+    **MESSAGES_REQUEST_MODELS,
 }
 """The request body of every POST route (protocol.py's and the newer modules')."""
 
@@ -39,6 +41,19 @@ _ERROR_SCHEMA = {
         }
     },
 }
+_ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+"""The Messages routes' errors (Anthropic's envelope)."""
 _GET_PATHS = ("/v1/models", "/health", "/metrics", "/version")
 _RESPONSE_ID = [
     {
@@ -56,8 +71,9 @@ _STORED_RESPONSE_PATHS = {
 """Routes on a stored response: no body, the id in the path."""
 
 
-def _responses() -> dict[str, Any]:
-    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}}
+def _responses(path: str = "") -> dict[str, Any]:
+    name = "AnthropicError" if path in MESSAGES_REQUEST_MODELS else "Error"
+    error = {"content": {"application/json": {"schema": {"$ref": _REF.format(model=name)}}}}
     ok = {"description": "OK (JSON, or text/event-stream when stream is true)"}
     return {"200": ok, "4XX": {"description": "Client error", **error}}
 
@@ -66,7 +82,8 @@ def _responses() -> dict[str, Any]:
 def openapi_document() -> dict[str, Any]:
     models = list(ROUTE_MODELS.values())
     _, top = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
-    schemas = {**top.get("$defs", {}), "Error": _ERROR_SCHEMA}
+    schemas = {**top.get("$defs", {}), "Error": _ERROR_SCHEMA,
+               "AnthropicError": _ANTHROPIC_ERROR_SCHEMA}  # fmt: skip
     paths: dict[str, Any] = {}
     for path, model in ROUTE_MODELS.items():
         body = {"$ref": _REF.format(model=model.__name__)}
@@ -77,7 +94,7 @@ def openapi_document() -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": body}},
                 },
-                "responses": _responses(),
+                "responses": _responses(path),
             }
         }
     for path in _GET_PATHS:

@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from pagedserve import __version__
 from pagedserve.openai_compat.chat.serving import chat_chars, chat_token_ids
-from pagedserve.openai_compat.common.http_responses import JSONResponse, endpoint
+from pagedserve.openai_compat.common.http_responses import JSONResponse, endpoint, endpoint_in
 from pagedserve.openai_compat.common.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pagedserve.openai_compat.common.parsing import parse
 from pagedserve.openai_compat.common.protocol import (
@@ -27,6 +27,8 @@ from pagedserve.openai_compat.common.serving import (
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 from pagedserve.openai_compat.embeddings.serving import embedding_only
 from pagedserve.openai_compat.infill.protocol import InfillRequest
+from pagedserve.openai_compat.messages.errors import anthropic_error
+from pagedserve.openai_compat.messages.protocol import CountTokensRequest, MessagesRequest
 from pagedserve.openai_compat.openapi import openapi_document
 from pagedserve.openai_compat.responses.protocol import ResponsesRequest
 from pagedserve.openai_compat.responses.serving import ResponsesService
@@ -104,6 +106,24 @@ async def cancel_response(request: Request) -> Response:
 async def response_input_items(request: Request) -> Response:
     service, response_id = _stored_response(request)
     return JSONResponse(service.input_items(response_id, dict(request.query_params)))
+
+
+@endpoint_in(anthropic_error)
+async def messages(request: Request) -> Response:
+    state = _state(request)
+    _generating(state.ready(), "/v1/messages")
+    body = await parse(request, MessagesRequest, state.config.max_body_bytes)
+    assert state.messages is not None
+    return await state.messages.create(body, request.receive)
+
+
+@endpoint_in(anthropic_error)
+async def count_message_tokens(request: Request) -> Response:
+    state = _state(request)
+    state.ready()
+    body = await parse(request, CountTokensRequest, state.config.max_body_bytes)
+    assert state.messages is not None
+    return JSONResponse(await state.messages.count_tokens(body))
 
 
 def _stored_response(request: Request) -> tuple[ResponsesService, str]:
@@ -185,6 +205,8 @@ ROUTES = [
     Route("/v1/responses/{response_id}", response, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", response_input_items, methods=["GET"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),

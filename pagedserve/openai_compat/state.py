@@ -12,6 +12,7 @@ from pagedserve.openai_compat.common.serving import ServingContext
 from pagedserve.openai_compat.completions.serving import CompletionService
 from pagedserve.openai_compat.embeddings.serving import EmbeddingService
 from pagedserve.openai_compat.infill.serving import InfillService
+from pagedserve.openai_compat.messages.serving import MessagesService
 from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.responses.store import ResponseStore
 from pagedserve.openai_compat.server_config import ServerConfig
@@ -30,6 +31,7 @@ class ServerState:
         self.infill: InfillService | None = None
         self.embeddings: EmbeddingService | None = None
         self.responses: ResponsesService | None = None
+        self.messages: MessagesService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
 
     def attach(self, engine: EngineClient) -> None:
@@ -51,6 +53,7 @@ class ServerState:
                               config.response_store_ttl)  # fmt: skip
         self.metrics.watch_response_store(store)
         self.responses = ResponsesService(self.ctx, store)
+        self.messages = MessagesService(self.ctx)
         self.engine = engine
 
     def ready(self) -> ServingContext:

@@ -1,8 +1,8 @@
-"""A bounded schemathesis run (EXAMPLES per route and mode: 160 cases) against the live server's
+"""A bounded schemathesis run (EXAMPLES per route and mode: 210 cases) against the live server's
 /openapi.json: valid and schema-breaking bodies for every POST route (the Responses API's cancel
 route: its path id). No response is a 5xx (nor a server-error frame inside a 200 stream),
-every 4xx is OpenAI's error envelope, and the server is healthy after. The 10,000-case run is
-bench/serving/fuzz_long.py."""
+every 4xx is the error envelope of the route's API (Anthropic's on /v1/messages), and the
+server is healthy after. The 10,000-case run is bench/serving/fuzz_long.py."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ EXAMPLES = {
     "/v1/embeddings": 10,
     "/v1/responses": 15,
     "/v1/responses/{response_id}/cancel": 5,
+    "/v1/messages": 15,
+    "/v1/messages/count_tokens": 10,
 }
 
 

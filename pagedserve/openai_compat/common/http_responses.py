@@ -33,17 +33,25 @@ def error_response(exc: errors.APIError) -> JSONResponse:
 
 def endpoint(fn: Endpoint) -> Endpoint:
     """API errors become OpenAI envelopes; anything else is a logged 500."""
+    return endpoint_in(error_response)(fn)
 
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except errors.APIError as exc:
-            return error_response(exc)
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        except Exception:
-            request_id = current_request_id.get()
-            logger.exception("request %s %s failed", request_id, request.url.path)
-            return error_response(errors.internal(request_id))
 
-    return wrapped
+def endpoint_in(render: Callable[[errors.APIError], Response]) -> Callable[[Endpoint], Endpoint]:
+    """`endpoint` for an API with its own error envelope (`render` shapes each APIError)."""
+
+    def wrap(fn: Endpoint) -> Endpoint:
+        async def wrapped(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except errors.APIError as exc:
+                return render(exc)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
+            except Exception:
+                request_id = current_request_id.get()
+                logger.exception("request %s %s failed", request_id, request.url.path)
+                return render(errors.internal(request_id))
+
+        return wrapped
+
+    return wrap
