@@ -142,14 +142,14 @@ def test_raw_sse_event_order(server: Server) -> None:
 def test_same_greedy_text_as_chat_completions(client: anthropic.Anthropic, server: Server) -> None:
     system, user = "You are a helpful assistant.", "Name three colors."
     out = client.messages.create(
-        model=server.model, max_tokens=24, extra_body=GREEDY,
+        model=server.model, max_tokens=16, extra_body=GREEDY,
         system=[{"type": "text", "text": system}],
         messages=[{"role": "user", "content": user}],
     )  # fmt: skip
     chat = httpx.post(
         server.base_url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {API_KEY}"},
-        json={"model": server.model, "max_tokens": 24, "temperature": 0,
+        json={"model": server.model, "max_tokens": 16, "temperature": 0,
               "messages": [{"role": "system", "content": system},
                            {"role": "user", "content": user}]},
         timeout=120,
