@@ -241,12 +241,18 @@ def test_torch_free_modules_load_no_torch(module: str) -> None:
 
 
 SERVER = "pagedserve.openai_compat"
-ENDPOINTS = ("chat", "completions", "embeddings", "responses", "infill", "messages")
+ENDPOINTS = ("chat", "completions", "embeddings", "responses", "infill", "messages", "rerank")
 # What an endpoint package may import besides common/ and itself: /v1/responses is served on
 # the chat machinery (its items become chat messages, chat's service generates); /infill builds
 # its prompt with completions' fill-in-the-middle helpers (completions/fim.py); /v1/messages is
-# served on the chat machinery too (its blocks become chat messages).
-ENDPOINT_USES = {"responses": {"chat"}, "infill": {"completions"}, "messages": {"chat"}}
+# served on the chat machinery too (its blocks become chat messages); /v1/rerank and /v1/score
+# run their pairs on embeddings' machinery (embed_all: prefill-only requests, batched).
+ENDPOINT_USES = {
+    "responses": {"chat"},
+    "infill": {"completions"},
+    "messages": {"chat"},
+    "rerank": {"embeddings"},
+}
 
 
 def server_part(dotted: str) -> str | None:

@@ -21,7 +21,7 @@ ARM_ISAS = ("portable", "neon", "neon_dotprod", "neon_i8mm")
 """aarch64's ISA levels, lowest first."""
 CPU_ISAS = ("auto", *X86_ISAS, *ARM_ISAS[1:])
 """--cpu-isa's choices: auto (the CPU's best), then every level of either architecture."""
-TASKS = ("auto", "generate", "embed")
+TASKS = ("auto", "generate", "embed", "score")
 SPECULATIVE_METHODS = ("ngram", "draft")
 
 
@@ -79,9 +79,11 @@ class ModelConfig:
     task: str = "auto"
     """What the model serves: generate (chat and completions) or embed (/v1/embeddings:
     decoder-only embedders pooled as sentence-transformers' files or the GGUF's pooling_type
-    say, else last token, L2-normalized). auto: embed when the model says it is an embedder
-    (sentence-transformers' modules.json, a bare-backbone architecture such as Qwen3Model, a
-    GGUF pooling_type), else generate."""
+    say, else last token, L2-normalized) or score (/v1/rerank and /v1/score: a decoder
+    reranker answering "yes" or "no" after a template, Qwen3-Reranker's unless its config.json
+    says otherwise). auto: embed when the model says it is an embedder (sentence-transformers'
+    modules.json, a bare-backbone architecture such as Qwen3Model, a GGUF pooling_type), else
+    generate; score is never guessed."""
     matryoshka: bool | None = None
     """Whether embedding requests may ask for fewer `dimensions` (Matryoshka truncation, then
     renormalization). Default: as the model's config.json declares (is_matryoshka or

@@ -30,6 +30,8 @@ from pagedserve.openai_compat.infill.protocol import InfillRequest
 from pagedserve.openai_compat.messages.errors import anthropic_error
 from pagedserve.openai_compat.messages.protocol import CountTokensRequest, MessagesRequest
 from pagedserve.openai_compat.openapi import openapi_document
+from pagedserve.openai_compat.rerank.protocol import RerankRequest, ScoreRequest
+from pagedserve.openai_compat.rerank.serving import scoring_only
 from pagedserve.openai_compat.responses.protocol import ResponsesRequest
 from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.state import ServerState
@@ -76,6 +78,28 @@ async def embeddings(request: Request) -> Response:
     body = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
     assert state.embeddings is not None
     return await state.embeddings.create(body, request.receive)
+
+
+@endpoint
+async def rerank(request: Request) -> Response:
+    """Cohere's and Jina's rerank (/v1/rerank; /v2/rerank for Cohere's v2 client)."""
+    state = _state(request)
+    state.ready()
+    body = await parse(request, RerankRequest, state.config.max_body_bytes)
+    state.ready().check_model(body.model)
+    assert state.rerank is not None
+    return await state.rerank.rerank(body, request.receive)
+
+
+@endpoint
+async def score(request: Request) -> Response:
+    """vLLM's score: text_1 against text_2."""
+    state = _state(request)
+    state.ready()
+    body = await parse(request, ScoreRequest, state.config.max_body_bytes)
+    state.ready().check_model(body.model)
+    assert state.rerank is not None
+    return await state.rerank.score(body, request.receive)
 
 
 @endpoint
@@ -134,9 +158,11 @@ def _stored_response(request: Request) -> tuple[ResponsesService, str]:
 
 
 def _generating(ctx: ServingContext, route: str) -> None:
-    """A 400 naming the task when the server embeds rather than generates."""
+    """A 400 naming the task when the server embeds or scores rather than generates."""
     if ctx.engine.model_info.task == "embed":
         raise embedding_only(ctx.model_name, route)
+    if ctx.engine.model_info.task == "score":
+        raise scoring_only(ctx.model_name, route)
 
 
 @endpoint
@@ -201,6 +227,9 @@ ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/infill", infill, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/rerank", rerank, methods=["POST"]),
+    Route("/v2/rerank", rerank, methods=["POST"]),  # Cohere's v2 client (LangChain's CohereRerank)
+    Route("/v1/score", score, methods=["POST"]),
     Route("/v1/responses", responses, methods=["POST"]),
     Route("/v1/responses/{response_id}", response, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
@@ -233,6 +262,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "batch_invariant": ctx.engine.model_info.batch_invariant,
         # What runs the weights, e.g. GGUF blocks kept quantized on the int8 kernels (issue 12).
         "weights": ctx.engine.model_info.weights,
-        # generate (chat, completions) or embed (/v1/embeddings), issue 25.
+        # generate (chat, completions), embed (/v1/embeddings, issue 25) or score (/v1/rerank,
+        # /v1/score, issue 40).
         "task": ctx.engine.model_info.task,
     }

@@ -13,6 +13,7 @@ from pagedserve.openai_compat.completions.serving import CompletionService
 from pagedserve.openai_compat.embeddings.serving import EmbeddingService
 from pagedserve.openai_compat.infill.serving import InfillService
 from pagedserve.openai_compat.messages.serving import MessagesService
+from pagedserve.openai_compat.rerank.serving import RerankService
 from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.responses.store import ResponseStore
 from pagedserve.openai_compat.server_config import ServerConfig
@@ -32,6 +33,7 @@ class ServerState:
         self.embeddings: EmbeddingService | None = None
         self.responses: ResponsesService | None = None
         self.messages: MessagesService | None = None
+        self.rerank: RerankService | None = None
         self.metrics = ServerMetrics(config.served_model_name or "", lambda: self.engine)
 
     def attach(self, engine: EngineClient) -> None:
@@ -48,6 +50,7 @@ class ServerState:
         self.completion = CompletionService(self.ctx)
         self.infill = InfillService(self.ctx)
         self.embeddings = EmbeddingService(self.ctx)
+        self.rerank = RerankService(self.ctx)
         config = self.config
         store = ResponseStore(config.response_store_size, config.response_store_mb << 20,
                               config.response_store_ttl)  # fmt: skip

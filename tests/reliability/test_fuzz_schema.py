@@ -1,4 +1,4 @@
-"""A bounded schemathesis run (EXAMPLES per route and mode: 210 cases) against the live server's
+"""A bounded schemathesis run (EXAMPLES per route and mode: 250 cases) against the live server's
 /openapi.json: valid and schema-breaking bodies for every POST route (the Responses API's cancel
 route: its path id). No response is a 5xx (nor a server-error frame inside a 200 stream),
 every 4xx is the error envelope of the route's API (Anthropic's on /v1/messages), and the
@@ -31,6 +31,9 @@ EXAMPLES = {
     "/v1/responses/{response_id}/cancel": 5,
     "/v1/messages": 15,
     "/v1/messages/count_tokens": 10,
+    "/v1/rerank": 5,
+    "/v2/rerank": 5,
+    "/v1/score": 5,
 }
 
 

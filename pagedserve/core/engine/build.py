@@ -77,7 +77,7 @@ class EngineParts:
             device=str(self.model_runner.device),
             batch_invariant=self.batch_invariant,
             weights=self.weights,
-            task="embed" if self.pooler is not None else "generate",
+            task=self.pooler.task if self.pooler is not None else "generate",
             pooler=self.pooler,
         )
 
@@ -102,9 +102,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
     attention = get_attention_backend(mc.attention_backend, mc.deterministic)
-    pooler = resolve_pooler(mc.task, resolved, read_arch(resolved).hidden_size, mc.matryoshka)
+    hidden_size = read_arch(resolved).hidden_size
+    pooler = resolve_pooler(mc.task, resolved, hidden_size, mc.matryoshka, tokenizer)
     if pooler is not None and config.parallel.tensor_parallel_size > 1:
-        raise ValueError("task embed runs at tensor_parallel_size 1")
+        raise ValueError(f"task {pooler.task} runs at tensor_parallel_size 1")
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
@@ -117,7 +118,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     invariant = tp is None and is_batch_invariant(loaded.model, attention, device)
-    task = "generate" if pooler is None else f"embed: {pooler.describe()}"
+    task = "generate" if pooler is None else f"{pooler.task}: {pooler.describe()}"
     logger.info(
         "model %s (%s, task %s) on %s in %s, weights: %s, tensor_parallel_size %d, "
         "attention %s, %sbatch-invariant; %s",
@@ -148,7 +149,8 @@ def _load(
     model, arch = load_model(
         resolved, dtype=dtype, device=device, attention=attention,
         max_positions=mc.max_model_len, group=tp.group if tp else None,
-        quantization=mc.quantization, pack=False, head_optional=pooler is not None,
+        quantization=mc.quantization, pack=False,
+        head_optional=pooler is not None and pooler.task == "embed",  # a reranker needs its head
     )  # fmt: skip
     linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
     weights = model.quantization or str(dtype).removeprefix("torch.")

@@ -99,6 +99,16 @@ class LLM:
         outputs = self._run(self._add_all(input_list, params), use_tqdm)
         return [o.embedding for o in outputs if o.embedding is not None]
 
+    def score(self, query: str, documents: Sequence[str], *, use_tqdm: bool = False) -> list[float]:
+        """Each document's relevance to the query, in order (task score: the reranker's
+        template, softmax([logit(no), logit(yes)])[1] at the last position); the documents
+        batch, and share the query's prefix pages."""
+        pooler = self.engine.pooler
+        if pooler is None or pooler.score is None:
+            raise ValueError("this model is not a reranker: load it with task='score'")
+        prompts: list[Prompt] = [pooler.score.render(query, d) for d in documents]
+        return [vector[0] for vector in self.embed(prompts, use_tqdm=use_tqdm)]
+
     def _add_all(
         self, prompts: list[Prompt], params: Sequence[SamplingParams | PoolingParams]
     ) -> list[str]:

@@ -18,7 +18,9 @@ from typing import Any
 from pagedserve.core.config import TASKS
 from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.models.score_config import resolve_scorer
 from pagedserve.core.pooling_params import PoolerConfig
+from pagedserve.core.tokenizers.base import Tokenizer
 
 ST_MODULES = "modules.json"
 ST_CONFIG = "config_sentence_transformers.json"
@@ -41,15 +43,23 @@ _GGUF_POOLING_NAMES = {0: "none", 4: "rank"}
 
 
 def resolve_pooler(
-    task: str, resolved: ResolvedModel, hidden_size: int, matryoshka: bool | None = None
+    task: str,
+    resolved: ResolvedModel,
+    hidden_size: int,
+    matryoshka: bool | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> PoolerConfig | None:
     """The model's PoolerConfig when it serves embeddings (task embed, or auto and the model
-    says it is an embedder), None when it generates. `matryoshka` overrides what the config
-    declares about truncated `dimensions`."""
+    says it is an embedder) or scores (task score: needs the `tokenizer`), None when it
+    generates. `matryoshka` overrides what the config declares about truncated `dimensions`."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if task == "generate":
         return None
+    if task == "score":
+        if tokenizer is None:
+            raise ValueError("task score needs the model's tokenizer (its yes / no tokens)")
+        return replace(resolve_scorer(resolved, tokenizer), dimensions=1)
     if resolved.format == "gguf":
         pooler = _gguf_pooler(resolved.path, task)
     else:

@@ -95,7 +95,7 @@ class ModelRunner:
         embedding requests pool (None: the model serves none; never under tensor parallelism,
         whose workers compute the logits of every sampled row)."""
         assert pooler is None or tp is None, "embeddings run at tensor_parallel_size 1"
-        self.pooler = Pooler(pooler) if pooler is not None else None
+        self.pooler = Pooler(pooler, model.compute_logits) if pooler is not None else None
         self.draft = draft
         """The draft model of --speculative-method draft (its own weights and KV cache)."""
         self.model = model

@@ -4,9 +4,16 @@ Owned by the model runner (only it touches tensors). A prompt may arrive in seve
 (chunked prefill), so mean and cls pooling keep a running fp32 sum / the first token's state per
 sequence between steps; `release` drops it (finished, aborted). A chunk that starts at token 0
 starts afresh, which is what a preempted (recomputed) request needs.
+
+A reranker (task score, PoolerConfig.score) "pools" its last position through the LM head: the
+score is softmax([logit(no), logit(yes)])[1], in fp32, one row per finished request, all of a
+step's rows in one call of the head (its own kernels: packed, quantized, softcapped as it
+generates), of which only the two columns are kept.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -14,14 +21,25 @@ from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(
+        self,
+        config: PoolerConfig,
+        head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        """`head`: the model's compute_logits ([n, hidden] -> [n, vocab] fp32), which a
+        reranker's scores need."""
+        assert config.score is None or head is not None, "a reranker scores through its head"
         self.config = config
+        self.head = head
         self._partial: dict[int, torch.Tensor] = {}
         """seq_id -> fp32 [hidden]: the sum so far (mean) or the first token's state (cls)."""
 
     def __call__(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
         """hidden: [num_tokens, hidden_size] (the model's final-norm output) -> seq_id -> the
-        vector of every spec whose prompt ends this step, as plain floats."""
+        vector of every spec whose prompt ends this step, as plain floats (a reranker's:
+        [score])."""
+        if self.config.score is not None:
+            return self._score(hidden, specs)
         done: dict[int, list[float]] = {}
         for spec in specs:
             rows = hidden[spec.row_start : spec.row_start + spec.num_rows]
@@ -30,6 +48,17 @@ class Pooler:
                 self._partial.pop(spec.seq_id, None)
                 done[spec.seq_id] = self._finish(vector, spec).tolist()
         return done
+
+    def _score(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
+        score, head = self.config.score, self.head
+        assert score is not None and head is not None
+        finished = [spec for spec in specs if spec.last]
+        if not finished:
+            return {}
+        rows = torch.tensor([s.row_start + s.num_rows - 1 for s in finished], device=hidden.device)
+        logits = head(hidden[rows])[:, list(score.token_ids)]  # [n, 2] fp32: no, yes
+        yes = torch.softmax(logits.float(), dim=-1)[:, 1].cpu().tolist()
+        return {spec.seq_id: [p] for spec, p in zip(finished, yes, strict=True)}
 
     def _accumulate(self, spec: PoolingSpec, rows: torch.Tensor) -> torch.Tensor:
         pooling = self.config.pooling

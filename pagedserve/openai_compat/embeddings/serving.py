@@ -37,11 +37,11 @@ from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 _LITTLE_F32 = np.dtype("<f4")
 
 
-def not_an_embedding_model(model: str) -> errors.APIError:
+def not_an_embedding_model(model: str, task: str = "generate") -> errors.APIError:
+    routes = "/v1/rerank, /v1/score" if task == "score" else "/v1/chat/completions, /v1/completions"
     return errors.invalid(
         f"The model `{model}` is not an embedding model: this server runs it for task "
-        "generate (/v1/chat/completions, /v1/completions). Serve an embedding model, or "
-        "start the server with --task embed.",
+        f"{task} ({routes}). Serve an embedding model, or start the server with --task embed.",
         param="model",
         code="model_not_supported",
     )
@@ -66,8 +66,8 @@ class EmbeddingService:
         ctx = self.ctx
         ctx.check_model(req.model)
         pooler = ctx.engine.model_info.pooler
-        if pooler is None:
-            raise not_an_embedding_model(ctx.model_name)
+        if pooler is None or pooler.score is not None:
+            raise not_an_embedding_model(ctx.model_name, ctx.engine.model_info.task)
         try:
             pooler.check_dimensions(req.dimensions)
         except ValueError as exc:
@@ -75,7 +75,7 @@ class EmbeddingService:
         prompts = await self._token_ids(req, pooler)
         params = PoolingParams(dimensions=req.dimensions)
         ctx.metrics.record_embedding_request(len(prompts))
-        finals = await until_disconnect(receive, self._embed_all(new_id("embd"), prompts, params))
+        finals = await until_disconnect(receive, self.embed_all(new_id("embd"), prompts, params))
         return JSONResponse(self._response(req, finals, sum(len(p) for p in prompts)))
 
     async def _token_ids(self, req: EmbeddingRequest, pooler: PoolerConfig) -> list[list[int]]:
@@ -108,7 +108,7 @@ class EmbeddingService:
             require_in_vocabulary(ids, tokenizer.vocab_size, "input")
         return prompts
 
-    async def _embed_all(
+    async def embed_all(
         self, request_id: str, prompts: list[list[int]], params: PoolingParams
     ) -> list[RequestOutput]:
         """Every input's final output, in input order. Inputs are admitted at once, so they
