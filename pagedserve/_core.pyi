@@ -466,6 +466,7 @@ class DecoderStack:
         amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
         amx_int8_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
         amx_tile_order: bool = False,
+        quant_float_activations: bool = False,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...

@@ -23,6 +23,7 @@ from pagedserve import __version__
 from pagedserve.core.config import (
     CPU_ISAS,
     CPU_LINEARS,
+    QUANTIZED_ACTIVATIONS,
     SPECULATIVE_METHODS,
     TASKS,
     CacheConfig,
@@ -64,6 +65,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "max_model_len", {"type": int}),
     (ModelConfig, "dtype", {}),
     (ModelConfig, "quantization", {"choices": ["auto", "none"]}),
+    (ModelConfig, "quantized_activations", {"choices": list(QUANTIZED_ACTIVATIONS)}),
     (ModelConfig, "cpu_linear", {"choices": list(CPU_LINEARS)}),
     (ModelConfig, "cpu_isa", {"choices": list(CPU_ISAS)}),
     (ModelConfig, "device", {}),

@@ -14,6 +14,7 @@ from functools import cache
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
+QUANTIZED_ACTIVATIONS = ("int8", "float")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
 X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
 """x86-64's ISA levels, lowest first (what each means: pagedserve/core/ops/cpu_features.py)."""
@@ -66,6 +67,12 @@ class ModelConfig:
     Q5_K, Q6_K) on the native int8 kernels of a CPU, dequantizing only types without a kernel;
     none dequantizes every weight to the compute dtype."""
 
+    quantized_activations: str = "int8"
+    """What the weights kept quantized multiply: int8 rounds each activation row to int8 per 32
+    features, as llama.cpp does (fastest); float keeps the activations in fp32 against the
+    weights dequantized in registers (the dequantized model's own products, about 2-3x the
+    linears' time on AVX2: small models such as SmolLM2-135M answer right with it)."""
+
     cpu_linear: str = "auto"
     """Dense bf16/fp32 linear layers on the CPU: native (the packed kernel at every row
     count: AVX512-BF16, or AVX2 FMAs from ISA level avx2 up; below it torch), amx (the same kernel on AMX-BF16 tiles at every row count; bf16 on a CPU
@@ -101,6 +108,11 @@ class ModelConfig:
             )
         if self.cpu_isa not in CPU_ISAS:
             raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, got {self.cpu_isa!r}")
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(
+                f"quantized_activations must be one of {QUANTIZED_ACTIVATIONS}, "
+                f"got {self.quantized_activations!r}"
+            )
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"

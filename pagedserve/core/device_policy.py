@@ -165,6 +165,9 @@ def pack_for_dispatch(
         dtype,
     )
     model.use_amx(dispatch.amx_from, int8_from, dispatch.amx_tile_order)
+    if model.quantization and mc.quantized_activations == "float":
+        model.use_float_activations(True)
+        int8_note = "; ".join(n for n in (int8_note, "float activations") if n)
     if int8_note:
         dispatch = replace(dispatch, summary=f"{dispatch.summary}; quantized kernel: {int8_note}")
     logger.info(

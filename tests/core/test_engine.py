@@ -36,16 +36,42 @@ def token_lists(outputs: list) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_greedy_tokens_equal_transformers(llm: LLM, hf_default_model) -> None:
-    hf = hf_default_model
-    ours = token_lists(llm.generate(PROMPTS, GREEDY))
-    for prompt, got in zip(PROMPTS, ours, strict=True):
+@pytest.fixture(scope="module")
+def hf_greedy(llm: LLM, hf_default_model) -> list[list[int]]:
+    """transformers' fp32 greedy tokens for PROMPTS (64 each), computed once."""
+    tokens = []
+    for prompt in PROMPTS:
         ids = torch.tensor([llm.tokenizer.encode(prompt)])
         with torch.no_grad():
-            out = hf.generate(
+            out = hf_default_model.generate(
                 ids, do_sample=False, max_new_tokens=64, min_new_tokens=64, eos_token_id=None
             )
-        assert got == out[0, ids.shape[1] :].tolist(), prompt
+        tokens.append(out[0, ids.shape[1] :].tolist())
+    return tokens
+
+
+def test_greedy_tokens_equal_transformers(llm: LLM, hf_greedy: list[list[int]]) -> None:
+    ours = token_lists(llm.generate(PROMPTS, GREEDY))
+    for prompt, got, want in zip(PROMPTS, ours, hf_greedy, strict=True):
+        assert got == want, prompt
+
+
+def test_quantized_weights_with_float_activations_equal_transformers(
+    default_model: ResolvedModel, hf_greedy: list[list[int]]
+) -> None:
+    """--quantized-activations float (issue 42 item 5): the Q4_1 blocks stay packed, the
+    activations stay fp32, so the greedy tokens are the dequantized model's: transformers' fp32
+    tokens, and the default model's first question answered right (int8 activations answer it
+    "L'Étoile, la Marseillaise, ...")."""
+    llm = make_llm(default_model, quantization="auto", quantized_activations="float")
+    try:
+        assert llm.engine.model_runner.model.quantization  # the blocks were kept
+        test_greedy_tokens_equal_transformers(llm, hf_greedy)
+        chat = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = llm.chat(chat, SamplingParams(temperature=0, max_tokens=12))
+        assert "Paris" in answer.outputs[0].text, answer.outputs[0].text
+    finally:
+        llm.close()
 
 
 def test_text_matches_tokens(llm: LLM) -> None:

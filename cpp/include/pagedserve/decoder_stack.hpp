@@ -60,6 +60,7 @@ struct DecoderStep {
     std::int64_t amx_from_rows = 0;       // LinearArgs::amx_from_rows of every bf16 projection
     bool amx_tile_order = false;          // and their LinearArgs::tile_order
     std::int64_t amx_int8_from_rows = 0;  // QuantLinearArgs::amx_from_rows of the quantized
+    bool quant_float_activations = false;  // QuantLinearArgs::float_activations of the same
 };
 
 class DecoderStack {

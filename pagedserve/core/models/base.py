@@ -58,6 +58,10 @@ class CausalLM(Protocol):
         """Row counts from which the linears run on AMX tiles (device_policy decides)."""
         ...
 
+    def use_float_activations(self, on: bool) -> None:
+        """The layers kept quantized keep their activations in fp32 (device_policy decides)."""
+        ...
+
     def dense_projections(self) -> list[PackableLinear]:
         """The dense linears the CPU dispatch may route (models/linear/dispatch.py)."""
         ...

@@ -189,6 +189,7 @@ class LlamaForCausalLM(nn.Module):
         self.amx_from = 0  # use_amx(): rows from which the native bf16 kernel takes AMX tiles
         self.amx_int8_from = 0  # and the quantized kernel AMX-INT8 tiles
         self.amx_tile_order = False  # bf16 steps below amx_from sum in the tiles' order
+        self.float_activations = False  # quantized layers keep x in fp32 (use_float_activations)
         self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
         self.has_lm_head = True  # False: an embedding backbone's stand-in head (load_model)
 
@@ -207,6 +208,7 @@ class LlamaForCausalLM(nn.Module):
                       if isinstance(m, PackableLinear))  # fmt: skip
         self.stack = DecoderStack.build(self.decoder_layers())
         self.use_amx(self.amx_from, self.amx_int8_from, self.amx_tile_order)
+        self.use_float_activations(self.float_activations)
         return packed
 
     def use_amx(self, from_rows: int, int8_from_rows: int = 0, tile_order: bool = False) -> None:
@@ -225,6 +227,17 @@ class LlamaForCausalLM(nn.Module):
             self.stack.amx_tile_order = tile_order
         self.amx_from, self.amx_int8_from = from_rows, int8_from_rows
         self.amx_tile_order = tile_order
+
+    def use_float_activations(self, on: bool) -> None:
+        """The layers kept quantized keep x in fp32 (no int8 rounding; --quantized-activations
+        float), the decoder stack's included. Set it before the first step: pages the prefix
+        cache holds were computed with the activations of their time."""
+        for m in self.modules():
+            if isinstance(m, QuantizedLinear | QuantizedGateUpLinear):
+                m.use_float_activations(on)
+        if self.stack is not None:
+            self.stack.quant_float_activations = on
+        self.float_activations = on
 
     def dense_projections(self) -> list[PackableLinear]:
         """Every decoder layer's dense projections (qkv, o, gate_up, down); [] unless every

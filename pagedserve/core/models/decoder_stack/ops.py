@@ -59,6 +59,8 @@ class NativeDecoderStack:
         """Likewise the quantized projections on AMX-INT8 tiles (ops/linear_quant.py)."""
         self.amx_tile_order = False
         """Steps below amx_from_rows sum the bf16 projections in the tiles' order."""
+        self.quant_float_activations = False
+        """The quantized projections keep x in fp32 (ops/linear_quant.py's float_activations)."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
@@ -94,6 +96,7 @@ class NativeDecoderStack:
             amx_from_rows=self.amx_from_rows,
             amx_int8_from_rows=self.amx_int8_from_rows,
             amx_tile_order=self.amx_tile_order,
+            quant_float_activations=self.quant_float_activations,
         )
         return hidden
 
