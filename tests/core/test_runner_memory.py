@@ -4,13 +4,15 @@ quantized blocks included, and the process's resident memory beside them."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from pagedserve import LLM
 from pagedserve.core.models.resolve import ResolvedModel
-from pagedserve.core.runner.memory import MiB, rss_bytes, tensor_bytes
+from pagedserve.core.runner.memory import MiB, tensor_bytes
 
 
 def test_tensor_bytes_counts_each_storage_once() -> None:
@@ -20,12 +22,25 @@ def test_tensor_bytes_counts_each_storage_once() -> None:
     assert tensor_bytes([torch.empty(8, device="meta")]) == 0
 
 
-def test_rss_is_at_least_what_this_process_just_touched() -> None:
-    before, _ = rss_bytes()
-    block = torch.ones(64 * MiB, dtype=torch.uint8)  # touched: resident
-    now, peak = rss_bytes()
-    assert block.sum() == 64 * MiB
-    assert now >= before + 48 * MiB and peak >= now
+PROBE = """
+import torch
+from pagedserve.core.runner.memory import MiB, rss_bytes
+before, _ = rss_bytes()
+block = torch.ones(64 * MiB, dtype=torch.uint8)  # fresh pages, each touched: resident
+now, peak = rss_bytes()
+assert int(block.sum()) == 64 * MiB
+print(before, now, peak)
+"""
+
+
+def test_rss_counts_what_a_process_touches() -> None:
+    """In a fresh process (a long-lived one may reuse pages it already holds, so its RSS need
+    not grow): 64 MiB touched show in RSS, and the peak is at least RSS."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120
+    )
+    before, now, peak = map(int, done.stdout.split())
+    assert now >= before + 60 * MiB and peak >= now
 
 
 def test_start_up_line_names_weights_kv_and_the_rest(
