@@ -2,9 +2,7 @@
 
 The same rules as protocol.py: unknown fields are a 400 naming them, and OpenAI fields that
 pagedserve does not implement are declared and refused unless their value changes nothing.
-Input items are the shapes the SDKs send back, OpenAI's output items included (an output
-message, function call or reasoning item is a valid input item), so a client can replay a
-response's `output` as the next request's `input`.
+Input items (messages, function calls and outputs, reasoning) are items.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     Tag,
     model_validator,
@@ -24,159 +21,10 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from pagedserve.openai_compat.common.protocol import FieldError, _no_nul, _Strict
+from pagedserve.openai_compat.responses.items import Input, _never, _other
 
 Text = Annotated[str, AfterValidator(_no_nul)]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
-
-
-def _never(schema: JsonDict) -> None:
-    """The published schema of a shape that is always refused: nothing matches it (so valid
-    generated bodies never hold it; schema-breaking ones may)."""
-    schema["not"] = {}
-
-
-def _tag(default: str, message: str) -> Any:
-    """A discriminator on `type` that reads dicts and models, with a default for dicts
-    without one (OpenAI's "easy" message has no type). Tags are bracketed: the error
-    envelope's `param` leaves them out of the field path."""
-
-    def read(value: Any) -> str:
-        if isinstance(value, dict):
-            kind = value.get("type", default)
-            return f"[{kind}]" if isinstance(kind, str) else "?"
-        return f"[{getattr(value, 'type', default)}]"
-
-    return Discriminator(read, custom_error_type="unsupported_kind", custom_error_message=message)
-
-
-def _other(known: tuple[str, ...]) -> Any:
-    """Like _tag, but every type outside `known` is tagged "other"."""
-
-    def read(value: Any) -> str:
-        if isinstance(value, str):
-            return "[mode]"
-        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        return f"[{kind}]" if kind in known else "[other]"
-
-    return Discriminator(read)
-
-
-class InputText(_Strict):
-    type: Literal["input_text"]
-    text: Text
-
-
-class OutputText(_Strict):
-    type: Literal["output_text"]
-    text: Text
-    annotations: list[dict[str, Any]] | None = None
-    logprobs: list[dict[str, Any]] | None = None
-
-
-class Refusal(_Strict):
-    type: Literal["refusal"]
-    refusal: Text
-
-
-class MediaPart(BaseModel):
-    """Images, files and audio: declared so the error names them; this server reads text."""
-
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
-    type: Literal["input_image", "input_file", "input_audio"]
-
-    @model_validator(mode="after")
-    def _refuse(self) -> MediaPart:
-        raise FieldError("input", f"{self.type} content is not supported: the model reads text")
-
-
-def _json_type(value: Any) -> str:
-    return "[text]" if isinstance(value, str) else "[items]"
-
-
-# `str | list[...]` fields tagged by the value's JSON type, so errors come from the branch it
-# picks (a plain union would report the string branch's complaint about a list).
-_BY_JSON_TYPE = Discriminator(_json_type)
-
-
-ContentPart = Annotated[
-    Annotated[InputText, Tag("[input_text]")]
-    | Annotated[OutputText, Tag("[output_text]")]
-    | Annotated[Refusal, Tag("[refusal]")]
-    | Annotated[MediaPart, Tag("[input_image]")]
-    | Annotated[MediaPart, Tag("[input_file]")]
-    | Annotated[MediaPart, Tag("[input_audio]")],
-    _tag("?", "content parts are input_text, output_text or refusal"),
-]
-
-
-Content = Annotated[
-    Annotated[Text, Tag("[text]")] | Annotated[list[ContentPart], Tag("[items]")], _BY_JSON_TYPE
-]
-
-
-class MessageItem(_Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Content
-    id: str | None = None
-    status: ItemStatus | None = None
-    phase: Literal["commentary", "final_answer"] | None = None
-
-
-class _CallItemFields(_Strict):
-    call_id: str = Field(min_length=1)
-    id: str | None = None
-    status: ItemStatus | None = None
-
-
-class FunctionCallItem(_CallItemFields):
-    type: Literal["function_call"]
-    name: str = Field(min_length=1)
-    arguments: Text
-
-
-class FunctionCallOutputItem(_CallItemFields):
-    type: Literal["function_call_output"]
-    output: Content
-
-
-class SummaryText(_Strict):
-    type: Literal["summary_text"]
-    text: Text
-
-
-class ReasoningText(_Strict):
-    type: Literal["reasoning_text"]
-    text: Text
-
-
-class ReasoningItem(_Strict):
-    """Earlier thinking: accepted and left out of the prompt (as chat's reasoning_content)."""
-
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[SummaryText] = Field(default_factory=list)
-    content: list[ReasoningText] | None = None
-    encrypted_content: str | None = None
-    status: ItemStatus | None = None
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("[message]")]
-    | Annotated[FunctionCallItem, Tag("[function_call]")]
-    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")]
-    | Annotated[ReasoningItem, Tag("[reasoning]")],
-    _tag(
-        "message",
-        "items are message, function_call, function_call_output or reasoning (no other kind "
-        "is supported)",
-    ),
-]
-
-
-Input = Annotated[
-    Annotated[Text, Tag("[text]")] | Annotated[list[InputItem], Tag("[items]")], _BY_JSON_TYPE
-]
 
 
 class FunctionTool(_Strict):
