@@ -56,8 +56,9 @@ def test_start_up_line_names_weights_kv_and_the_rest(
         assert f"weights {weights / MiB:.1f} MiB" in line
         assert f"KV cache {kv / MiB:.1f} MiB" in line
         assert "rest of the process" in line and "RSS" in line
-        # The bundled Q4_1 file is 92 MB; its blocks stay packed, so the weights are about
-        # that (the bf16 embedding table included), far below the 269 MB of bf16 weights.
-        assert 60 * MiB < weights < 200 * MiB, line
+        # The bundled Q4_1 file is 92 MB; its blocks stay packed, so the weights are about that
+        # plus the embedding table (bf16: ~150 MiB in all; fp32 below ISA level avx2: ~205 MiB),
+        # below the 257 MiB of the whole model in bf16.
+        assert 60 * MiB < weights < 250 * MiB, line
     finally:
         llm.close()

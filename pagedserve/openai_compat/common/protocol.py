@@ -44,6 +44,10 @@ def _no_nul(value: Any) -> Any:
     return value
 
 
+Text = Annotated[str, AfterValidator(_no_nul)]
+"""A string field that refuses NUL characters (every endpoint's protocol uses it)."""
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False

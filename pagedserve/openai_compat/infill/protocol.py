@@ -8,24 +8,11 @@ request, on by default), `id_slot`, `samplers` (the sampler order is fixed), `n_
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import Field
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pagedserve.openai_compat.common.protocol import Text, _Strict
 
 MAX_EXTRA_CHUNKS = 1024
-
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters (\\u0000)")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_no_nul)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ExtraChunk(_Strict):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -21,9 +20,8 @@ from pydantic import (
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
-from pagedserve.openai_compat.common.protocol import FieldError, _no_nul, _Strict
+from pagedserve.openai_compat.common.protocol import FieldError, Text, _Strict
 
-Text = Annotated[str, AfterValidator(_no_nul)]
 CacheControl = dict[str, Any] | None
 """Accepted on blocks, tools and system: this server's prefix cache needs no marks."""
 

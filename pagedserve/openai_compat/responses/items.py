@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -19,9 +18,8 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from pagedserve.openai_compat.common.protocol import FieldError, _no_nul, _Strict
+from pagedserve.openai_compat.common.protocol import FieldError, Text, _Strict
 
-Text = Annotated[str, AfterValidator(_no_nul)]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 

@@ -20,10 +20,9 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from pagedserve.openai_compat.common.protocol import FieldError, _no_nul, _Strict
+from pagedserve.openai_compat.common.protocol import FieldError, Text, _Strict
 from pagedserve.openai_compat.responses.items import Input, _never, _other
 
-Text = Annotated[str, AfterValidator(_no_nul)]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
