@@ -17,7 +17,7 @@ import sys
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import MISSING, fields
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedserve import __version__
 from pagedserve.core.config import (
@@ -35,11 +35,15 @@ from pagedserve.core.config import (
     field_docs,
 )
 from pagedserve.core.engine_client import EngineClient
+from pagedserve.openai_compat.model_catalog import GIB, ModelsConfig, read_catalog
 from pagedserve.openai_compat.server_config import (
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     ServerConfig,
 )
+
+if TYPE_CHECKING:
+    from pagedserve.openai_compat.model_pool import ModelSpec, PoolLimits
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
 
@@ -60,6 +64,11 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "response_store_mb", {"type": int}),
     (ServerConfig, "response_store_ttl", {"type": float}),
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
+    (ModelsConfig, "models_dir", {"metavar": "DIR"}),
+    (ModelsConfig, "models_config", {"metavar": "FILE"}),
+    (ModelsConfig, "max_loaded_models", {"type": int}),
+    (ModelsConfig, "models_memory", {"type": float, "metavar": "GIB"}),
+    (ModelsConfig, "idle_unload", {"type": float, "metavar": "SECONDS"}),
     (ModelConfig, "task", {"choices": list(TASKS)}),
     (ModelConfig, "matryoshka", {"action": argparse.BooleanOptionalAction}),
     (ModelConfig, "max_model_len", {"type": int}),
@@ -148,6 +157,19 @@ def configs_from_args(
     return server, engine
 
 
+def models_from_args(args: argparse.Namespace) -> ModelsConfig:
+    """--models-dir, --models-config and the pool's limits; raises ValueError naming a bad
+    field or a flag that does not go with them."""
+    values = vars(args)
+    models = ModelsConfig(
+        **{n: values[n] for c, n, _ in _FLAGS if c is ModelsConfig and values.get(n) is not None}
+    )
+    if models.catalog and (args.model or values.get("served_model_name")):
+        raise ValueError("--models-dir / --models-config name the models: give no MODEL and no "
+                         "--served-model-name with them")  # fmt: skip
+    return models
+
+
 def _parallel_env(env: Mapping[str, str]) -> dict[str, Any]:
     """ParallelConfig fields from the environment (flags override them)."""
     values: dict[str, Any] = {}
@@ -180,12 +202,13 @@ def _announce(config: ServerConfig, engine: EngineClient) -> None:
     )
 
 
-async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
+async def run_server(
+    server: ServerConfig, engine_config: EngineConfig, models: ModelsConfig | None = None
+) -> int:
     """Serve until SIGTERM/SIGINT (then drain in-flight requests) or a failed model load."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from pagedserve.core.engine.async_engine import AsyncEngine
     from pagedserve.openai_compat.app import create_app
 
     stop = asyncio.Event()
@@ -196,11 +219,15 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
         exit_code = 1
         stop.set()
 
+    models = models or ModelsConfig()
+    specs, limits = _pool(engine_config, models)
     app = create_app(
         server,
-        partial(AsyncEngine.from_config, engine_config),
+        None if specs else partial(_load_engine, engine_config),
         on_ready=partial(_announce, server),
         on_fatal=fatal,
+        models=specs,
+        limits=limits,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -211,8 +238,12 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers, printed once
     config.loglevel = server.log_level.upper()
-    print(f"pagedserve: loading the model; {_url(server)}/health answers 200 when ready",
-          file=sys.stderr, flush=True)  # fmt: skip
+    if specs:
+        print(f"pagedserve: {len(specs)} models at {_url(server)}/v1 (each loads on its first "
+              f"request): {', '.join(s.name for s in specs)}", file=sys.stderr, flush=True)  # fmt: skip
+    else:
+        print(f"pagedserve: loading the model; {_url(server)}/health answers 200 when ready",
+              file=sys.stderr, flush=True)  # fmt: skip
     await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     if app.state.server.engine is None:
         # Stopped while the model was loading (or after a failed load): the loading thread is
@@ -221,6 +252,31 @@ async def run_server(server: ServerConfig, engine_config: EngineConfig) -> int:
         sys.stderr.flush()
         os._exit(exit_code)
     return exit_code
+
+
+def _load_engine(config: EngineConfig) -> EngineClient:
+    from pagedserve.core.engine.async_engine import AsyncEngine
+
+    return AsyncEngine.from_config(config)
+
+
+def _pool(engine: EngineConfig, models: ModelsConfig) -> tuple[list[ModelSpec], PoolLimits]:
+    """The catalog's models as the pool's specs (none without --models-dir / --models-config)
+    and the pool's limits."""
+    from pagedserve.openai_compat.model_pool import ModelSpec, PoolLimits
+
+    limits = PoolLimits(
+        max_loaded=models.max_loaded_models,
+        memory_bytes=int(models.models_memory * GIB),
+        idle_unload=models.idle_unload,
+    )
+    if not models.catalog:
+        return [], limits
+    specs = []
+    for m in read_catalog(models, engine):
+        load = partial(_load_engine, m.engine)
+        specs.append(ModelSpec(m.name, load, m.engine.model.model, m.memory_bytes, m.preload))
+    return specs, limits
 
 
 def configure_logging(config: ServerConfig) -> None:
@@ -273,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         server, engine = configs_from_args(args, os.environ)
+        models = models_from_args(args)
+        if models.catalog:
+            read_catalog(models, engine)  # a bad folder or file: the usage error, now
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(server)
@@ -281,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_node(engine)
     limit_malloc_arenas()
-    return _run(run_server(server, engine))
+    return _run(run_server(server, engine, models))
 
 
 if __name__ == "__main__":

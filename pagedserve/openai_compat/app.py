@@ -1,17 +1,13 @@
-"""The Starlette app. Its lifespan owns the engine: loading runs in a worker thread, so /health
-answers 503 until the model is ready, and shutdown stops the engine after hypercorn has drained
-the requests in flight."""
+"""The Starlette app. Its lifespan owns the model pool (model_pool.py): loading runs in a worker
+thread, so /health answers 503 until the start-up model is ready, and shutdown stops the engines
+after hypercorn has drained the requests in flight."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
-from typing import TypeVar
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -29,13 +25,13 @@ from pagedserve.openai_compat.common.request_log import HEADER as REQUEST_ID_HEA
 from pagedserve.openai_compat.common.request_log import RequestIdMiddleware
 from pagedserve.openai_compat.messages.errors import PATH_PREFIX as MESSAGES_PREFIX
 from pagedserve.openai_compat.messages.errors import anthropic_error
+from pagedserve.openai_compat.model_pool import ModelSpec, PoolLimits
 from pagedserve.openai_compat.routes import ROUTES
 from pagedserve.openai_compat.server_config import ServerConfig
 from pagedserve.openai_compat.state import ServerState
 from pagedserve.openai_compat.ui import OPEN_PREFIX, ui_routes
 
 logger = logging.getLogger("pagedserve.server")
-T = TypeVar("T")
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/"})
 """Reachable without the API key (probes, Prometheus, the page); so is everything under /ui/."""
@@ -81,37 +77,29 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(
     config: ServerConfig,
-    load_engine: Callable[[], EngineClient],
+    load_engine: Callable[[], EngineClient] | None,
     on_ready: Callable[[EngineClient], None] | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
+    models: Sequence[ModelSpec] = (),
+    limits: PoolLimits | None = None,
 ) -> Starlette:
-    """`load_engine` is blocking (e.g. AsyncEngine.from_config bound to its config)."""
-    state = ServerState(config)
-
-    async def load() -> None:
-        try:
-            engine = await _in_daemon_thread(load_engine)
-        except Exception as exc:
-            logger.exception("loading the model failed")
-            if on_fatal is not None:
-                on_fatal(exc)
-            return
-        state.attach(engine)
-        if on_ready is not None:
-            on_ready(engine)
+    """One model: `load_engine` (blocking, e.g. AsyncEngine.from_config bound to its config),
+    loaded at start-up (/health 503 until then; `on_fatal` when it fails). Several (issue 39):
+    `models`, each loaded when a request first names it, within `limits`."""
+    if models:
+        state = ServerState(config, models, limits, catalog=True, on_loaded=on_ready)
+    else:
+        assert load_engine is not None, "create_app needs load_engine or models"
+        spec = ModelSpec(config.served_model_name or "", load_engine, preload=True)
+        state = ServerState(config, [spec], limits, on_loaded=on_ready, on_fatal=on_fatal)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(load())
+        state.pool.start()
         try:
             yield
         finally:
-            if not task.done():
-                task.cancel()  # the loading thread cannot be stopped; it dies with the process
-            if state.responses is not None:
-                await state.responses.shutdown()  # background responses: abort them first
-            if state.engine is not None:
-                await state.engine.shutdown()
+            await state.shutdown()
 
     middleware = _middleware(config)
     app = Starlette(
@@ -141,27 +129,3 @@ def _middleware(config: ServerConfig) -> list[Middleware]:
     if config.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
     return middleware
-
-
-async def _in_daemon_thread(fn: Callable[[], T]) -> T:
-    """Like asyncio.to_thread, but a daemon thread: SIGTERM while a model loads does not wait
-    for the load to finish before the process exits."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(run: Callable[[], None]) -> None:
-        if not future.done():
-            run()
-
-    def run() -> None:
-        try:
-            result = fn()
-        except BaseException as exc:  # handed to the awaiting coroutine
-            outcome = partial(future.set_exception, exc)
-        else:
-            outcome = partial(future.set_result, result)
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=run, name="pagedserve-load", daemon=True).start()
-    return await future

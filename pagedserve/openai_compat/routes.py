@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from pagedserve import __version__
 from pagedserve.openai_compat.chat.serving import chat_chars, chat_token_ids
+from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import JSONResponse, endpoint, endpoint_in
 from pagedserve.openai_compat.common.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pagedserve.openai_compat.common.parsing import parse
@@ -29,6 +28,7 @@ from pagedserve.openai_compat.embeddings.serving import embedding_only
 from pagedserve.openai_compat.infill.protocol import InfillRequest
 from pagedserve.openai_compat.messages.errors import anthropic_error
 from pagedserve.openai_compat.messages.protocol import CountTokensRequest, MessagesRequest
+from pagedserve.openai_compat.model_cards import model_cards
 from pagedserve.openai_compat.openapi import openapi_document
 from pagedserve.openai_compat.rerank.protocol import RerankRequest, ScoreRequest
 from pagedserve.openai_compat.rerank.serving import scoring_only
@@ -46,69 +46,73 @@ def _state(request: Request) -> ServerState:
 @endpoint
 async def chat(request: Request) -> Response:
     state = _state(request)
-    _generating(state.ready(), "/v1/chat/completions")
+    state.available()
     body = await parse(request, ChatCompletionRequest, state.config.max_body_bytes)
-    assert state.chat is not None  # set with ctx, which ready() checked
-    return await state.chat.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        _generating(model.ctx, "/v1/chat/completions")
+        return await model.chat.create(body, request.receive)
 
 
 @endpoint
 async def completions(request: Request) -> Response:
     state = _state(request)
-    _generating(state.ready(), "/v1/completions")
+    state.available()
     body = await parse(request, CompletionRequest, state.config.max_body_bytes)
-    assert state.completion is not None
-    return await state.completion.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        _generating(model.ctx, "/v1/completions")
+        return await model.completion.create(body, request.receive)
 
 
 @endpoint
 async def infill(request: Request) -> Response:
     """llama.cpp's code infill (input_prefix, input_suffix, input_extra)."""
     state = _state(request)
-    _generating(state.ready(), "/infill")
+    state.available()
     body = await parse(request, InfillRequest, state.config.max_body_bytes)
-    assert state.infill is not None
-    return await state.infill.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        _generating(model.ctx, "/infill")
+        return await model.infill.create(body, request.receive)
 
 
 @endpoint
 async def embeddings(request: Request) -> Response:
     state = _state(request)
-    state.ready()
+    state.available()
     body = await parse(request, EmbeddingRequest, state.config.max_body_bytes)
-    assert state.embeddings is not None
-    return await state.embeddings.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        return await model.embeddings.create(body, request.receive)
 
 
 @endpoint
 async def rerank(request: Request) -> Response:
     """Cohere's and Jina's rerank (/v1/rerank; /v2/rerank for Cohere's v2 client)."""
     state = _state(request)
-    state.ready()
+    state.available()
     body = await parse(request, RerankRequest, state.config.max_body_bytes)
-    state.ready().check_model(body.model)
-    assert state.rerank is not None
-    return await state.rerank.rerank(body, request.receive)
+    async with state.serving(body.model) as model:
+        model.ctx.check_model(body.model)
+        return await model.rerank.rerank(body, request.receive)
 
 
 @endpoint
 async def score(request: Request) -> Response:
     """vLLM's score: text_1 against text_2."""
     state = _state(request)
-    state.ready()
+    state.available()
     body = await parse(request, ScoreRequest, state.config.max_body_bytes)
-    state.ready().check_model(body.model)
-    assert state.rerank is not None
-    return await state.rerank.score(body, request.receive)
+    async with state.serving(body.model) as model:
+        model.ctx.check_model(body.model)
+        return await model.rerank.score(body, request.receive)
 
 
 @endpoint
 async def responses(request: Request) -> Response:
     state = _state(request)
-    _generating(state.ready(), "/v1/responses")
+    state.available()
     body = await parse(request, ResponsesRequest, state.config.max_body_bytes)
-    assert state.responses is not None
-    return await state.responses.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        _generating(model.ctx, "/v1/responses")
+        return await model.responses.create(body, request.receive)
 
 
 @endpoint
@@ -135,26 +139,25 @@ async def response_input_items(request: Request) -> Response:
 @endpoint_in(anthropic_error)
 async def messages(request: Request) -> Response:
     state = _state(request)
-    _generating(state.ready(), "/v1/messages")
+    state.available()
     body = await parse(request, MessagesRequest, state.config.max_body_bytes)
-    assert state.messages is not None
-    return await state.messages.create(body, request.receive)
+    async with state.serving(body.model) as model:
+        _generating(model.ctx, "/v1/messages")
+        return await model.messages.create(body, request.receive)
 
 
 @endpoint_in(anthropic_error)
 async def count_message_tokens(request: Request) -> Response:
     state = _state(request)
-    state.ready()
+    state.available()
     body = await parse(request, CountTokensRequest, state.config.max_body_bytes)
-    assert state.messages is not None
-    return JSONResponse(await state.messages.count_tokens(body))
+    async with state.serving(body.model) as model:
+        return JSONResponse(await model.messages.count_tokens(body))
 
 
 def _stored_response(request: Request) -> tuple[ResponsesService, str]:
-    state = _state(request)
-    state.ready()
-    assert state.responses is not None  # set with ctx, which ready() checked
-    return state.responses, request.path_params["response_id"]
+    response_id = request.path_params["response_id"]
+    return _state(request).responses_holding(response_id), response_id
 
 
 def _generating(ctx: ServingContext, route: str) -> None:
@@ -167,21 +170,31 @@ def _generating(ctx: ServingContext, route: str) -> None:
 
 @endpoint
 async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(_state(request))]})
+    return JSONResponse({"object": "list", "data": model_cards(_state(request))})
 
 
 @endpoint
 async def model(request: Request) -> Response:
     state = _state(request)
-    state.ready().check_model(request.path_params["model"])
-    return JSONResponse(_model_card(state))
+    name = request.path_params["model"]
+    if not state.pool.catalog:
+        state.ready().check_model(name)
+    card = next((c for c in model_cards(state) if c["id"] == name), None)
+    if card is None:
+        raise errors.model_not_found(name)
+    return JSONResponse(card)
 
 
 @endpoint
 async def tokenize(request: Request) -> Response:
     state = _state(request)
-    ctx = state.ready()
+    state.available()
     body = await parse(request, TokenizeRequest, state.config.max_body_bytes)
+    async with state.serving(body.model) as served:
+        return await _tokenize(served.ctx, body)
+
+
+async def _tokenize(ctx: ServingContext, body: TokenizeRequest) -> Response:
     ctx.check_model(body.model)
     if body.messages is not None:
         messages, add_prompt = body.messages, body.add_generation_prompt
@@ -197,17 +210,18 @@ async def tokenize(request: Request) -> Response:
 @endpoint
 async def detokenize(request: Request) -> Response:
     state = _state(request)
-    ctx = state.ready()
+    state.available()
     body = await parse(request, DetokenizeRequest, state.config.max_body_bytes)
-    ctx.check_model(body.model)
-    require_in_vocabulary(body.tokens, ctx.engine.tokenizer.vocab_size, "tokens")
-    return JSONResponse({"prompt": ctx.engine.tokenizer.decode(body.tokens)})
+    async with state.serving(body.model) as served:
+        tokenizer = served.ctx.engine.tokenizer
+        served.ctx.check_model(body.model)
+        require_in_vocabulary(body.tokens, tokenizer.vocab_size, "tokens")
+        return JSONResponse({"prompt": tokenizer.decode(body.tokens)})
 
 
 @endpoint
 async def health(request: Request) -> Response:
-    _state(request).ready()
-    return JSONResponse({"status": "ok"})
+    return JSONResponse(_state(request).health())
 
 
 async def metrics(request: Request) -> Response:
@@ -246,23 +260,3 @@ ROUTES = [
     Route("/openapi.json", openapi, methods=["GET"]),
 ]
 """Every route reads the app's ServerState from `request.app.state.server`."""
-
-
-def _model_card(state: ServerState) -> dict[str, Any]:
-    ctx = state.ready()
-    return {
-        "id": ctx.model_name,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "pagedserve",
-        "root": ctx.engine.model_info.name,
-        "parent": None,
-        "max_model_len": ctx.engine.model_info.max_model_len,
-        # Greedy and seeded results depend on the request alone, not the batch (issue 16).
-        "batch_invariant": ctx.engine.model_info.batch_invariant,
-        # What runs the weights, e.g. GGUF blocks kept quantized on the int8 kernels (issue 12).
-        "weights": ctx.engine.model_info.weights,
-        # generate (chat, completions), embed (/v1/embeddings, issue 25) or score (/v1/rerank,
-        # /v1/score, issue 40).
-        "task": ctx.engine.model_info.task,
-    }

@@ -10,6 +10,7 @@ are recorded by the serving layer when it sees a request finish.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Protocol
@@ -160,13 +161,33 @@ class ResponseStoreCollector(Collector):
             yield family
 
 
+class ModelsCollector(Collector):
+    """Each loaded model's EngineStatsCollector, their families merged by name: a server with
+    several models (issue 39) writes each family once, one sample per `model_name`."""
+
+    def __init__(self) -> None:
+        self.collectors: dict[str, Collector] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for collector in list(self.collectors.values()):
+            for family in collector.collect():
+                held = merged.setdefault(family.name, family)
+                if held is not family:
+                    held.samples.extend(family.samples)
+        yield from merged.values()
+
+
 class ServerMetrics:
-    """The app's registry plus the per-request series it records."""
+    """The app's registry plus the per-request series it records, labelled by `model_name`;
+    `for_model` gives another model's view of the same registry."""
 
     def __init__(self, model_name: str, get_engine: Callable[[], EngineClient | None]) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        self.registry.register(EngineStatsCollector(get_engine, model_name))
+        self.models = ModelsCollector()
+        self.models.collectors[model_name] = EngineStatsCollector(get_engine, model_name)
+        self.registry.register(self.models)
         reg = self.registry
         label = ["model_name"]
         self.prompt_tokens = Counter(
@@ -209,6 +230,20 @@ class ServerMetrics:
     def record_embedding_request(self, num_inputs: int) -> None:
         self.embedding_requests.labels(self.model_name).inc()
         self.embedding_inputs.labels(self.model_name).inc(num_inputs)
+
+    def for_model(
+        self, model_name: str, get_engine: Callable[[], EngineClient | None]
+    ) -> ServerMetrics:
+        """The same registry and series recording under `model_name`, its engine's gauges
+        collected until `forget_model`."""
+        view = copy.copy(self)
+        view.model_name = model_name
+        self.models.collectors[model_name] = EngineStatsCollector(get_engine, model_name)
+        return view
+
+    def forget_model(self, model_name: str) -> None:
+        """Its engine is gone: its gauges leave /metrics (its counters stay)."""
+        self.models.collectors.pop(model_name, None)
 
     def watch_response_store(self, store: StoreSize) -> None:
         self.registry.register(ResponseStoreCollector(store, self.model_name))
