@@ -22,12 +22,14 @@ void bind_views(py::module_& m) {
         .value("float32", DType::kFloat32)
         .value("bfloat16", DType::kBFloat16)
         .value("float16", DType::kFloat16);
+    py::enum_<KvQuant>(m, "KvQuant").value("none", KvQuant::kNone).value("int8", KvQuant::kInt8);
     py::class_<KvCacheView> cache(m, "KvCacheView");
     cache.def(py::init<>())
         .def_readwrite("num_pages", &KvCacheView::num_pages)
         .def_readwrite("num_kv_heads", &KvCacheView::num_kv_heads)
         .def_readwrite("page_size", &KvCacheView::page_size)
-        .def_readwrite("head_size", &KvCacheView::head_size);
+        .def_readwrite("head_size", &KvCacheView::head_size)
+        .def_readwrite("quant", &KvCacheView::quant);
     def_pointer(cache, "data", &KvCacheView::data);
     py::class_<TokenTensor> tokens(m, "TokenTensor");
     tokens.def(py::init<>())
@@ -74,6 +76,7 @@ void bind_attention(py::module_& m) {
     py::tuple dims(kKvCacheDims.size());
     for (std::size_t i = 0; i < kKvCacheDims.size(); ++i) dims[i] = py::str(kKvCacheDims[i]);
     m.attr("KV_CACHE_DIMS") = dims;
+    m.attr("KV_SCALE_BYTES") = kKvScaleBytes;
     bind_views(m);
     bind_args(m);
     m.def("reshape_and_cache", &reshape_and_cache_cpu, py::arg("args"), py::arg("num_threads"),

@@ -76,7 +76,7 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
              std::int64_t num_reqs, std::int64_t num_tokens, std::int64_t max_query_len,
              std::int64_t max_seq_len, int num_threads, std::int64_t amx_from_rows,
              std::int64_t amx_int8_from_rows, bool amx_tile_order,
-             bool quant_float_activations) {
+             bool quant_float_activations, int kv_quant) {
     pagedserve::DecoderStep s;
     s.hidden = pointer<std::uint16_t>(hidden);
     s.cos = pointer<const std::uint16_t>(cos);
@@ -84,6 +84,7 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
     s.rope_stride = rope_stride;
     for (Ptr p : kv_caches) s.kv_caches.push_back(pointer<void>(p));
     s.num_pages = num_pages, s.page_size = page_size;
+    s.kv_quant = static_cast<pagedserve::KvQuant>(kv_quant);  // checked by the cache write
     s.slot_mapping = pointer<const std::int64_t>(slot_mapping);
     s.page_table = pointer<const std::int32_t>(page_table);
     s.page_table_stride = page_table_stride;
@@ -115,5 +116,5 @@ void bind_decoder_stack(py::module_& m) {
              py::arg("num_reqs"), py::arg("num_tokens"), py::arg("max_query_len"),
              py::arg("max_seq_len"), py::arg("num_threads"), py::arg("amx_from_rows") = 0,
              py::arg("amx_int8_from_rows") = 0, py::arg("amx_tile_order") = false,
-             py::arg("quant_float_activations") = false);
+             py::arg("quant_float_activations") = false, py::arg("kv_quant") = 0);
 }

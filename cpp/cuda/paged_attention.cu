@@ -343,7 +343,15 @@ void launch_for_head_size(const AttentionArgs& a, float* workspace, int splits,
 
 }  // namespace
 
+// The CUDA kernels read and write caches in the activations' dtype only (the Python side refuses
+// --kv-cache-dtype int8 on CUDA at load; this is the last guard).
+static void require_unquantized(const KvCacheView& cache) {
+    if (cache.quant != KvQuant::kNone)
+        throw std::invalid_argument("the CUDA paged-attention kernels do not support 8-bit KV caches");
+}
+
 void reshape_and_cache_cuda(const CacheWriteArgs& args, void* stream) {
+    require_unquantized(args.cache);
     if (args.num_tokens == 0) return;
     const auto s = static_cast<cudaStream_t>(stream);
     const int64_t elt = static_cast<int64_t>(dtype_size(args.dtype));
@@ -365,6 +373,7 @@ void reshape_and_cache_cuda(const CacheWriteArgs& args, void* stream) {
 
 void paged_attention_cuda(const AttentionArgs& args, float* workspace, int max_splits,
                           void* stream) {
+    require_unquantized(args.cache);
     if (args.num_tokens == 0) return;
     if (reinterpret_cast<std::uintptr_t>(args.cache.data) % 16 != 0)
         throw std::invalid_argument("kv_cache must be 16-byte aligned");

@@ -117,7 +117,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, void* kv_cache, const Dec
 
     KvCacheView cache;
     cache.data = kv_cache, cache.num_pages = step.num_pages, cache.num_kv_heads = s.num_kv_heads;
-    cache.page_size = step.page_size, cache.head_size = d;
+    cache.page_size = step.page_size, cache.head_size = d, cache.quant = step.kv_quant;
     CacheWriteArgs write;
     write.key = {qkv_.data() + q_size, qkv_size, d};
     write.value = {qkv_.data() + q_size + kv_size, qkv_size, d};

@@ -1,6 +1,6 @@
 // The CPU paged-attention kernels against a naive double-precision loop, over a few shapes
 // (GQA, page boundaries, mixed prefill chunks and decodes, scattered pages), in float32 and in
-// bfloat16, plus the cache write and input validation. Exits nonzero if any check failed; also
+// bfloat16, with the cache in that dtype or in int8, plus the cache writes and input validation. Exits nonzero if any check failed; also
 // run under ASan/UBSan (tests/native/test_cpp_sanitized.py), built with -march=native, so on an
 // AVX-512 (BF16) machine the intrinsic paths run there too.
 #include <algorithm>
@@ -46,6 +46,7 @@ struct Batch {
     std::vector<float> cache, query, out;
     std::vector<std::int32_t> page_table, qsl;
     std::vector<Bf16> cache16, query16, out16;
+    std::vector<std::int8_t> cache8;  // non-empty: the kernel reads this int8 cache (to_int8)
 };
 
 // Rounds v to bf16 in place and returns the bf16 copy.
@@ -106,6 +107,30 @@ Batch make_batch(const Case& c, std::mt19937& rng) {
     return b;
 }
 
+// One row quantized as the int8 layout of paged_attention.hpp says (scale = max|x| / 127,
+// round-half-even of x / scale), written to dst (head_size values, then the scale's bytes); x
+// becomes the widened values. A NaN row keeps a NaN scale, so a kernel that reads it is poisoned.
+void quantize_row(float* x, std::int64_t head_size, std::int8_t* dst) {
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float scale = std::isnan(x[0]) ? std::nanf("") : amax / 127.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) {
+        const float q = std::isnan(x[d]) || scale == 0.0f ? 0.0f : std::nearbyint(x[d] / scale);
+        dst[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
+        x[d] = static_cast<float>(dst[d]) * scale;
+    }
+    std::memcpy(dst + head_size, &scale, sizeof(scale));
+}
+
+// Gives b an int8 cache (b.cache8) and sets b.cache to its widened values: the naive loop then
+// sees exactly what the kernel reads.
+void to_int8(Batch& b) {
+    const std::int64_t d = b.c.head_size, rows = static_cast<std::int64_t>(b.cache.size()) / d;
+    b.cache8.assign(rows * (d + kKvScaleBytes), 0);
+    for (std::int64_t r = 0; r < rows; ++r)
+        quantize_row(&b.cache[r * d], d, &b.cache8[r * (d + kKvScaleBytes)]);
+}
+
 AttentionArgs args_for(Batch& b, float scale) {
     const bool bf16 = b.c.dtype == DType::kBFloat16;
     AttentionArgs a;
@@ -117,6 +142,7 @@ AttentionArgs args_for(Batch& b, float scale) {
     a.query = {query, a.out_token_stride, a.out_head_stride};
     void* cache = bf16 ? static_cast<void*>(b.cache16.data()) : b.cache.data();
     a.cache = {cache, b.num_pages, b.c.num_kv_heads, b.c.page_size, b.c.head_size};
+    if (!b.cache8.empty()) a.cache.data = b.cache8.data(), a.cache.quant = KvQuant::kInt8;
     a.page_table = b.page_table.data();
     a.page_table_stride = b.max_pages;
     a.seq_lens = b.c.seq_lens.data();
@@ -187,8 +213,10 @@ double error_ratio(const Batch& b, float scale, double atol, double rtol) {
     return worst;
 }
 
-void check_case(const Case& c, std::mt19937& rng, double atol, double rtol, const char* what) {
+void check_case(const Case& c, std::mt19937& rng, double atol, double rtol, const char* what,
+                bool int8 = false) {
     Batch b = make_batch(c, rng);
+    if (int8) to_int8(b);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
     run_kernel(b, scale, 2);
     const double err = error_ratio(b, scale, atol, rtol);
@@ -258,6 +286,68 @@ void test_window_and_softcap_match_naive() {
     }
 }
 
+// An int8 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the values the
+// naive loop sees, so the fp32 and bf16 tolerances hold as they are; windows and soft caps too.
+void test_int8_cache_matches_naive() {
+    std::mt19937 rng(17);
+    const std::vector<std::int32_t> q_lens = {1, 1, 37, 20, 1}, seq_lens = {17, 130, 100, 20, 1};
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (const std::int64_t head_size : {64, 128, 96}) {
+            for (const std::int64_t window : {0, 5, 40}) {
+                Case c{2, 3, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
+                c.logit_softcap = window == 5 ? 0.3f : 0.0f;
+                const double rtol = dtype == DType::kBFloat16 ? 1e-2 : 0.0;
+                check_case(c, rng, 1e-4, rtol, "int8 cache matches the naive loop", true);
+                c.batch_invariant = false;
+                check_case(c, rng, 1e-4, rtol, "int8 cache, fast decode scoring", true);
+            }
+        }
+    }
+}
+
+// The cache write quantizes fp32 and bf16 rows exactly as quantize_row does (the same bytes),
+// an all-zero row to zeros and a zero scale; slot -1 writes nothing.
+void test_int8_cache_write() {
+    const std::int64_t kv_heads = 2, d = 64, page_size = 4, pages = 3, tokens = 3;
+    const std::int64_t row = d + kKvScaleBytes;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> key(tokens * kv_heads * d), value(key.size());
+    for (std::size_t i = 0; i < key.size(); ++i) key[i] = normal(rng), value[i] = normal(rng);
+    std::fill(key.begin() + kv_heads * d, key.begin() + kv_heads * d + d, 0.0f);  // token 1, head 0
+    const std::int64_t slots[tokens] = {9, 2, -1};
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        std::vector<float> k = key, v = value;
+        std::vector<Bf16> k16, v16;
+        if (dtype == DType::kBFloat16) k16 = to_bf16(k), v16 = to_bf16(v);
+        std::vector<std::int8_t> cache(2 * pages * kv_heads * page_size * row, 7);
+        CacheWriteArgs a;
+        const bool bf16 = dtype == DType::kBFloat16;
+        a.key = {bf16 ? static_cast<const void*>(k16.data()) : k.data(), kv_heads * d, d};
+        a.value = {bf16 ? static_cast<const void*>(v16.data()) : v.data(), kv_heads * d, d};
+        a.cache = {cache.data(), pages, kv_heads, page_size, d, KvQuant::kInt8};
+        a.slot_mapping = slots, a.num_tokens = tokens, a.dtype = dtype;
+        reshape_and_cache_cpu(a, 2);
+        bool same = true;
+        for (std::int64_t t = 0; t < 2; ++t) {
+            for (std::int64_t h = 0; h < kv_heads; ++h) {
+                const std::int64_t at = (slots[t] / page_size) * a.cache.page_stride() +
+                                        h * a.cache.head_stride() + (slots[t] % page_size) * row;
+                std::int8_t want[2][d + kKvScaleBytes];
+                quantize_row(&k[(t * kv_heads + h) * d], d, want[0]);
+                quantize_row(&v[(t * kv_heads + h) * d], d, want[1]);
+                same = same && std::memcmp(&cache[at], want[0], row) == 0 &&
+                       std::memcmp(&cache[a.cache.kv_stride() + at], want[1], row) == 0;
+            }
+        }
+        expect(same, "the int8 cache write quantizes as the layout says");
+        float zero_scale = -1.0f;
+        std::memcpy(&zero_scale, &cache[2 * row + d], sizeof(float));  // slot 2, head 0
+        expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero row has scale 0");
+        expect(cache[a.cache.page_stride() * 0 + 3 * row] == 7, "no slot, no write");
+    }
+}
+
 void test_cache_write_round_trip() {
     const std::int64_t kv_heads = 2, d = 8, page_size = 4, pages = 3, tokens = 3;
     std::vector<float> cache(2 * pages * kv_heads * page_size * d, -1.0f);
@@ -313,10 +403,13 @@ void test_level_equals_portable() {
         for (const std::int64_t head_size : {64, 128, 96}) {
             for (const std::int64_t window : {0, 5, 40}) {
                 for (const std::int64_t group : {1, 3}) {
+                  for (const bool int8 : {false, true}) {  // the cache in the dtype, or int8
                     Case c{2, group, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
                     c.logit_softcap = window == 5 ? 0.0f : 0.3f * (1 + window);
                     std::mt19937 rng(static_cast<unsigned>(29 + cases));
-                    Batch want = make_batch(c, rng), got = want;
+                    Batch want = make_batch(c, rng);
+                    if (int8) to_int8(want);
+                    Batch got = want;
                     const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
                     set_cpu_isa(CpuIsa::kPortable);
                     run_kernel(want, scale, 1 + cases % 2);
@@ -326,11 +419,13 @@ void test_level_equals_portable() {
                                                   sizeof(float) * want.out.size()) == 0;
                     if (!same)
                         std::fprintf(stderr, "%s differs from portable: dtype %d head_size %ld "
-                                     "window %ld group %ld\n", paged_attention_cpu_path(),
+                                     "window %ld group %ld int8 %d\n", paged_attention_cpu_path(),
                                      static_cast<int>(dtype), static_cast<long>(head_size),
-                                     static_cast<long>(window), static_cast<long>(group));
+                                     static_cast<long>(window), static_cast<long>(group),
+                                     static_cast<int>(int8));
                     expect(same, "the level's kernels give the portable bits");
                     ++cases;
+                  }
                 }
             }
         }
@@ -357,6 +452,8 @@ int main() {
         test_attention_matches_naive_bf16();
         test_window_and_softcap_match_naive();
         test_cache_write_round_trip();
+        test_int8_cache_matches_naive();
+        test_int8_cache_write();
         test_bad_inputs_throw();
         if (level != CpuIsa::kPortable) test_level_equals_portable();
     }

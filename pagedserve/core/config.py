@@ -129,6 +129,10 @@ class ModelConfig:
             )
 
 
+KV_CACHE_DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32", "int8")
+"""CacheConfig.kv_cache_dtype's choices (vLLM's names; core/attention/base.py maps them)."""
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     page_size: int = 16
@@ -141,8 +145,17 @@ class CacheConfig:
     """Exact number of KV pages, overriding the memory budget (tests, benchmarks)."""
     enable_prefix_caching: bool = True
     """Reuse the KV pages of prompt prefixes seen before."""
+    kv_cache_dtype: str = "auto"
+    """How the KV cache stores keys and values: auto (the model's dtype), bf16, fp16 or fp32
+    (each only where it is the model's dtype), or int8 (CPU: a scale per token and KV head;
+    half the bytes of bf16, so twice the pages at a fixed kv_cache_memory)."""
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
             raise ValueError(f"page_size must be a power of two >= 1, got {self.page_size}")
         if self.kv_cache_memory <= 0:

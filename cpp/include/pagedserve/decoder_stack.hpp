@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagedserve/paged_attention.hpp"  // KvQuant
+
 namespace pagedserve {
 
 struct DecoderShape {
@@ -48,6 +50,7 @@ struct DecoderStep {
     std::vector<void*> kv_caches;  // per layer [2, num_pages, num_kv_heads, page_size, head_size]
     std::int64_t num_pages = 0;
     std::int64_t page_size = 0;
+    KvQuant kv_quant = KvQuant::kNone;  // how every layer's cache stores K and V
     const std::int64_t* slot_mapping = nullptr;  // [num_tokens]
     const std::int32_t* page_table = nullptr;    // [num_reqs, page_table_stride]
     std::int64_t page_table_stride = 0;

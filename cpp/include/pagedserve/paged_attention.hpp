@@ -4,7 +4,14 @@
 // KV page layout (the one definition on the C++ side; mirrored in
 // pagedserve/core/attention/base.py as KV_CACHE_DIMS, and a test checks that both agree):
 //
-//     kv_cache: [2, num_pages, num_kv_heads, page_size, head_size], contiguous (0 = K, 1 = V)
+//     kv_cache: [2, num_pages, num_kv_heads, page_size, row_size], contiguous (0 = K, 1 = V)
+//
+// row_size is head_size in the activations' dtype (KvQuant::kNone). An 8-bit cache
+// (--kv-cache-dtype int8) stores each token's row of one KV head as head_size int8 values
+// followed by their float32 scale (native byte order), so row_size = head_size + 4 bytes:
+// x ~= q * scale, scale = max|x| / 127 over the row (0 for an all-zero row), q = round-to-even
+// of x / scale, in [-127, 127]. Quantized as the rows are written (reshape_and_cache), widened
+// back to fp32 as the kernels load them.
 //
 // Token slot s lives in page s / page_size at offset s % page_size; slot -1 means "skip".
 #pragma once
@@ -23,12 +30,20 @@
 namespace pagedserve {
 
 inline constexpr std::array<const char*, 5> kKvCacheDims = {
-    "kv", "num_pages", "num_kv_heads", "page_size", "head_size"};
+    "kv", "num_pages", "num_kv_heads", "page_size", "row_size"};
 
-// Storage dtype of every tensor an op touches (query, key, value, out and kv_cache share it).
+// Storage dtype of every tensor an op touches (query, key, value, out and kv_cache share it,
+// unless the cache is quantized: KvCacheView::quant).
 enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 inline std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// How the KV cache stores keys and values: in the activations' dtype, or as int8 rows with a
+// float32 scale per token and KV head (the layout above).
+enum class KvQuant : int { kNone = 0, kInt8 = 1 };
+
+// Bytes of the scale after each 8-bit row.
+inline constexpr std::int64_t kKvScaleBytes = 4;
 
 struct KvCacheView {
     void* data = nullptr;
@@ -36,12 +51,17 @@ struct KvCacheView {
     std::int64_t num_kv_heads = 0;
     std::int64_t page_size = 0;
     std::int64_t head_size = 0;
+    KvQuant quant = KvQuant::kNone;
 
-    // Element offsets into the contiguous layout above.
-    PAGEDSERVE_HOST_DEVICE std::int64_t page_stride() const {
-        return num_kv_heads * page_size * head_size;
+    // Storage elements per token row: head_size, or head_size int8 values + their scale's bytes.
+    PAGEDSERVE_HOST_DEVICE std::int64_t row_size() const {
+        return quant == KvQuant::kNone ? head_size : head_size + kKvScaleBytes;
     }
-    PAGEDSERVE_HOST_DEVICE std::int64_t head_stride() const { return page_size * head_size; }
+    // Element offsets into the contiguous layout above (bytes for an 8-bit cache).
+    PAGEDSERVE_HOST_DEVICE std::int64_t page_stride() const {
+        return num_kv_heads * page_size * row_size();
+    }
+    PAGEDSERVE_HOST_DEVICE std::int64_t head_stride() const { return page_size * row_size(); }
     PAGEDSERVE_HOST_DEVICE std::int64_t kv_stride() const { return num_pages * page_stride(); }
 };
 

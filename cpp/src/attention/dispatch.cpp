@@ -24,11 +24,13 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attention/levels.hpp"
 #include "cpu/arch.hpp"
 #include "pagedserve/cpu_features.hpp"
 #include "pagedserve/paged_attention.hpp"
+#include "pagedserve/rows.hpp"  // Bf16, load_row
 
 namespace pagedserve {
 namespace {
@@ -37,7 +39,12 @@ void check(bool ok, const std::string& message) {
     if (!ok) throw std::invalid_argument(message);
 }
 
+void check_quant(const KvCacheView& c) {
+    check(c.quant == KvQuant::kNone || c.quant == KvQuant::kInt8, "unknown KV cache quantization");
+}
+
 void validate(const AttentionArgs& a) {
+    check_quant(a.cache);
     check(a.num_heads % a.cache.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
     check(a.query_start_loc[0] == 0, "query_start_loc[0] must be 0");
     check(a.sliding_window >= 0, "sliding_window must be >= 0");
@@ -95,18 +102,72 @@ const char* paged_attention_cpu_path() {
     }
 }
 
+namespace {
+
+// One token's row of one KV head into the 8-bit layout (paged_attention.hpp): scale = max|x| /
+// 127, values round-to-even(x / scale), then the scale's bytes. `row` is head_size floats of
+// scratch. pagedserve/core/attention/reference.py quantizes the same way, to the bit.
+template <typename T>
+void quantize_row(const T* src, std::int8_t* dst, std::int64_t head_size, float* row) {
+    load_row(src, row, head_size);
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(row[d]));
+    const float scale = amax / 127.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) {
+        const float q = scale > 0.0f ? std::nearbyint(row[d] / scale) : 0.0f;
+        dst[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
+    }
+    std::memcpy(dst + head_size, &scale, sizeof(scale));
+}
+
+template <typename T>
+void quantize_rows(const CacheWriteArgs& args, int threads) {
+    const KvCacheView& c = args.cache;
+    auto* cache = static_cast<std::int8_t*>(c.data);
+    const auto* key = static_cast<const T*>(args.key.data);
+    const auto* value = static_cast<const T*>(args.value.data);
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> row(c.head_size);
+#pragma omp for schedule(static)
+        for (std::int64_t t = 0; t < args.num_tokens; ++t) {
+            const std::int64_t slot = args.slot_mapping[t];
+            if (slot < 0) continue;
+            const std::int64_t base = (slot / c.page_size) * c.page_stride() +
+                                      (slot % c.page_size) * c.row_size();
+            for (std::int64_t h = 0; h < c.num_kv_heads; ++h) {
+                std::int8_t* dst = cache + base + h * c.head_stride();
+                quantize_row(key + t * args.key.token_stride + h * args.key.head_stride, dst,
+                             c.head_size, row.data());
+                quantize_row(value + t * args.value.token_stride + h * args.value.head_stride,
+                             dst + c.kv_stride(), c.head_size, row.data());
+            }
+        }
+    }
+}
+
+}  // namespace
+
 void reshape_and_cache_cpu(const CacheWriteArgs& args, int num_threads) {
     const KvCacheView& c = args.cache;
+    check_quant(c);
     const std::int64_t num_slots = c.num_pages * c.page_size;
     for (std::int64_t t = 0; t < args.num_tokens; ++t) {
         const std::int64_t slot = args.slot_mapping[t];
         check(slot >= -1 && slot < num_slots, "slot_mapping holds a slot out of range");
     }
+    // Parallel only when there is enough to copy; a decode step writes a handful of rows.
+    const int threads = args.num_tokens >= 256 ? std::max(1, num_threads) : 1;
+    if (c.quant == KvQuant::kInt8) {
+        switch (args.dtype) {
+            case DType::kFloat32: return quantize_rows<float>(args, threads);
+            case DType::kBFloat16: return quantize_rows<Bf16>(args, threads);
+            default: throw std::invalid_argument("int8 KV caches take float32 or bfloat16 rows");
+        }
+    }
     const std::size_t elt = dtype_size(args.dtype);
     const std::size_t row_bytes = c.head_size * elt;
     auto* cache = static_cast<char*>(c.data);
-    // Parallel only when there is enough to copy; a decode step writes a handful of rows.
-    const int threads = args.num_tokens >= 256 ? std::max(1, num_threads) : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (std::int64_t t = 0; t < args.num_tokens; ++t) {
         const std::int64_t slot = args.slot_mapping[t];

@@ -204,11 +204,38 @@ std::int64_t page_offset(const AttentionArgs& a, const WorkItem& w, std::int64_t
     return row[index] * c.page_stride() + w.kv_head * c.head_stride();
 }
 
-// Points at (fp32) or converts (bf16) the pages of keys [key0, key0 + block_keys) below
+// The np fp32 key rows k (d_len apart) into columns n .. n + np of sc.k_t.
+void transpose_page(const float* k, std::int64_t np, std::int64_t d_len, std::int64_t n,
+                    Scratch& sc) {
+#if PAGEDSERVE_ISA_AVX2
+    transpose_keys_avx2(k, np, d_len, sc.k_t.data(), sc.width, n);
+#else
+    for (std::int64_t j = 0; j < np; ++j)
+        for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
+#endif
+}
+
+// Widens np int8 rows of one page's tile (head_size values, then their float32 scale: the 8-bit
+// layout of paged_attention.hpp) to fp32 rows, d_len apart. One multiply per value, no fused
+// step: every level gives the same bits.
+void dequantize_rows(const std::int8_t* tile, std::int64_t np, std::int64_t row_size,
+                     std::int64_t d_len, float* dst) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        const std::int8_t* src = tile + j * row_size;
+        float scale;
+        std::memcpy(&scale, src + d_len, sizeof(scale));
+        float* out = dst + j * d_len;
+#pragma omp simd
+        for (std::int64_t d = 0; d < d_len; ++d) out[d] = static_cast<float>(src[d]) * scale;
+    }
+}
+
+// Points at (fp32) or converts (bf16, int8) the pages of keys [key0, key0 + block_keys) below
 // num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
 // transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
-// (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen.
-// Returns the number of keys in the block.
+// (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen. An
+// int8 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from there
+// takes the fp32 path. Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                         std::int64_t num_keys, std::int64_t d_len, bool raw_values, Scratch& sc) {
@@ -217,6 +244,17 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
+        if (c.quant == KvQuant::kInt8) {
+            const auto* bytes = static_cast<const std::int8_t*>(c.data) +
+                                page_offset<std::int8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+            dequantize_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
+            dequantize_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
+            sc.k_pages[p] = sc.k.data() + n * d_len;
+            sc.v_pages[p] = sc.v.data() + n * d_len;
+            transpose_page(sc.k_pages[p], np, d_len, n, sc);
+            n += np;
+            continue;
+        }
         const std::int64_t off = page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
 #if PAGEDSERVE_ISA_AVX2
         if constexpr (std::is_same_v<T, Bf16>) {
@@ -242,13 +280,7 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
             sc.k_pages[p] = sc.k.data() + n * d_len;
             sc.v_pages[p] = sc.v.data() + n * d_len;
         }
-        const float* k = sc.k_pages[p];
-#if PAGEDSERVE_ISA_AVX2
-        transpose_keys_avx2(k, np, d_len, sc.k_t.data(), sc.width, n);
-#else
-        for (std::int64_t j = 0; j < np; ++j)
-            for (std::int64_t d = 0; d < d_len; ++d) sc.k_t[d * sc.width + n + j] = k[j * d_len + d];
-#endif
+        transpose_page(sc.k_pages[p], np, d_len, n, sc);
         n += np;
     }
     return n;
@@ -411,8 +443,8 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
     // A decode item's few vectors read each bf16 value once: the AVX2 value step widens them
     // from the cache itself (its steps exist for head sizes known at compile time).
-    const bool raw_values =
-        PAGEDSERVE_ISA_AVX2 && std::is_same_v<T, Bf16> && kD != 0 && m_len < kWidenMinRows;
+    const bool raw_values = PAGEDSERVE_ISA_AVX2 && std::is_same_v<T, Bf16> && kD != 0 &&
+                            m_len < kWidenMinRows && c.quant == KvQuant::kNone;
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
         const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, raw_values, sc);
@@ -436,11 +468,14 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #include "attention/avx512_item.hpp"
 #endif
 
-// The AVX-512 item kernels take head sizes that are multiples of 32; the rest stay portable.
+// The AVX-512 item kernels take head sizes that are multiples of 32 and caches in the
+// activations' dtype; the rest (int8 caches included) take the loops, compiled for the level.
 template <typename T, int kD>
 void attend(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #if PAGEDSERVE_ISA_AVX512
-    if constexpr (kD != 0 && kD % 32 == 0) return attend_item_avx512<T, kD>(a, w, sc);
+    if constexpr (kD != 0 && kD % 32 == 0) {
+        if (a.cache.quant == KvQuant::kNone) return attend_item_avx512<T, kD>(a, w, sc);
+    }
 #endif
     attend_item<T, kD>(a, w, sc);
 }

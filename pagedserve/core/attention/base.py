@@ -3,10 +3,15 @@
 KV page layout (mirrored in cpp/include/pagedserve/paged_attention.hpp; a test checks both):
 one tensor per layer,
 
-    kv_cache[layer]: [2, num_pages, num_kv_heads, page_size, head_size]   (0 = K, 1 = V)
+    kv_cache[layer]: [2, num_pages, num_kv_heads, page_size, row_size]   (0 = K, 1 = V)
 
-so the keys of one page and one KV head are a contiguous page_size x head_size tile. Token
-slot s lives in page s // page_size at offset s % page_size; slot -1 means "do not write".
+so the keys of one page and one KV head are a contiguous page_size x row_size tile. In the
+activations' dtype row_size = head_size. An int8 cache (--kv-cache-dtype int8) stores each
+token's row of one KV head as head_size int8 values followed by the 4 bytes of their float32
+scale, row_size = head_size + KV_SCALE_BYTES: x ~= q * scale with scale = max|x| / 127 over the
+row (0 for an all-zero row) and q = round-half-even(x / scale) in [-127, 127], quantized as the
+rows are written and widened to fp32 as the kernels read them. Token slot s lives in page
+s // page_size at offset s % page_size; slot -1 means "do not write".
 
 A batch mixes prefill chunks and decodes. Request r owns query rows
 query_start_loc[r] : query_start_loc[r + 1]; its q_len = those rows, its seq_len counts every
@@ -21,13 +26,59 @@ from dataclasses import dataclass
 
 import torch
 
-KV_CACHE_DIMS = ("kv", "num_pages", "num_kv_heads", "page_size", "head_size")
+KV_CACHE_DIMS = ("kv", "num_pages", "num_kv_heads", "page_size", "row_size")
+KV_SCALE_BYTES = 4
+"""The float32 scale after each int8 row."""
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,  # the model's dtype
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+    "int8": torch.int8,
+}
+"""--kv-cache-dtype's names (vLLM's) and the cache tensors' torch dtype."""
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache tensors' dtype for --kv-cache-dtype `name`: the model's dtype (auto, or the
+    same dtype named), or int8 on the CPU. A clear ValueError for the rest: the kernels read
+    caches in the activations' dtype or in int8."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"
+        )
+    dtype = KV_CACHE_DTYPES[name] or model_dtype
+    if dtype == torch.int8 and device.type != "cpu":
+        raise ValueError(
+            f"kv_cache_dtype int8 runs on the CPU kernels only; on {device.type} use auto"
+        )
+    if dtype not in (torch.int8, model_dtype):
+        raise ValueError(
+            f"kv_cache_dtype {name} differs from the model's dtype "
+            f"{str(model_dtype).removeprefix('torch.')}: use auto, int8 or the model's dtype"
+        )
+    return dtype
+
+
+def kv_row_size(head_size: int, dtype: torch.dtype) -> int:
+    """The last dim of a cache in `dtype`: head_size, or head_size + KV_SCALE_BYTES for int8."""
+    return head_size + KV_SCALE_BYTES if dtype == torch.int8 else head_size
+
+
+def kv_head_size(kv_cache: torch.Tensor) -> int:
+    """The head size of a cache tensor (its row size less an int8 row's scale bytes)."""
+    return int(kv_cache.shape[4]) - (KV_SCALE_BYTES if kv_cache.dtype == torch.int8 else 0)
 
 
 def kv_cache_shape(
-    num_pages: int, page_size: int, num_kv_heads: int, head_size: int
+    num_pages: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype | None = None,  # int8: rows with their scales; else the model's dtype
 ) -> tuple[int, int, int, int, int]:
-    return (2, num_pages, num_kv_heads, page_size, head_size)
+    row_size = kv_row_size(head_size, dtype) if dtype is not None else head_size
+    return (2, num_pages, num_kv_heads, page_size, row_size)
 
 
 @dataclass
@@ -67,7 +118,7 @@ class AttentionBackend(ABC):
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-        kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+        kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, row_size]
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int = 0,  # > 0: a query at position i sees keys j > i - sliding_window

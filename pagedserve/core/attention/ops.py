@@ -13,7 +13,9 @@ sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sl
 logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
 (Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off). batch_invariant=False lets
 the CPU kernel score a decode step's few query vectors by a faster per-key dot that rounds
-differently from a prefill chunk's scoring (issue 16; CUDA ignores it).
+differently from a prefill chunk's scoring (issue 16; CUDA ignores it). An int8 kv_cache (CPU
+only; the layout in attention/base.py) takes float32 or bfloat16 rows: reshape_and_cache
+quantizes them, paged_attention widens them back.
 
 Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
 straight by eager code.
@@ -25,6 +27,7 @@ import math
 
 import torch
 
+from pagedserve.core.attention.base import KV_SCALE_BYTES, kv_head_size
 from pagedserve.core.ops import native
 from pagedserve.core.ops.base import CPU_DTYPES, DTYPES, NativeOp, check_rows
 from pagedserve.core.ops.native import require
@@ -35,19 +38,33 @@ _core = native.core
 def _check_cache(kv_cache: torch.Tensor) -> None:
     shape = kv_cache.shape
     require(len(shape) == 5 and shape[0] == 2,
-             "kv_cache must be [2, num_pages, num_kv_heads, page_size, head_size], got {}",
+             "kv_cache must be [2, num_pages, num_kv_heads, page_size, row_size], got {}",
              tuple(shape))  # fmt: skip
     require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
     require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
-    allowed = CPU_DTYPES if device == "cpu" else tuple(DTYPES)
+    allowed = (*CPU_DTYPES, torch.int8) if device == "cpu" else tuple(DTYPES)
     require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
+    require(kv_cache.dtype != torch.int8 or shape[4] > KV_SCALE_BYTES,
+             "an int8 kv_cache's rows must hold head_size values and {} scale bytes, got {}",
+             KV_SCALE_BYTES, shape[4])  # fmt: skip
 
 
-def _check_rows(name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None) -> None:
-    """t: [num_tokens, heads, head_size] in kv_cache's dtype and device, last dim contiguous."""
-    check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=kv_cache.shape[4])
+def _check_rows(
+    name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None, like: torch.Tensor
+) -> None:
+    """t: [num_tokens, heads, head_size], last dim contiguous, on kv_cache's device, in its dtype
+    (an int8 cache: in like's, float32 or bfloat16)."""
+    head_size = kv_head_size(kv_cache)
+    if kv_cache.dtype != torch.int8:
+        check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=head_size)
+        return
+    require(like.dtype in CPU_DTYPES, "{} dtype {} is not supported with an int8 kv_cache "
+             "(supported: {})", name, like.dtype, CPU_DTYPES)  # fmt: skip
+    require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
+             kv_cache.device)  # fmt: skip
+    check_rows(name, t, like, "the other rows", heads=heads, head_size=head_size)
 
 
 def check_index(
@@ -65,8 +82,8 @@ def _check_write(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     _check_cache(kv_cache)
-    _check_rows("key", key, kv_cache, kv_cache.shape[2])
-    _check_rows("value", value, kv_cache, kv_cache.shape[2])
+    _check_rows("key", key, kv_cache, kv_cache.shape[2], key)
+    _check_rows("value", value, kv_cache, kv_cache.shape[2], key)
     require(key.shape == value.shape, "key and value must have the same shape")
     check_index("slot_mapping", slot_mapping, torch.int64, (key.shape[0],), kv_cache.device)
 
@@ -86,12 +103,12 @@ def _check_attention(
     batch_invariant: bool = True,
 ) -> None:
     _check_cache(kv_cache)
-    _check_rows("query", query, kv_cache, None)
+    _check_rows("query", query, kv_cache, None, query)
     num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
     require(num_heads % num_kv_heads == 0,
              "query heads ({}) must be a multiple of kv_cache heads ({})", num_heads,
              num_kv_heads)  # fmt: skip
-    _check_rows("out", out, kv_cache, None)
+    _check_rows("out", out, kv_cache, None, query)
     require(out.shape == query.shape, "out shape {} != query's", tuple(out.shape))
     require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
     num_reqs = page_table.shape[0]
@@ -123,7 +140,9 @@ def page_table_stride(page_table: torch.Tensor) -> int:
 def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:
     view = _core.KvCacheView()
     view.data = kv_cache.data_ptr()
-    view.num_pages, view.num_kv_heads, view.page_size, view.head_size = kv_cache.shape[1:]
+    view.num_pages, view.num_kv_heads, view.page_size = kv_cache.shape[1:4]
+    view.head_size = kv_head_size(kv_cache)
+    view.quant = _core.KvQuant.int8 if kv_cache.dtype == torch.int8 else _core.KvQuant.none
     return view
 
 
@@ -147,7 +166,7 @@ def _cuda_module() -> native.CudaKernels:
 def reshape_and_cache_eager(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, row_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
     """reshape_and_cache's body."""
@@ -157,7 +176,7 @@ def reshape_and_cache_eager(
     args.cache = _cache_view(kv_cache)
     args.slot_mapping = slot_mapping.data_ptr()
     args.num_tokens = key.shape[0]
-    args.dtype = DTYPES[kv_cache.dtype]
+    args.dtype = DTYPES[key.dtype]
     if kv_cache.is_cuda:
         with torch.cuda.device(kv_cache.device):  # kernels launch on the current device
             _cuda_module().reshape_and_cache(args, _stream(kv_cache))
@@ -198,7 +217,7 @@ def _attention_args(
     args.scale = scale
     args.sliding_window, args.logit_softcap = sliding_window, logit_softcap
     args.batch_invariant = batch_invariant
-    args.dtype = DTYPES[kv_cache.dtype]
+    args.dtype = DTYPES[query.dtype]
     return args
 
 
@@ -218,7 +237,7 @@ def _cuda_attention(args: _core.AttentionArgs, query: torch.Tensor) -> None:
 def paged_attention_eager(
     out: torch.Tensor,  # [num_tokens, num_heads, head_size]
     query: torch.Tensor,  # [num_tokens, num_heads, head_size]
-    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, row_size]
     page_table: torch.Tensor,  # [num_reqs, max_pages_per_req] int32
     seq_lens: torch.Tensor,  # [num_reqs] int32
     query_start_loc: torch.Tensor,  # [num_reqs + 1] int32

@@ -12,36 +12,62 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.attention.base import (
+    KV_SCALE_BYTES,
+    AttentionBackend,
+    AttentionMetadata,
+    kv_head_size,
+)
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows [..., head_size] as an int8 cache stores them (attention/base.py's layout): int8
+    [..., head_size + KV_SCALE_BYTES], the values then their float32 scale's bytes. The kernels'
+    cache write quantizes the same way, to the bit."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127
+    q = torch.where(scale > 0, torch.round(x / scale), 0.0).clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=-1)
+
+
+def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """quantize_rows' output back to fp32 [..., head_size]: values times their row's scale."""
+    scale = rows[..., -KV_SCALE_BYTES:].contiguous().view(torch.float32)
+    return rows[..., :-KV_SCALE_BYTES].float() * scale
 
 
 def reshape_and_cache_reference(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
+    kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, row_size]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
 ) -> None:
     page_size = kv_cache.shape[3]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     pages, offsets = slots // page_size, slots % page_size
-    kv_cache[0, pages, :, offsets] = key[keep].to(kv_cache.dtype)
-    kv_cache[1, pages, :, offsets] = value[keep].to(kv_cache.dtype)
+    for half, rows in enumerate((key[keep], value[keep])):
+        stored = quantize_rows(rows) if kv_cache.dtype == torch.int8 else rows.to(kv_cache.dtype)
+        kv_cache[half, pages, :, offsets] = stored
 
 
 def gather_kv(
     kv_cache: torch.Tensor, page_row: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first seq_len keys and values of one request: two [seq_len, num_kv_heads, head_size]."""
+    """The first seq_len keys and values of one request: two [seq_len, num_kv_heads, head_size]
+    (an int8 cache's dequantized to fp32)."""
     page_size = kv_cache.shape[3]
     num_pages = (seq_len + page_size - 1) // page_size
     pages = page_row[:num_pages].long()
-    # [2, n, kv_heads, page_size, d] -> [2, n * page_size, kv_heads, d]
+    # [2, n, kv_heads, page_size, row] -> [2, n * page_size, kv_heads, row]
     kv = (
         kv_cache[:, pages]
         .transpose(2, 3)
         .reshape(2, num_pages * page_size, *kv_cache.shape[2:3], -1)
     )
+    if kv_cache.dtype == torch.int8:
+        kv = dequantize_rows(kv)
+    assert kv.shape[-1] == kv_head_size(kv_cache)
     return kv[0, :seq_len], kv[1, :seq_len]
 
 

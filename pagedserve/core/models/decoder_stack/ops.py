@@ -1,4 +1,5 @@
-"""The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, CPU).
+"""The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, CPU; the KV
+cache in bf16 or int8).
 
     stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pagedserve.core.attention.base import AttentionMetadata
+from pagedserve.core.attention.base import AttentionMetadata, kv_row_size
 from pagedserve.core.attention.ops import check_index, page_table_stride
 from pagedserve.core.ops import native
 from pagedserve.core.ops.native import require
@@ -69,7 +70,7 @@ class NativeDecoderStack:
         hidden: torch.Tensor,  # [n, hidden_size] bf16, the residual stream: updated in place
         cos: torch.Tensor,  # [n, 1, head_size] bf16
         signed_sin: torch.Tensor,  # [n, 1, head_size] bf16
-        kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, d]
+        kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, row]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         self._check(hidden, cos, signed_sin, kv_caches, meta)
@@ -97,6 +98,7 @@ class NativeDecoderStack:
             amx_int8_from_rows=self.amx_int8_from_rows,
             amx_tile_order=self.amx_tile_order,
             quant_float_activations=self.quant_float_activations,
+            kv_quant=int(_core.KvQuant.int8 if kv_caches[0].dtype == torch.int8 else 0),
         )
         return hidden
 
@@ -122,15 +124,17 @@ class NativeDecoderStack:
                      "{} must be [{}, 1, {}] bfloat16 rows", name, n, self.head_size)  # fmt: skip
         require(len(kv_caches) == self._num_layers, "{} kv caches for {} layers",
                  len(kv_caches), self._num_layers)  # fmt: skip
-        shape = kv_caches[0].shape
+        shape, dtype = kv_caches[0].shape, kv_caches[0].dtype
+        row_size = kv_row_size(self.head_size, dtype)
         require(len(shape) == 5 and shape[0] == 2 and shape[2] == self.num_kv_heads
-                 and shape[4] == self.head_size,
+                 and shape[4] == row_size,
                  "kv_cache must be [2, num_pages, {}, page_size, {}], got {}", self.num_kv_heads,
-                 self.head_size, tuple(shape))  # fmt: skip
+                 row_size, tuple(shape))  # fmt: skip
         for cache in kv_caches:
-            require(cache.shape == shape and cache.dtype == torch.bfloat16
+            require(cache.shape == shape and cache.dtype == dtype
+                     and dtype in (torch.bfloat16, torch.int8)
                      and cache.device.type == "cpu" and cache.is_contiguous(),
-                     "every kv cache must be a contiguous {} bfloat16 CPU tensor",
+                     "every kv cache must be a contiguous {} bfloat16 or int8 CPU tensor",
                      tuple(shape))  # fmt: skip
         page_table, cpu = meta.page_table, hidden.device
         require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
