@@ -281,3 +281,22 @@ def test_the_server_side_is_layered_app_endpoints_common() -> None:
                 raise AssertionError(f"{name} (common) imports {target}, an endpoint")
             assert used == "common" or used in ENDPOINT_USES.get(part, ()), f"{name} -> {target}"
     assert parts_seen == {*ENDPOINTS, "common", "top"}
+
+
+POOL = ("model_pool", "model_lease", "model_catalog")
+"""The model pool (issue 39), in the app's layer beneath state.py: it holds engines as
+EngineClients and knows no endpoint, so every endpoint's service can be built over any model."""
+
+
+def test_the_model_pool_sits_beneath_the_app_above_common() -> None:
+    """model_pool, model_lease and model_catalog import no endpoint and no other app module
+    (but each other); state.py builds the endpoints' services over the pool's engines."""
+    found = modules()
+    for module in POOL:
+        name = f"{SERVER}.{module}"
+        for target in found[name]:
+            part = server_part(target)
+            if part is None:
+                continue
+            mine = target.removeprefix(SERVER + ".").split(".")[0] in POOL
+            assert part == "common" or mine, f"{name} imports {target}"
