@@ -11,10 +11,9 @@ from pagedserve.openai_compat.state import ServerState
 
 
 def model_cards(state: ServerState) -> list[dict[str, Any]]:
-    """Every model the server offers (the single-model server: its one model, 503 while it
-    loads)."""
-    if not state.pool.catalog:
-        return [{**_loaded_card(state, state.ready()), "status": {"value": "loaded"}}]
+    """Every model the server offers (503 while the start-up load runs: the single-model
+    server's model is named once loaded)."""
+    state.available()
     loaded = {name: services.ctx for name, services in state.pool.loaded()}
     cards = []
     for model in state.pool.states():

@@ -121,6 +121,7 @@ class ModelPool(Generic[S]):
         self._on_loaded, self._on_fatal = on_loaded, on_fatal
         self._changed = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- start and stop ---------------------------------------------------------------------
 
@@ -157,6 +158,7 @@ class ModelPool(Generic[S]):
     async def use(self, model: str | None) -> AsyncIterator[S]:
         """The services of the model a request names, loaded if need be; the model is held
         (never evicted) until the block ends and the engine streams it opened are closed."""
+        self._loop = asyncio.get_running_loop()
         entry = self._entry_for(model)
         entry.in_flight += 1
         try:
@@ -200,6 +202,9 @@ class ModelPool(Generic[S]):
         raise errors.model_not_found(model)
 
     async def _ready(self, entry: _Entry[S]) -> S:
+        engine = entry.engine
+        if self.catalog and engine is not None and engine.errored:
+            self._unload(entry, "its engine stopped after a fault")  # loaded again, afresh
         if entry.services is not None:
             entry.last_used = time.monotonic()
             return entry.services
@@ -211,6 +216,10 @@ class ModelPool(Generic[S]):
         return await asyncio.shield(entry.loading)
 
     def _release(self, entry: _Entry[S]) -> None:
+        if self._loop is not None and _running_loop() is not self._loop:
+            # a stream dropped unread on another thread (garbage collection): count it here
+            self._loop.call_soon_threadsafe(self._release, entry)
+            return
         entry.in_flight -= 1
         entry.last_used = time.monotonic()
         if entry.in_flight == 0:
@@ -307,6 +316,13 @@ class ModelPool(Generic[S]):
                 if entry.status == "loaded" and entry.in_flight == 0 \
                         and idle_for >= self.limits.idle_unload:  # fmt: skip
                     self._unload(entry, f"idle for {idle_for:.0f} s")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _forget_unloading(entry: _Entry[Any], task: asyncio.Task[None]) -> None:

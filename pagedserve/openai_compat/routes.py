@@ -177,8 +177,6 @@ async def models(request: Request) -> Response:
 async def model(request: Request) -> Response:
     state = _state(request)
     name = request.path_params["model"]
-    if not state.pool.catalog:
-        state.ready().check_model(name)
     card = next((c for c in model_cards(state) if c["id"] == name), None)
     if card is None:
         raise errors.model_not_found(name)

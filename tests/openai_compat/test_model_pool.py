@@ -228,3 +228,42 @@ def test_the_app_over_a_pool_lists_models_and_answers_by_name() -> None:
         assert 'vllm:num_requests_running{model_name="a"}' in metrics
         assert 'vllm:num_requests_running{model_name="b"}' not in metrics  # its engine is gone
         assert 'vllm:prompt_tokens_total{model_name="b"}' in metrics  # its counters stay
+
+
+def test_a_model_whose_engine_died_loads_again() -> None:
+    loads = Loads()
+
+    async def test() -> None:
+        pool = _pool([loads.spec("a")], PoolLimits())
+        async with pool.use("a"):
+            pass
+        loads.engines["a"][0].errored = True
+        assert _status(pool)["a"] == "failed"
+        async with pool.use("a") as engine:
+            assert await _generate(engine) == "abcd"
+        assert len(loads.engines["a"]) == 2 and loads.stopped == ["a"]
+        await pool.close()
+
+    _run(test)
+
+
+def test_the_single_model_server_unloads_when_idle_and_loads_again() -> None:
+    """The pool of one with --idle-unload: /v1/models and /health say unloaded (200), the next
+    request loads it again."""
+    loads = Loads()
+    spec = loads.spec("one")
+    app = create_app(ServerConfig(), spec.load, limits=PoolLimits(idle_unload=0.2))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert client.get("/v1/models").json()["data"][0]["status"] == {"value": "loaded"}
+        while client.get("/health").json()["models"] != {"fake-model": "unloaded"}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        [card] = client.get("/v1/models").json()["data"]
+        assert card["id"] == "fake-model" and card["status"] == {"value": "unloaded"}
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ab"
+        assert len(loads.engines["one"]) == 2 and loads.stopped == ["one"]
