@@ -40,12 +40,21 @@ from pagedserve.openai_compat.server_config import (
     REASONING_PARSERS,
     TOOL_CALL_PARSERS,
     ServerConfig,
+    parse_mm_limit,
 )
 
 if TYPE_CHECKING:
     from pagedserve.openai_compat.model_pool import ModelSpec, PoolLimits
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
+
+
+def _mm_limit(text: str) -> int:
+    try:
+        return parse_mm_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 # (config class, field name, argparse extras). Order is the order of --help.
 _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
@@ -64,6 +73,10 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "response_store_mb", {"type": int}),
     (ServerConfig, "response_store_ttl", {"type": float}),
     (ServerConfig, "max_body_bytes", {"type": int, "help": argparse.SUPPRESS}),
+    (ServerConfig, "allowed_local_media_path", {"metavar": "DIR"}),
+    (ServerConfig, "limit_mm_per_prompt", {"type": _mm_limit, "metavar": "JSON"}),
+    (ServerConfig, "media_fetch_timeout", {"type": float, "metavar": "SECONDS"}),
+    (ServerConfig, "media_max_bytes", {"type": int}),
     (ModelsConfig, "models_dir", {"metavar": "DIR"}),
     (ModelsConfig, "models_config", {"metavar": "FILE"}),
     (ModelsConfig, "max_loaded_models", {"type": int}),

@@ -38,7 +38,7 @@ TORCH_FREE_CLOSURE = [m for m in NO_TORCH if m != "engine.llm_engine"] + ["reque
 LAYERS = [
     {"config", "errors", "outputs", "sampling_params", "pooling_params", "gguf_reader"},
     {"ops"},  # the native kernels' wrappers and the CPU's ISA levels
-    {"tokenizers", "sched", "structured"},
+    {"tokenizers", "sched", "structured", "multimodal"},
     {"attention", "sampling", "request", "engine_client"},
     {"distributed"},  # the tensor-parallel group and the step channel
     {"models"},
@@ -95,8 +95,11 @@ def test_stdlib_only_modules(module: str) -> None:
         )
         if root == "pagedserve":
             leaf = name.split(".")[-1]
-            # Named for types only (under TYPE_CHECKING): the detokenizer, the grammar state.
-            assert leaf in STDLIB_ONLY or name.endswith(("detokenizer", "structured.state")), name
+            # Named for types only (under TYPE_CHECKING): the detokenizer, the grammar state,
+            # a request's images.
+            assert leaf in STDLIB_ONLY or name.endswith(
+                ("detokenizer", "structured.state", "multimodal.inputs")
+            ), name
 
 
 @pytest.mark.parametrize("module", NO_TORCH)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pagedserve.core.multimodal.inputs import MultiModalInputs
+    from pagedserve.core.multimodal.processor import ImageProcessor
     from pagedserve.core.outputs import EngineStats, RequestOutput
     from pagedserve.core.pooling_params import PoolerConfig, PoolingParams
     from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
@@ -74,6 +76,10 @@ class EngineClient(Protocol):
     def model_info(self) -> ModelInfo: ...
 
     @property
+    def image_processor(self) -> ImageProcessor | None:
+        """How the model takes images (None: a text-only model)."""
+
+    @property
     def errored(self) -> bool:
         """True once the engine has stopped after a fault; every call is then refused."""
 
@@ -81,9 +87,14 @@ class EngineClient(Protocol):
         """Raise now what `generate` would raise for this request, without starting it."""
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        multimodal: MultiModalInputs | None = None,
     ) -> RequestStream:
-        """Admit the request and return the stream of its outputs."""
+        """Admit the request and return the stream of its outputs. `multimodal`: its images,
+        whose tokens are placeholder ids in `prompt_token_ids` (core/multimodal/inputs.py)."""
 
     def embed(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams

@@ -10,6 +10,7 @@ from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from pagedserve.core.multimodal.inputs import MultiModalInputs
     from pagedserve.core.structured.state import CompiledGrammar, GrammarState
     from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
 
@@ -64,6 +65,15 @@ class Request:
     """Set for an embedding request: prefill only, `params` is a placeholder (one token)."""
     embedding: list[float] | None = None
     """An embedding request's vector, once its prompt has run."""
+    multimodal: MultiModalInputs | None = None
+    """Its images; their tokens are placeholder ids (>= vocab_size) in prompt_token_ids."""
+    text_prompt_ids: list[int] | None = None
+    """With images: the prompt without the image tokens (what penalties and the detokenizer
+    read); None: prompt_token_ids."""
+
+    def text_ids(self) -> list[int]:
+        """The prompt's token ids without image tokens (all of them for a text prompt)."""
+        return self.prompt_token_ids if self.text_prompt_ids is None else self.text_prompt_ids
 
     @property
     def finished(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
@@ -47,6 +48,17 @@ class ServerConfig:
     """Most megabytes of stored responses' JSON (with their conversations)."""
     response_store_ttl: float = 3600.0
     """Seconds a stored response is kept after it was written."""
+    allow_runtime_lora_updating: bool = False
+    """Accept POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also set by vLLM's
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)."""
+    allowed_local_media_path: str | None = None
+    """Directory whose files requests may name as file:// image URLs (default: none may)."""
+    limit_mm_per_prompt: int = 8
+    """Most images one prompt may carry, given as vLLM's JSON '{"image": N}' (or N)."""
+    media_fetch_timeout: float = 10.0
+    """Seconds the server waits for an http(s) image URL (all of it) before a 400."""
+    media_max_bytes: int = 20 * 1024 * 1024
+    """Largest image (data: URL, download or file) accepted, in bytes."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -61,6 +73,10 @@ class ServerConfig:
             raise ValueError("response_store_size and response_store_mb must be >= 0")
         if self.response_store_ttl <= 0:
             raise ValueError(f"response_store_ttl must be > 0, got {self.response_store_ttl}")
+        if self.limit_mm_per_prompt < 0:
+            raise ValueError(f"limit_mm_per_prompt must be >= 0, got {self.limit_mm_per_prompt}")
+        if self.media_fetch_timeout <= 0 or self.media_max_bytes < 1:
+            raise ValueError("media_fetch_timeout must be > 0 and media_max_bytes >= 1")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(
                 f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}"
@@ -73,3 +89,21 @@ class ServerConfig:
             raise ValueError(
                 f"log_level must be debug, info, warning or error, got {self.log_level!r}"
             )
+
+
+def parse_mm_limit(text: str) -> int:
+    """--limit-mm-per-prompt: vLLM's JSON '{"image": N}' (other modalities only at 0), or N."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(
+            f'limit_mm_per_prompt must be JSON like {{"image": 4}}, got {text!r}'
+        ) from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, dict) or not all(isinstance(v, int) for v in value.values()):
+        raise ValueError(f'limit_mm_per_prompt must be JSON like {{"image": 4}}, got {text!r}')
+    others = [k for k, v in value.items() if k != "image" and v]
+    if others:
+        raise ValueError(f"limit_mm_per_prompt: only images are taken, not {others}")
+    return int(value.get("image", 0))

@@ -10,6 +10,7 @@ from typing import Any
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.openai_compat.chat.serving import ChatService
 from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.media import MediaConfig
 from pagedserve.openai_compat.common.metrics import ServerMetrics
 from pagedserve.openai_compat.common.serving import ServingContext
 from pagedserve.openai_compat.completions.serving import CompletionService
@@ -72,6 +73,7 @@ class ServerState:
             metrics,
             tool_call_parser=self.config.tool_call_parser,
             reasoning_parser=self.config.reasoning_parser,
+            media=media_config(self.config),
         )
         return ModelServices(ctx, self.store)
 
@@ -151,3 +153,13 @@ def _answers_to(services: ModelServices, model: str) -> bool:
     except errors.APIError:
         return False
     return True
+
+
+def media_config(config: ServerConfig) -> MediaConfig:
+    """Where images may come from and how many (the server's media flags)."""
+    return MediaConfig(
+        allowed_local_media_path=config.allowed_local_media_path,
+        fetch_timeout=config.media_fetch_timeout,
+        max_bytes=config.media_max_bytes,
+        max_images=config.limit_mm_per_prompt,
+    )

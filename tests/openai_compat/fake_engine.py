@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 
 from pagedserve.core.engine_client import EngineClient, ModelInfo
 from pagedserve.core.errors import ContextLengthError, QueueFullError
+from pagedserve.core.multimodal.inputs import MultiModalInputs
+from pagedserve.core.multimodal.processor import ImageProcessor
 from pagedserve.core.outputs import (
     CompletionOutput,
     EngineStats,
@@ -109,6 +111,9 @@ class FakeEngine:
         self.compile_gate: threading.Event | None = None
         self.script: str | None = None
         """When set, every output is this text (one character per token), then "stop"."""
+        self.image_processor: ImageProcessor | None = None
+        """Set by a test to take images (a text-only model by default)."""
+        self.seen_multimodal: list[MultiModalInputs | None] = []
 
     def compile_grammar(self, spec: StructuredOutputs) -> None:
         """Called on a worker thread by the server; `compile_gate` (if set) holds it there."""
@@ -124,9 +129,14 @@ class FakeEngine:
             raise QueueFullError("full")
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        multimodal: MultiModalInputs | None = None,
     ) -> FakeStream:
         self.check_admission(len(prompt_token_ids), params)
+        self.seen_multimodal.append(multimodal)
         self.seen_params.append(params)
         self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
+from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams, StructuredOutputs
@@ -111,6 +112,7 @@ class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams | PoolingParams
+    multimodal: MultiModalInputs | None = None
 
 
 @dataclass
@@ -129,6 +131,7 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.chat_template = engine.chat_template
         self.model_info = engine.model_info
+        self.image_processor = engine.image_processor
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}
         self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)
@@ -166,7 +169,11 @@ class AsyncEngine:
         self._check_queue()
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        multimodal: MultiModalInputs | None = None,
     ) -> OutputStream:
         """Admits the request now and returns the stream of its outputs.
 
@@ -175,7 +182,7 @@ class AsyncEngine:
         arriving together is counted one by one (no await between check and enqueue).
         """
         self.check_admission(len(prompt_token_ids), params)
-        return self._submit(request_id, prompt_token_ids, params)
+        return self._submit(request_id, prompt_token_ids, params, multimodal)
 
     def embed(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
@@ -193,7 +200,11 @@ class AsyncEngine:
             raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
 
     def _submit(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        multimodal: MultiModalInputs | None = None,
     ) -> OutputStream:
         loop = asyncio.get_running_loop()
         if self._loop is None:
@@ -205,7 +216,7 @@ class AsyncEngine:
         mailbox = Mailbox()
         self._mailboxes[request_id] = mailbox
         self._num_queued_adds += 1
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params))
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, multimodal))
         return OutputStream(self, request_id, mailbox)
 
     def compile_grammar(self, spec: StructuredOutputs) -> None:
@@ -291,7 +302,10 @@ class AsyncEngine:
 
     def _add(self, command: _Add) -> None:
         try:
-            self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+            self.engine.add_request(
+                command.request_id, command.prompt_token_ids, command.params,
+                multimodal=command.multimodal,
+            )  # fmt: skip
             self._stats = self.engine.stats()  # waiting now, before the queued count drops
         except ValueError as exc:  # raced past check_admission; tell the client why
             self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])

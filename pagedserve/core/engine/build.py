@@ -8,6 +8,7 @@ sched.kv_cache (how many KV pages), tokenizers (tokenizer and chat template).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.pooling_config import resolve_pooler
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
+from pagedserve.core.multimodal.processor import ImageProcessor, load_image_processor
 from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sched.kv_cache import KVCacheLayout, resolve_max_model_len, size_kv_cache
@@ -64,6 +66,8 @@ class EngineParts:
     """How embedding requests pool (task embed); None: the model generates."""
     can_generate: bool = True
     """The model has an LM head (an embedding checkpoint may have none)."""
+    image_processor: ImageProcessor | None = None
+    """How the model takes images (None: a text-only model)."""
 
     @property
     def model_info(self) -> ModelInfo:
@@ -102,10 +106,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     template_path = Path(mc.chat_template) if mc.chat_template else None
     chat_template = load_chat_template(tokenizer, template_path)
     attention = get_attention_backend(mc.attention_backend, mc.deterministic)
-    hidden_size = read_arch(resolved).hidden_size
-    pooler = resolve_pooler(mc.task, resolved, hidden_size, mc.matryoshka, tokenizer)
+    shape = read_arch(resolved)
+    pooler = resolve_pooler(mc.task, resolved, shape.hidden_size, mc.matryoshka, tokenizer)
     if pooler is not None and config.parallel.tensor_parallel_size > 1:
         raise ValueError(f"task {pooler.task} runs at tensor_parallel_size 1")
+    image_processor = _image_processor(config, resolved, shape, pooler)
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
@@ -129,8 +134,30 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     return EngineParts(
         resolved, tokenizer, chat_template, loaded.arch, runner,
         _scheduler(config, loaded, pooler), loaded.max_model_len, loaded.layout, invariant,
-        loaded.weights, pooler, loaded.model.has_lm_head,
+        loaded.weights, pooler, loaded.model.has_lm_head, image_processor,
     )  # fmt: skip
+
+
+def _image_processor(
+    config: EngineConfig, resolved: ResolvedModel, arch: ArchConfig, pooler: PoolerConfig | None
+) -> ImageProcessor | None:
+    """The image processor of a model that takes images (None: text only); what such a model
+    cannot do yet is refused here, by name."""
+    if arch.vision is None:
+        return None
+    name = arch.architecture
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError(f"{name} (images) runs at tensor_parallel_size 1")
+    if pooler is not None:
+        raise ValueError(f"{name} (images) serves task generate, not {pooler.task}")
+    if config.speculative.speculative_method == "draft":
+        raise ValueError(f"{name} (images) does not take speculative_method draft")
+    if resolved.format != "hf":
+        raise ValueError(f"{name} (images) loads from an HF folder")
+    with open(resolved.path / "config.json", encoding="utf-8") as f:
+        processor = load_image_processor(resolved.path, json.load(f))
+    assert processor is not None, f"{name} has a vision tower but no image processor"
+    return processor
 
 
 def _load(

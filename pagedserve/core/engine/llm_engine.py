@@ -21,6 +21,7 @@ from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine.build import EngineParts, build_engine_parts
 from pagedserve.core.engine.output_processor import OutputProcessor
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
+from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
 from pagedserve.core.request import Request, Sequence
@@ -68,6 +69,8 @@ class LLMEngine:
         self.pooler = parts.pooler
         """How embedding requests pool; None: the model serves none."""
         self.can_generate = parts.can_generate
+        self.image_processor = parts.image_processor
+        """How the model takes images (None: a text-only model)."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -112,11 +115,15 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams | PoolingParams,
+        multimodal: MultiModalInputs | None = None,
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
+        text_ids = prompt_token_ids
+        if multimodal is not None:
+            text_ids = self._check_images(prompt_token_ids, multimodal)
+        if any(not 0 <= t < vocab for t in text_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if isinstance(params, PoolingParams):
             return self._add_pooling(request_id, prompt_token_ids, params)
@@ -125,6 +132,8 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
+        if multimodal is not None:
+            request.multimodal, request.text_prompt_ids = multimodal, text_ids
         if params.structured is not None:  # a cache hit when the server compiled it beforehand
             request.grammar = self.grammars.compile(params.structured)
         if params.prompt_logprobs is not None:
@@ -135,6 +144,19 @@ class LLMEngine:
         for _ in range(first_wave):
             self._add_sequence(request)
         self._requests[request_id] = request
+
+    def _check_images(self, prompt_token_ids: list[int], multimodal: MultiModalInputs) -> list[int]:
+        """The prompt without its image tokens; ValueError for images this model cannot take
+        or spans that do not fit the prompt."""
+        if self.image_processor is None:
+            raise ValueError("this model does not take images")
+        spans = multimodal.spans()
+        if any(s < 0 or e > len(prompt_token_ids) for s, e in spans):
+            raise ValueError("an image's tokens lie outside the prompt")
+        in_image = bytearray(len(prompt_token_ids))
+        for s, e in spans:
+            in_image[s:e] = b"\x01" * (e - s)
+        return [t for t, inside in zip(prompt_token_ids, in_image, strict=True) if not inside]
 
     def _add_pooling(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
@@ -161,7 +183,7 @@ class LLMEngine:
                 stop=params.stop,
                 include_stop_str_in_output=params.include_stop_str_in_output,
                 skip_special_tokens=params.skip_special_tokens,
-                prompt_token_ids=() if pooled else request.prompt_token_ids,
+                prompt_token_ids=() if pooled else request.text_ids(),
             ),
             grammar=GrammarState(request.grammar) if request.grammar is not None else None,
         )
@@ -174,6 +196,9 @@ class LLMEngine:
             seq.seq_id, request.prompt_token_ids, request.max_tokens, use_prefix_cache=use_cache
         )
         self.model_runner.add_sequence(seq.seq_id, self._seed(params, index))
+        if request.multimodal is not None:
+            num_prompt = len(request.prompt_token_ids)
+            self.model_runner.add_images(seq.seq_id, request.multimodal, num_prompt)
         request.seqs.append(seq)
         request.num_children_added += 1
         self._seqs[seq.seq_id] = seq

@@ -17,6 +17,28 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """A vision tower's shape (Qwen2.5-VL's ViT), from config.json's vision_config."""
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int
+    """The language model's width: what the projector (merger) writes."""
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    window_size: int = 112
+    """Pixels a window-attention block's window spans (full-attention blocks see the image)."""
+    fullatt_block_indexes: tuple[int, ...] = ()
+    in_channels: int = 3
+    hidden_act: str = "silu"
+    image_token_id: int = 0
+    """The token the chat template writes once per image."""
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     architecture: str
     """The family (HF model_type, e.g. "llama", "qwen3_moe", "gemma2")."""
@@ -70,6 +92,11 @@ class ArchConfig:
     """Layers of an MoE model that keep a dense MLP (Qwen MoE mlp_only_layers / sparse step)."""
     shared_expert_intermediate_size: int = 0
     """A shared expert behind a sigmoid gate, added to the routed ones (Qwen2-MoE); 0 = none."""
+    mrope_section: tuple[int, ...] = ()
+    """Multimodal rotary (Qwen2-VL): how many of the head's frequency pairs take the
+    temporal, height and width position; () = one position per token."""
+    vision: VisionConfig | None = None
+    """The vision tower of a model that takes images (None: text only)."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

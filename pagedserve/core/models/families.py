@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.core.models.arch import FULL, SLIDING, ArchConfig
+from pagedserve.core.models.arch import FULL, SLIDING, ArchConfig, VisionConfig
 
 Config = dict[str, Any]
 
@@ -92,6 +92,39 @@ def _qwen2(config: Config) -> dict[str, Any]:
 
 def _qwen3(config: Config) -> dict[str, Any]:
     return {**_llama(config), "qk_norm": True, **_qwen_window(config)}
+
+
+def _qwen2_5_vl(config: Config) -> dict[str, Any]:
+    """Qwen2.5-VL: Qwen2's decoder, multimodal rotary, the vision tower (`text_config` merged
+    into the top level by `arch_from_hf_config`)."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    _refuse_if(rope_type not in ("default", "mrope"), "rope_scaling", f"rope type {rope_type!r}")
+    section = tuple(int(x) for x in rope.get("mrope_section", (16, 24, 24)))
+    vision: dict[str, Any] = config.get("vision_config") or {}
+    _refuse_if(vision.get("model_type", "qwen2_5_vl") not in ("qwen2_5_vl", "qwen2_5_vl_vision"),
+               "vision_config",
+               f"a {vision.get('model_type')!r} tower")  # fmt: skip
+    tower = VisionConfig(
+        depth=int(vision["depth"]),
+        hidden_size=int(vision["hidden_size"]),
+        num_heads=int(vision["num_heads"]),
+        intermediate_size=int(vision["intermediate_size"]),
+        out_hidden_size=int(vision.get("out_hidden_size") or config["hidden_size"]),
+        patch_size=int(vision.get("patch_size", 14)),
+        temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
+        spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
+        window_size=int(vision.get("window_size", 112)),
+        fullatt_block_indexes=tuple(int(i) for i in vision.get("fullatt_block_indexes", ())),
+        in_channels=int(vision.get("in_channels", vision.get("in_chans", 3))),
+        hidden_act=str(vision.get("hidden_act", "silu")),
+        image_token_id=int(config["image_token_id"]),
+    )
+    return {**_qwen2(config), "rope_scaling": None, "mrope_section": section, "vision": tower}
+
+
+VISION_FAMILIES = frozenset({"qwen2_5_vl"})
+"""Families whose config.json nests the language model's fields under text_config."""
 
 
 def _experts(config: Config) -> dict[str, Any]:
@@ -200,6 +233,7 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(_gemma2, _GEMMA_NORMS),
     "gemma3_text": Family(_gemma3, _GEMMA_NORMS),
     "phi3": Family(_phi3),
+    "qwen2_5_vl": Family(_qwen2_5_vl),
 }
 
 
@@ -234,6 +268,8 @@ def arch_from_hf_config(config: Config) -> ArchConfig:
     model_type = config.get("model_type")
     if model_type is None:
         raise ValueError("config.json has no model_type")
+    if model_type in VISION_FAMILIES and isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"], "model_type": model_type}
     extra = family(model_type).fields(config)
     num_heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])

@@ -307,8 +307,18 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.arch.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype first
             hidden = hidden * torch.tensor(self.arch.embed_scale, dtype=hidden.dtype)
-        ropes = self._ropes(positions)
-        routed = self.torch_from is not None and input_ids.shape[0] >= self.torch_from
+        return self.run_layers(hidden, self._ropes(positions), kv_caches, meta)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden_size], the embedded inputs
+        ropes: list[Rope],  # each rope table's rows for the tokens (_ropes)
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden_size]
+        """The decoder layers and the final norm (a model of another shape embeds its own
+        inputs, e.g. images, and calls this)."""
+        routed = self.torch_from is not None and hidden.shape[0] >= self.torch_from
         self.linear_steps["torch" if routed else "native"] += 1
         if self.stack is not None and not routed and not torch.compiler.is_compiling():
             hidden = self.stack(hidden, *ropes[0], kv_caches, meta)

@@ -20,10 +20,12 @@ from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
 from pagedserve.core.models.linear.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import parallelize, shard_arch, shard_weight
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in FAMILIES}
+MODEL_CLASSES["qwen2_5_vl"] = Qwen2_5_VLForConditionalGeneration
 
 # Llama-style HF suffix inside a layer -> (our parameter, index of this part, number of parts)
 _LAYER_PARTS = {
@@ -62,6 +64,7 @@ _TOP_PARTS = {
 }
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_VISION_PREFIXES = ("model.visual.", "visual.")
 _NORMS = ("layernorm", "_norm", "norm")  # our names of the RMSNorm weights
 
 
@@ -87,6 +90,13 @@ def _layer_part(suffix: str) -> tuple[str, int, int] | None:
 
 
 def _target(hf_name: str, renames: dict[str, str]) -> tuple[str, int, int] | None:
+    # A vision-language checkpoint: the tower's weights keep their names under visual.; the
+    # language model's are Llama's (transformers 5 nests them under model.language_model.).
+    for prefix in _VISION_PREFIXES:
+        if hf_name.startswith(prefix):
+            return "visual." + hf_name.removeprefix(prefix), 0, 1
+    if hf_name.startswith("model.language_model."):
+        hf_name = "model." + hf_name.removeprefix("model.language_model.")
     if not hf_name.startswith(("model.", "lm_head.")):
         hf_name = "model." + hf_name  # a bare backbone's checkpoint (Qwen3Model, embedders)
     if hf_name in _TOP_PARTS:

@@ -27,9 +27,12 @@ from pagedserve.core.distributed.step import StepInputs
 from pagedserve.core.executor.launcher import TensorParallel
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
+from pagedserve.core.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import TokenLogprob
 from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
+from pagedserve.core.runner.images import ImageRunner
 from pagedserve.core.runner.memory import describe_memory
 from pagedserve.core.runner.pooler import Pooler
 from pagedserve.core.sampling.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
@@ -72,6 +75,8 @@ class StepResult:
 
 
 logger = logging.getLogger(__name__)
+ENCODER_CACHE_BYTES = 512 * 1024 * 1024
+"""Recent images' embeddings kept by a vision-language model's runner (LRU)."""
 
 
 class ModelRunner:
@@ -119,6 +124,10 @@ class ModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
         ]
+        self.images: ImageRunner | None = None
+        """A vision-language model's image steps and encoder cache."""
+        if isinstance(model, Qwen2_5_VLForConditionalGeneration):
+            self.images = ImageRunner(model, device, ENCODER_CACHE_BYTES)
         models = [model] if draft is None else [model, draft.model]
         kv = self.kv_caches if draft is None else [*self.kv_caches, *draft.kv_caches]
         logger.info("%s", describe_memory(models, kv, device))
@@ -143,9 +152,17 @@ class ModelRunner:
         same steps then sample the same tokens."""
         self._unseeded.manual_seed(seed)
 
+    def add_images(self, seq_id: int, inputs: MultiModalInputs, num_prompt: int) -> None:
+        """The sequence's prompt carries these images (placeholder ids at their tokens)."""
+        if self.images is None:
+            raise ValueError("this model does not take images")
+        self.images.add(seq_id, inputs, num_prompt)
+
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
         self._seeds.pop(seq_id, None)
+        if self.images is not None:
+            self.images.release(seq_id)
         if self.pooler is not None:
             self.pooler.release(seq_id)
         if self.draft is not None:
@@ -175,7 +192,13 @@ class ModelRunner:
         with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
             inputs = self._inputs(plan, prompt_specs)
             m = self.model
-            hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            images = self.images.step(plan) if self.images is not None else None
+            if images is not None and self.images is not None:
+                vlm = self.images.model
+                hidden = vlm(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                             images=images)  # fmt: skip
+            else:
+                hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             embeddings = self._pool(hidden, pooling_specs or [])
             sample_rows, keep = self._sampling_rows(plan, inputs.sample_rows, embeddings)
             # [num_sampling, vocab] fp32; none at all in a step of embedding requests only
@@ -265,7 +288,7 @@ class ModelRunner:
             rows.append(
                 SamplingRow(
                     params=request.params,
-                    prompt_token_ids=request.prompt_token_ids,
+                    prompt_token_ids=request.text_ids(),
                     output_token_ids=output,
                     generator=None if seed is None else self._generator(seed, len(output)),
                     grammar=seq.grammar,

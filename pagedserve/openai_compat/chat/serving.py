@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from pagedserve.core.engine_client import RequestStream
+from pagedserve.core.multimodal.inputs import MultiModalInputs, expand_image_tokens
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.tokenizers.chat_template import ChatTemplate
@@ -19,8 +20,10 @@ from pagedserve.openai_compat.chat.tools import ToolPlan, plan_tools, template_m
 from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import JSONResponse
 from pagedserve.openai_compat.common.logprobs import chat_logprobs
+from pagedserve.openai_compat.common.media import LoadedImage, load_message_images
 from pagedserve.openai_compat.common.protocol import ChatCompletionRequest, ChatMessage
 from pagedserve.openai_compat.common.serving import (
+    OFF_LOOP_CHARS,
     ServingContext,
     collect,
     engine_errors,
@@ -84,6 +87,10 @@ class Prepared:
     spec: StructuredOutputs | None
     output: OutputPlan
     keep_special_tokens: bool
+    multimodal: MultiModalInputs | None = None
+    """The prompt's images; their tokens are placeholder ids in prompt_ids."""
+    text_ids: list[int] | None = None
+    """The prompt before its image tokens were expanded (what the vocabulary check reads)."""
 
 
 class ChatService:
@@ -94,17 +101,20 @@ class ChatService:
         ctx = self.ctx
         ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
-        prep = await off_loop(chat_chars(req.messages), self.prepare, req)
+        images = await load_message_images(req.messages, ctx.engine, ctx.media)
+        # images: resized and patched on a worker thread
+        chars = chat_chars(req.messages) + (OFF_LOOP_CHARS if images else 0)
+        prep = await off_loop(chars, self.prepare, req, images)
         await compile_off_loop(ctx.engine, prep.spec)
         top_k = (req.top_logprobs or 0) if req.logprobs else None
         skip = False if prep.keep_special_tokens else None
         params = sampling_params(
             req, req.output_limit(), top_k, None, tokenizer.vocab_size, prep.spec, skip
         )
-        ctx.admit(prep.prompt_ids, params, "messages")
+        ctx.admit(prep.text_ids or prep.prompt_ids, params, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
-        [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages")
+        [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages", prep.multimodal)
         if req.stream:
             usage_flags = (req.include_usage(), req.continuous_usage())
             num_prompt = len(prep.prompt_ids)
@@ -115,9 +125,11 @@ class ChatService:
         final = await until_disconnect(receive, collect([stream], ctx.metrics, "messages"))
         return JSONResponse(self._response(head, final[0], top_k, prep.output))
 
-    def prepare(self, req: ChatCompletionRequest) -> Prepared:
-        """Tools, constraint and prompt (a worker thread runs this for long conversations);
-        /v1/responses prepares its chat request here too."""
+    def prepare(
+        self, req: ChatCompletionRequest, images: list[LoadedImage] | None = None
+    ) -> Prepared:
+        """Tools, constraint and prompt (a worker thread runs this for long conversations or
+        images); /v1/responses prepares its chat request here too."""
         ctx = self.ctx
         template = require_template(ctx)
         tools = plan_tools(req, template, ctx.tool_call_parser)
@@ -135,7 +147,32 @@ class ChatService:
         reasoning = spec is None and wants_reasoning(ctx.reasoning_parser, template.source)
         output = OutputPlan(reasoning, text, tools.parser, req.parallel_tool_calls is False)
         prompt_ids = ctx.engine.tokenizer.encode(text, add_special_tokens=False)
-        return Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
+        prep = Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
+        if images:
+            prep.text_ids = prompt_ids
+            prep.prompt_ids, prep.multimodal = self._expand_images(req, prompt_ids, images)
+        return prep
+
+    def _expand_images(
+        self, req: ChatCompletionRequest, prompt_ids: list[int], images: list[LoadedImage]
+    ) -> tuple[list[int], MultiModalInputs]:
+        """Each image preprocessed and its one template token expanded into the image's
+        placeholder ids (core/multimodal/inputs.py)."""
+        processor = self.ctx.engine.image_processor
+        assert processor is not None, "load_message_images refuses images on text-only models"
+        params = [f"messages[{i}].content[{j}].image_url"
+                  for i, m in enumerate(req.messages) for j, _ in m.image_urls()]  # fmt: skip
+        features = []
+        for image, param in zip(images, params, strict=True):
+            try:
+                features.append(processor.preprocess(image.image, image.content_hash))
+            except ValueError as exc:
+                raise errors.invalid(f"The model cannot take this image: {exc}", param) from exc
+        vocab_size = self.ctx.engine.tokenizer.vocab_size
+        try:
+            return expand_image_tokens(prompt_ids, features, processor.image_token_id, vocab_size)
+        except ValueError as exc:
+            raise errors.invalid(f"Chat template error: {exc}", param="messages") from exc
 
     def _response(
         self, head: dict[str, Any], out: RequestOutput, top_k: int | None, plan: OutputPlan

@@ -58,6 +58,19 @@ class TextPart(_Strict):
     text: Annotated[str, AfterValidator(_no_nul)]
 
 
+class ImageUrl(_Strict):
+    url: str = Field(min_length=1)
+    """data:<type>;base64,..., http(s)://... (fetched by the server) or file://... (under
+    --allowed-local-media-path)."""
+    detail: Literal["auto", "low", "high"] | None = None
+    """Accepted; the model's image processor decides the resolution."""
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 # The cross-field rules below, stated in /openapi.json too, so that its bodies are the accepted ones.
 _CONTENT_UNLESS_ASSISTANT: JsonDict = {
     "anyOf": [
@@ -91,7 +104,7 @@ class ChatMessage(_Strict):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # validate_default: a missing content must reach the check below, which needs the role.
-    content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart] | None = Field(
+    content: Annotated[str, AfterValidator(_no_nul)] | list[TextPart | ImagePart] | None = Field(
         default=None, validate_default=True
     )
     name: str | None = None
@@ -125,12 +138,24 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def image_urls(self) -> list[tuple[int, ImageUrl]]:
+        """(index in content, its image_url) of each image part, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [(i, p.image_url) for i, p in enumerate(self.content) if isinstance(p, ImagePart)]
 
     def for_template(self) -> dict[str, Any]:
-        """What the chat template sees: role, content as text, and name when given (as
-        transformers passes the message dicts)."""
-        message = {"role": self.role, "content": self.text()}
+        """What the chat template sees: role, content as text (as parts, {"type": "image"} in
+        an image's place, when the message has images), and name when given (as transformers
+        passes the message dicts)."""
+        content: str | list[dict[str, str]] = self.text()
+        if self.image_urls():
+            assert isinstance(self.content, list)
+            content = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
+                       else {"type": "image"} for p in self.content]  # fmt: skip
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         return message

@@ -7,12 +7,13 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pagedserve import __version__
 from pagedserve.core.engine_client import EngineClient, RequestStream
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
+from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import (
     SamplingParams,
@@ -20,6 +21,7 @@ from pagedserve.core.sampling_params import (
     StructuredOutputs,
 )
 from pagedserve.openai_compat.common import errors
+from pagedserve.openai_compat.common.media import MediaConfig
 from pagedserve.openai_compat.common.metrics import ServerMetrics
 from pagedserve.openai_compat.common.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -51,6 +53,8 @@ class ServingContext:
     """ServerConfig.tool_call_parser."""
     reasoning_parser: str = "auto"
     """ServerConfig.reasoning_parser."""
+    media: MediaConfig = field(default_factory=MediaConfig)
+    """Where images may come from and how many (ServerConfig's media fields)."""
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.model_name:
@@ -75,7 +79,12 @@ class ServingContext:
             self.engine.check_admission(len(prompt_token_ids), params)
 
     def start(
-        self, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        param: str,
+        multimodal: MultiModalInputs | None = None,
     ) -> list[RequestStream]:
         """Hand every prompt to the engine now, before any header is sent: the engine admits
         synchronously, so a full queue is this request's 429, never a 200 then an error frame.
@@ -85,7 +94,10 @@ class ServingContext:
             with engine_errors(param):
                 for i, prompt in enumerate(prompts):
                     sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                    streams.append(self.engine.generate(sub_id, prompt, params))
+                    if multimodal is None:
+                        streams.append(self.engine.generate(sub_id, prompt, params))
+                    else:
+                        streams.append(self.engine.generate(sub_id, prompt, params, multimodal))
         except BaseException:
             for stream in streams:
                 stream.close()

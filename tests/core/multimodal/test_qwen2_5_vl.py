@@ -1,0 +1,185 @@
+"""Qwen2.5-VL against transformers fp32 on a tiny random checkpoint: the image processor's
+pixels, the vision tower's embeddings, the multimodal rotary positions, and the engine's
+greedy tokens on prompts with one and with several images (whole prefill, and prefill chunks
+that cut through an image), plus the prefix cache keyed by the image."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, write_tiny_qwen2_5_vl
+from pagedserve.core.engine.llm import LLM
+from pagedserve.core.multimodal.inputs import MultiModalInputs, content_hash, expand_image_tokens
+from pagedserve.core.multimodal.mrope import mrope_positions
+from pagedserve.core.multimodal.processor import Qwen2VLImageProcessor
+from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.sampling_params import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+NUM_TOKENS = 12
+_IDS = itertools.count()
+
+
+def _image(width: int, height: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+IMAGES = [_image(112, 84, 1), _image(60, 130, 2), _image(112, 84, 3)]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    folder = tmp_path_factory.mktemp("qwen2_5_vl")
+    return folder, write_tiny_qwen2_5_vl(folder)
+
+
+@pytest.fixture(scope="module")
+def folder(written: tuple[Path, torch.nn.Module]) -> Path:
+    return written[0]
+
+
+@pytest.fixture(scope="module")
+def hf_model(written: tuple[Path, torch.nn.Module]) -> torch.nn.Module:
+    return written[1]
+
+
+@pytest.fixture(scope="module")
+def llm(hf_model: torch.nn.Module, folder: Path) -> LLM:
+    return LLM(str(folder), dtype="float32", kv_cache_memory=0.02, page_size=16)
+
+
+@pytest.fixture(scope="module")
+def chunked(hf_model: torch.nn.Module, folder: Path) -> LLM:
+    """Prefill chunks of 16 tokens: they cut through every image."""
+    return LLM(str(folder), dtype="float32", kv_cache_memory=0.02, page_size=16,
+               max_num_batched_tokens=16, enable_prefix_caching=False)  # fmt: skip
+
+
+def _processor(folder: Path) -> Qwen2VLImageProcessor:
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    return Qwen2VLImageProcessor.from_folder(folder, config)
+
+
+def _hf_pixels(images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    hf = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    out = hf(images=images, return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def _prompt(llm: LLM, folder: Path, images: list[Image.Image], text: str):
+    """Our chat path: the template with image parts, tokenized, image tokens expanded."""
+    template = llm.engine.chat_template
+    assert template is not None
+    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    rendered = template.render([{"role": "user", "content": parts}], add_generation_prompt=True)
+    ids = llm.tokenizer.encode(rendered, add_special_tokens=False)
+    processor = _processor(folder)
+    features = [processor.preprocess(im, content_hash("RGB", im.size, im.tobytes()))
+                for im in images]  # fmt: skip
+    vocab = llm.tokenizer.vocab_size
+    return expand_image_tokens(ids, features, processor.image_token_id, vocab)
+
+
+def _hf_greedy(hf_model: torch.nn.Module, ids: list[int], images: list[Image.Image],
+               image_token: int, num: int) -> list[int]:  # fmt: skip
+    pixels, grids = _hf_pixels(images)
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf_model.generate(
+            input_ids=input_ids, pixel_values=pixels, image_grid_thw=grids,
+            mm_token_type_ids=(input_ids == image_token).int(),
+            attention_mask=torch.ones_like(input_ids), max_new_tokens=num, do_sample=False,
+        )  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def _run(llm: LLM, ids: list[int], mm: MultiModalInputs, num: int) -> RequestOutput:
+    params = SamplingParams(temperature=0, max_tokens=num, ignore_eos=True)
+    request_id = f"vl-{next(_IDS)}"
+    llm.engine.add_request(request_id, ids, params, multimodal=mm)
+    [out] = llm._run([request_id], False)
+    return out
+
+
+def _greedy(llm: LLM, ids: list[int], mm: MultiModalInputs, num: int) -> list[int]:
+    return list(_run(llm, ids, mm, num).outputs[0].token_ids)
+
+
+def test_pixels_equal_transformers(folder: Path) -> None:
+    processor = _processor(folder)
+    pixels, grids = _hf_pixels(IMAGES[:2])
+    ours = [processor.preprocess(im, b"h" * 16) for im in IMAGES[:2]]
+    assert [list(f.grid_thw) for f in ours] == grids.tolist()
+    np.testing.assert_allclose(np.concatenate([f.pixel_values for f in ours]), pixels.numpy(),
+                               atol=1e-5)  # fmt: skip
+    assert [f.num_tokens for f in ours] == [int(g.prod()) // 4 for g in grids]
+
+
+def test_tower_equals_transformers(llm: LLM, hf_model: torch.nn.Module) -> None:
+    pixels, grids = _hf_pixels(IMAGES[:2])
+    with torch.no_grad():
+        want = hf_model.model.get_image_features(pixels, grids).pooler_output
+        model = llm.engine.model_runner.images.model  # type: ignore[union-attr]
+        sizes = [int(g.prod()) for g in grids]
+        got = model.encode_images(list(pixels.split(sizes)), [tuple(g) for g in grids.tolist()])
+    want = torch.cat(list(want)) if isinstance(want, (list, tuple)) else want
+    torch.testing.assert_close(torch.cat(got), want, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_positions_equal_transformers(llm: LLM, folder: Path, hf_model) -> None:
+    ids, mm = _prompt(llm, folder, IMAGES[:2], "Compare them.")
+    image_token = hf_model.config.image_token_id
+    hf_ids = torch.tensor([[image_token if t >= llm.tokenizer.vocab_size else t for t in ids]])
+    _, grids = _hf_pixels(IMAGES[:2])
+    want, delta = hf_model.model.get_rope_index(
+        hf_ids, (hf_ids == image_token).int(), image_grid_thw=grids
+    )
+    got, our_delta = mrope_positions(len(ids), mm, 2)
+    np.testing.assert_array_equal(got, want[:, 0].numpy())
+    assert our_delta == int(delta)
+
+
+@pytest.mark.parametrize("num_images", [1, 2])
+def test_greedy_tokens_equal_transformers(llm: LLM, chunked: LLM, folder: Path, hf_model,
+                                          num_images: int) -> None:  # fmt: skip
+    images = IMAGES[:num_images]
+    ids, mm = _prompt(llm, folder, images, "What is in the picture?")
+    # the chunked engine's 16-token chunks cut through an image
+    assert any(s // 16 != (e - 1) // 16 for s, e in mm.spans())
+    image_token = hf_model.config.image_token_id
+    hf_ids = [image_token if t >= llm.tokenizer.vocab_size else t for t in ids]
+    want = _hf_greedy(hf_model, hf_ids, images, image_token, NUM_TOKENS)
+    assert _greedy(llm, ids, mm, NUM_TOKENS) == want
+    assert _greedy(chunked, ids, mm, NUM_TOKENS) == want
+
+
+def test_prefix_cache_hits_the_same_image_only(llm: LLM, folder: Path) -> None:
+    """The same image again reuses the cached pages past its tokens; another image of the
+    same size reuses none of them (its placeholder ids differ)."""
+    a, _, b = IMAGES  # a and b: the same size, other pixels
+    text = "Describe the picture in a few words, please. " * 2
+    ids_a, mm_a = _prompt(llm, folder, [a], text)
+    ids_b, mm_b = _prompt(llm, folder, [b], text)
+    assert len(ids_a) == len(ids_b) > 48 and ids_a != ids_b
+    start, end = mm_a.spans()[0]
+    assert ids_a[:start] == ids_b[:start] and ids_a[end:] == ids_b[end:]
+    first = _run(llm, ids_a, mm_a, 4)
+    again = _run(llm, ids_a, mm_a, 4)
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert again.metrics is not None and again.metrics.num_cached_tokens >= 48 > end
+    other = _run(llm, ids_b, mm_b, 4)
+    assert other.metrics is not None and other.metrics.num_cached_tokens <= start
