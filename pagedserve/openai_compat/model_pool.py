@@ -91,6 +91,7 @@ class _Entry(Generic[S]):
         """Room is made for it (it counts against the limits while it loads)."""
         self.unloading: asyncio.Task[None] | None = None
         self.preloading = False
+        self.num_loads = 0
 
     @property
     def holds_room(self) -> bool:
@@ -178,8 +179,10 @@ class ModelPool(Generic[S]):
         return [ModelState(e.name, e.spec.path, self._status(e), e.error) for e in self.entries]
 
     def starting(self) -> bool:
-        """A start-up load is still running (or failed: the single server then exits)."""
-        return any(e.preloading or (e.spec.preload and e.status == "failed") for e in self.entries)
+        """A start-up load is still running (or the single-model server's failed: it exits)."""
+        first = self.entries[0]
+        failed = not self.catalog and first.status == "failed" and not first.num_loads
+        return failed or any(e.preloading for e in self.entries)
 
     def _status(self, entry: _Entry[S]) -> ModelStatus:
         if entry.engine is not None and entry.engine.errored:
@@ -253,6 +256,7 @@ class ModelPool(Generic[S]):
         counting = CountingEngine(engine, partial(self._hold, entry), partial(self._release, entry))
         entry.engine, entry.services = engine, self._build(entry.name, counting)
         entry.status, entry.last_used = "loaded", time.monotonic()
+        entry.num_loads += 1
         logger.info("model %s loaded in %.1f s", entry.name, time.monotonic() - started)
         if self._on_loaded is not None:
             self._on_loaded(engine)
@@ -301,6 +305,7 @@ class ModelPool(Generic[S]):
         entry.engine, entry.services, entry.status = None, None, "unloaded"
         if services is not None:
             self._drop(entry.name, services)
+        self._notify()  # a load waiting for room may go on
         if engine is not None:
             logger.info("unloading model %s (%s)", entry.name, why)
             entry.unloading = asyncio.ensure_future(_stop(engine))

@@ -165,7 +165,7 @@ def test_idle_unload_frees_an_idle_model_and_the_next_request_loads_it_again() -
         async with pool.use("a") as engine:
             await _generate(engine)
         deadline = time.monotonic() + 5
-        while _status(pool)["a"] != "unloaded" and time.monotonic() < deadline:
+        while not loads.stopped and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert _status(pool)["a"] == "unloaded" and loads.stopped == ["a"]
         async with pool.use("a") as engine:
