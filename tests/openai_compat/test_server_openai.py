@@ -99,6 +99,23 @@ def test_completions_batch_of_prompts(client: openai.OpenAI, server: Server) -> 
     assert r.choices[0].text == r.choices[1].text  # greedy: both outputs of a prompt agree
 
 
+def test_completions_null_max_tokens_means_16(server: Server) -> None:
+    # OpenAI's legacy completions document max_tokens as "defaults to 16", null included (issue
+    # 41: null once meant up to the context and generated 8,191 tokens). The SDK sends None as
+    # null; ignore_eos keeps the model from stopping first, so only the limit can end it.
+    seen: list[bytes] = []
+    http = httpx.Client(event_hooks={"request": [lambda r: seen.append(r.read())]})
+    sdk = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, http_client=http)
+    with sdk:
+        r = sdk.completions.create(
+            model=server.model, prompt="Once upon a time", max_tokens=None, logprobs=1,
+            temperature=0, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    assert b'"max_tokens":null' in seen[0].replace(b" ", b"")
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+    assert len(r.choices[0].logprobs.tokens) == 16
+
+
 def test_async_client_concurrent(server: Server) -> None:
     async def run() -> list[str]:
         client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=API_KEY)

@@ -345,9 +345,12 @@ class ChatCompletionRequest(_SamplingFields):
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 class CompletionRequest(_SamplingFields):
     prompt: Annotated[Prompt, AfterValidator(_no_nul)]
-    max_tokens: int | None = Field(default=16, ge=0)
+    max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False
     suffix: Annotated[str | None, AfterValidator(_no_nul)] = None
@@ -359,6 +362,11 @@ class CompletionRequest(_SamplingFields):
         if self.max_tokens == 0 and not self.echo:
             raise FieldError("max_tokens", "may be 0 only with echo")
         return self
+
+    def output_limit(self) -> int:
+        """OpenAI's legacy completions: max_tokens "defaults to 16", null included (chat's null
+        means up to the context)."""
+        return COMPLETION_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
 
 class TokenizeRequest(_Strict):

@@ -74,7 +74,7 @@ class CompletionService:
         score_only = req.max_tokens == 0
         top_k = req.logprobs
         prompt_k = top_k if req.echo and top_k is not None else None
-        max_tokens = 1 if score_only else req.max_tokens
+        max_tokens = 1 if score_only else req.output_limit()
         spec = structured_outputs(req)
         await compile_off_loop(ctx.engine, spec)
         params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
