@@ -76,7 +76,7 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": item_text(item["content"])})
+            out.append({"role": role, "content": message_content(item["content"])})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -92,6 +92,21 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
             content = item_text(item["output"])
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
     return out
+
+
+def message_content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message item's content as chat's: its text, or chat's text and image_url parts when
+    it holds input_image parts."""
+    if isinstance(content, str) or all(p.get("type") != "input_image" for p in content):
+        return item_text(content)
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") == "input_image":
+            image = {k: part[k] for k in ("detail",) if part.get(k) is not None}
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"], **image}})
+        else:
+            parts.append({"type": "text", "text": part.get("text", part.get("refusal", ""))})
+    return parts
 
 
 def item_text(content: str | list[dict[str, Any]]) -> str:

@@ -72,11 +72,30 @@ class Refusal(_Strict):
     refusal: Text
 
 
+class InputImage(_Strict):
+    """An image by URL (data:, http(s): or file:, as chat's image_url takes them); the model
+    must take images (else the request is a 400)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = Field(default=None, min_length=1)
+    file_id: str | None = None
+    """Declared so the error names it: this server keeps no files."""
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _url_only(self) -> InputImage:
+        if self.file_id is not None:
+            raise FieldError("input", "input_image file_id is not supported: give image_url")
+        if self.image_url is None:
+            raise FieldError("input", "input_image needs image_url")
+        return self
+
+
 class MediaPart(BaseModel):
-    """Images, files and audio: declared so the error names them; this server reads text."""
+    """Files and audio: declared so the error names them; this server reads text and images."""
 
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
     @model_validator(mode="after")
     def _refuse(self) -> MediaPart:
@@ -96,10 +115,10 @@ ContentPart = Annotated[
     Annotated[InputText, Tag("[input_text]")]
     | Annotated[OutputText, Tag("[output_text]")]
     | Annotated[Refusal, Tag("[refusal]")]
-    | Annotated[MediaPart, Tag("[input_image]")]
+    | Annotated[InputImage, Tag("[input_image]")]
     | Annotated[MediaPart, Tag("[input_file]")]
     | Annotated[MediaPart, Tag("[input_audio]")],
-    _tag("?", "content parts are input_text, output_text or refusal"),
+    _tag("?", "content parts are input_text, input_image, output_text or refusal"),
 ]
 
 

@@ -28,7 +28,9 @@ from pagedserve.openai_compat.chat.output import OutputPlan
 from pagedserve.openai_compat.chat.serving import ChatService, Prepared, chat_chars
 from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.media import load_message_images
 from pagedserve.openai_compat.common.serving import (
+    OFF_LOOP_CHARS,
     ServingContext,
     engine_errors,
     now,
@@ -97,15 +99,17 @@ class ResponsesService:
         items = with_ids(req.input_items())
         chat = chat_request(req, history + items)
         with _chat_params():
-            prep: Prepared = await off_loop(chat_chars(chat.messages), self.chat.prepare, chat)
+            images = await load_message_images(chat.messages, ctx.engine, ctx.media)
+            chars = chat_chars(chat.messages) + (OFF_LOOP_CHARS if images else 0)
+            prep: Prepared = await off_loop(chars, self.chat.prepare, chat, images)
             await compile_off_loop(ctx.engine, prep.spec)
             skip = False if prep.keep_special_tokens else None
             vocab_size = ctx.engine.tokenizer.vocab_size
             params = sampling_params(chat, chat.output_limit(), None, None, vocab_size,
                                      prep.spec, skip)  # fmt: skip
-            ctx.admit(prep.prompt_ids, params, "input")
+            ctx.admit(prep.text_ids or prep.prompt_ids, params, "input")
             response_id = f"resp_{secrets.token_hex(24)}"
-            [stream] = ctx.start(response_id, [prep.prompt_ids], params, "input")
+            [stream] = ctx.start(response_id, [prep.prompt_ids], params, "input", prep.multimodal)
         response = base_response(req, response_id, ctx.model_name, now())
         entry = StoredResponse(response, items, history + items)
         summary = bool(req.reasoning and (req.reasoning.summary or req.reasoning.generate_summary))
@@ -371,6 +375,10 @@ class _chat_params:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, errors.APIError) and exc.param and exc.param.endswith(".image_url"):
+            # the chat message's image part: the Responses input's input_image
+            exc.message = f"An input_image ({exc.param} of the conversation): {exc.message}"
+            exc.param = "input"
         if isinstance(exc, errors.APIError) and exc.param in _CHAT_PARAMS:
             old, new = exc.param, _CHAT_PARAMS[exc.param]
             exc.param = new
