@@ -28,6 +28,7 @@ from pagedserve.core.config import (
     TASKS,
     CacheConfig,
     EngineConfig,
+    KVEventsConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -144,7 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
         if kwargs["help"] is not argparse.SUPPRESS and kwargs["default"] not in (None, ()):
             kwargs["help"] += " (default: %(default)s)"
         serve.add_argument("--" + name.replace("_", "-"), **kwargs)
+    serve.add_argument("--kv-events-config", metavar="JSON", help=_KV_EVENTS_HELP)
     return parser
+
+
+_KV_EVENTS_HELP = (
+    "KV events for prefix-aware routers (llm-d, Dynamo), as vLLM's flag takes them: e.g. "
+    '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+    '"replay_endpoint": "tcp://*:5558", "topic": ""}\'; also buffer_steps, hwm, '
+    "max_queue_size (default: off)"
+)
 
 
 def configs_from_args(
@@ -166,6 +176,7 @@ def configs_from_args(
         scheduler=SchedulerConfig(**pick(SchedulerConfig)),
         parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
         speculative=SpeculativeConfig(**pick(SpeculativeConfig)),
+        kv_events=KVEventsConfig.from_json(values.get("kv_events_config") or "{}"),
     )
     return server, engine
 

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "pagedserve/page_allocator.hpp"
 
 namespace py = pybind11;
+using pagedserve::KvEventLog;
 using pagedserve::PageAllocator;
 
 namespace {
@@ -31,9 +33,38 @@ void check_page_tokens(const IntArray& tokens, py::ssize_t min_size) {
                               " entries");
 }
 
+template <typename T>
+py::array_t<T> copy_out(const std::vector<T>& v) {
+    py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+    std::copy(v.begin(), v.end(), a.mutable_data());
+    return a;
+}
+
+// The log's records as numpy copies (kinds, hashes, parent_hashes, has_parent, token_ids
+// [num_stored, page_size]), then empty.
+py::tuple drain(KvEventLog& log, int32_t page_size) {
+    const py::ssize_t width = page_size;
+    const py::ssize_t num_stored = static_cast<py::ssize_t>(log.token_ids.size()) / width;
+    py::array_t<int32_t> tokens = copy_out(log.token_ids);
+    py::tuple out = py::make_tuple(copy_out(log.kinds), copy_out(log.hashes),
+                                   copy_out(log.parent_hashes), copy_out(log.has_parent),
+                                   tokens.reshape({num_stored, width}));
+    log.clear();
+    return out;
+}
+
+void bind_kv_event_log(py::module_& m) {
+    py::class_<KvEventLog>(m, "KvEventLog")
+        .def_readwrite("enabled", &KvEventLog::enabled)
+        .def("__len__", &KvEventLog::size)
+        .def("drain", &drain, py::arg("page_size"),
+             "(kinds, hashes, parent_hashes, has_parent, token_ids), oldest first; empties it");
+}
+
 }  // namespace
 
 void bind_page_allocator(py::module_& m) {
+    bind_kv_event_log(m);
     py::class_<PageAllocator>(m, "PageAllocator")
         .def(py::init<int32_t, int32_t, bool>(), py::arg("num_pages"), py::arg("page_size"),
              py::arg("enable_prefix_caching") = true)
@@ -47,6 +78,8 @@ void bind_page_allocator(py::module_& m) {
         .def("release", &PageAllocator::release, py::arg("page"))
         .def("ref_count", &PageAllocator::ref_count, py::arg("page"))
         .def("generation", &PageAllocator::generation, py::arg("page"))
+        .def_property_readonly("kv_events", &PageAllocator::events,
+                               py::return_value_policy::reference_internal)
         .def(
             "match_prefix",
             [](PageAllocator& a, const IntArray& tokens, int32_t max_pages) {

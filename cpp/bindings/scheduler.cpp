@@ -149,6 +149,20 @@ void bind_scheduler(py::module_& m) {
         .def("page_ids", &Scheduler::page_ids, py::arg("seq_id"))
         .def("ref_count",
              [](const Scheduler& s, int32_t page) { return s.allocator().ref_count(page); })
+        .def_property_readonly(
+            "kv_events", [](const Scheduler& s) -> pagedserve::KvEventLog& {
+                return s.allocator().events();
+            },
+            py::return_value_policy::reference_internal)
+        .def("cached_page_hashes",
+             [](const Scheduler& s) {
+                 // The hash of every page in the prefix cache (tests check the KV events with it).
+                 const pagedserve::PageAllocator& a = s.allocator();
+                 std::vector<uint64_t> hashes;
+                 for (int32_t p = 0; p < a.num_pages(); ++p)
+                     if (a.is_registered(p)) hashes.push_back(a.page_hash(p));
+                 return hashes;
+             })
         .def("stats", &Scheduler::stats);
 }
 

@@ -145,7 +145,10 @@ void PageAllocator::unregister(int32_t page) {
     PageInfo& info = pages_[page];
     if (!info.registered) return;
     auto it = cached_.find(info.hash);
-    if (it != cached_.end() && it->second == page) cached_.erase(it);
+    if (it != cached_.end() && it->second == page) {
+        cached_.erase(it);
+        if (events_.enabled) events_.removed(info.hash);
+    }
     info.registered = false;
     ++info.generation;  // children that named this page as parent no longer match
 }
@@ -209,6 +212,9 @@ int32_t PageAllocator::register_page(int32_t page, int32_t parent, uint32_t pare
     info.hash = h;
     info.registered = true;
     cached_.emplace(h, page);
+    if (events_.enabled)
+        events_.stored(h, parent == kNoPage ? nullptr : &pages_[parent].hash, token_ids,
+                       page_size_);
     return page;
 }
 

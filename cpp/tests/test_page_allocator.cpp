@@ -181,4 +181,34 @@ TEST(forced_hash_collisions_never_hand_out_other_tokens) {
     a.release_all(pages);
 }
 
+TEST(event_log_records_stores_and_evictions_in_order) {
+    PageAllocator a(3, 2, true);
+    const std::vector<int32_t> tokens = {1, 2, 3, 4};
+    std::vector<int32_t> pages, dup;
+    CHECK(a.allocate(2, pages));
+    register_chain(a, pages, tokens);
+    CHECK(a.events().size() == 0);  // off until enabled
+    a.release_all(pages);
+    a.events().enabled = true;
+    CHECK(a.allocate(2, pages));  // the free page, then the LRU head: the chain's child
+    CHECK(a.allocate(1, dup));    // the root
+    pagedserve::KvEventLog& log = a.events();
+    CHECK(log.kinds == std::vector<int8_t>({pagedserve::KvEventLog::kRemoved,
+                                            pagedserve::KvEventLog::kRemoved}));
+    const uint64_t root = pagedserve::hash_page(0, tokens.data(), 2);
+    const uint64_t child = pagedserve::hash_page(root, tokens.data() + 2, 2);
+    CHECK(log.hashes == std::vector<uint64_t>({child, root}));
+    log.clear();
+    a.release_all(dup);
+    register_chain(a, pages, tokens);  // stored again: root, then its child
+    CHECK(log.kinds == std::vector<int8_t>({pagedserve::KvEventLog::kStored,
+                                            pagedserve::KvEventLog::kStored}));
+    CHECK(log.hashes[0] == root && log.has_parent[0] == 0);
+    CHECK(log.parent_hashes[1] == root && log.has_parent[1] == 1);
+    CHECK(log.token_ids == tokens);
+    register_chain(a, pages, tokens);  // already registered: nothing new
+    CHECK(log.size() == 2);
+    a.release_all(pages);
+}
+
 int main() { return check::run_all_tests(); }

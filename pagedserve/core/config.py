@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from dataclasses import dataclass, field, fields
 from functools import cache
 
@@ -302,6 +303,65 @@ class SpeculativeConfig:
         return f"draft {self.speculative_model} (k {k})"
 
 
+KV_EVENTS_PUBLISHERS = ("null", "zmq")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """--kv-events-config: vLLM's JSON object, so llm-d and Dynamo routers read our KV events."""
+
+    enable_kv_cache_events: bool = False
+    """Publish the prefix cache's changes (pages stored and removed) for prefix-aware routers."""
+    publisher: str = "null"
+    """zmq: a ZeroMQ PUB socket of msgpack event batches; null: none."""
+    endpoint: str = "tcp://*:5557"
+    """Where the PUB socket binds (an address with * or ipc://) or connects (any other)."""
+    replay_endpoint: str | None = None
+    """Where a ROUTER socket binds that resends the batches from a given sequence number."""
+    buffer_steps: int = 10_000
+    """Batches (one per engine step with changes) kept for replay."""
+    hwm: int = 100_000
+    """The PUB socket's high-water mark (messages queued per subscriber)."""
+    max_queue_size: int = 100_000
+    """Batches waiting for the publisher thread before the engine drops new ones."""
+    topic: str = ""
+    """The first frame of every published message."""
+
+    def __post_init__(self) -> None:
+        if self.publisher not in KV_EVENTS_PUBLISHERS:
+            raise ValueError(
+                f"kv_events_config.publisher must be one of {', '.join(KV_EVENTS_PUBLISHERS)}, "
+                f"got {self.publisher!r}"
+            )
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"kv_events_config.{name} must be an integer >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher != "null"
+
+    @classmethod
+    def from_json(cls, text: str) -> KVEventsConfig:
+        """The flag's JSON object; ValueError naming what is wrong."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"kv_events_config is not valid JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError("kv_events_config must be a JSON object")
+        names = {f.name: f for f in fields(cls)}
+        for key, value in raw.items():
+            if key not in names:
+                raise ValueError(f"kv_events_config has no field {key!r} ({', '.join(names)})")
+            kind = {"bool": bool, "int": int}.get(str(names[key].type), str)
+            ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if not (ok or (value is None and key == "replay_endpoint")):
+                what = {bool: "true or false", int: "an integer"}.get(kind, "a string")
+                raise ValueError(f"kv_events_config.{key} must be {what}")
+        return cls(**raw)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -309,6 +369,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
 
 @cache

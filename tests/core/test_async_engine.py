@@ -109,10 +109,12 @@ def test_admission_errors_come_before_the_first_output(engine: LLMEngine) -> Non
         try:
             with pytest.raises(ContextLengthError):
                 await collect(async_engine, "c", SamplingParams(max_tokens=10_000))
-            async_engine._num_queued_adds = 4  # as if four adds were in flight
+            for i in range(4):  # as if four admitted requests were waiting
+                async_engine._in_flight.add(f"queued-{i}", 1)
             with pytest.raises(QueueFullError):
                 await collect(async_engine, "d", SamplingParams(max_tokens=4))
-            async_engine._num_queued_adds = 0
+            for i in range(4):
+                async_engine._in_flight.forget(f"queued-{i}")
         finally:
             await async_engine.shutdown()
 
@@ -150,7 +152,7 @@ def test_a_stream_dropped_unread_is_aborted(engine: LLMEngine) -> None:
         del stream  # never read: the request must not run on to 400 tokens
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if async_engine._num_queued_adds == 0 and not engine.has_unfinished():
+            if async_engine._commands.empty() and not engine.has_unfinished():  # add, abort seen
                 break
         running = engine.has_unfinished()  # before shutdown, which would fail it anyway
         pages = engine.scheduler.stats().num_used_pages

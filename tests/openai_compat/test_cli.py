@@ -80,3 +80,15 @@ def test_the_server_runs_on_uvloop() -> None:
         return int(type(asyncio.get_running_loop()).__module__.startswith("uvloop"))
 
     assert cli._run(on_uvloop()) == 1
+
+
+def test_kv_events_config_takes_vllms_json_and_names_what_is_wrong() -> None:
+    flag = ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+            '"replay_endpoint": "tcp://*:5558", "topic": "kv"}')  # fmt: skip
+    events = _configs(["--kv-events-config", flag])[1].kv_events
+    assert events.enabled and events.replay_endpoint == "tcp://*:5558" and events.topic == "kv"
+    assert not _configs([])[1].kv_events.enabled
+    for bad, named in [("{", "not valid JSON"), ('{"hwm": "1"}', "hwm"),
+                       ('{"publisher": "kafka"}', "publisher"), ('{"port": 1}', "'port'")]:  # fmt: skip
+        with pytest.raises(ValueError, match=named):
+            _configs(["--kv-events-config", bad])

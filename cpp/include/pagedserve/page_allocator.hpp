@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagedserve/kv_events.hpp"
+
 namespace pagedserve {
 
 // Chained hash of one full page: (parent page hash, page_size token ids). 0 is the root's hash.
@@ -66,6 +68,9 @@ class PageAllocator {
     uint64_t page_hash(int32_t page) const { return pages_[page].hash; }
     // Identity of a registered page's content: bumped whenever the page leaves the cache.
     uint32_t generation(int32_t page) const;  // range-checked, like ref_count
+    // What entered and left the cache since the owner last drained it (KvEventLog::enabled
+    // off: nothing is recorded). An outbox, not state: draining it changes no decision here.
+    KvEventLog& events() const { return events_; }
 
   private:
     struct PageInfo {
@@ -104,6 +109,7 @@ class PageAllocator {
     int32_t num_lru_ = 0;
     std::unordered_map<uint64_t, int32_t> cached_;  // page hash -> page
     PrefixCacheCounters counters_;
+    mutable KvEventLog events_;
 };
 
 }  // namespace pagedserve

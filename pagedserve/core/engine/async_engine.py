@@ -13,7 +13,6 @@ request in `finally`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagedserve.core.config import EngineConfig
+from pagedserve.core.engine.in_flight import InFlight
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
 from pagedserve.core.multimodal.inputs import MultiModalInputs
@@ -88,6 +88,8 @@ class OutputStream:
         except BaseException:  # cancelled: the reader is gone
             self.close()
             raise
+        if self._engine is not None:
+            self._engine._in_flight.took(self.request_id, output)
         if output.finished:
             self._release(abort=False)
         return output
@@ -134,7 +136,7 @@ class AsyncEngine:
         self.image_processor = engine.image_processor
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}
-        self._num_queued_adds = 0  # adds not yet seen by the engine thread (event loop side)
+        self._in_flight = InFlight()  # the event loop's: what running + waiting count
         self._errored: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first generate()
         self._stats = engine.stats()
@@ -152,13 +154,10 @@ class AsyncEngine:
         return self._errored is not None
 
     def stats(self) -> EngineStats:
-        """The engine thread's last snapshot (never a live read), with the requests admitted
-        but not yet seen by the engine thread counted as waiting: a request counts from its
-        admission, not from the end of the next step."""
-        if not self._num_queued_adds:
-            return self._stats
-        waiting = self._stats.num_waiting + self._num_queued_adds
-        return dataclasses.replace(self._stats, num_waiting=waiting)
+        """The engine thread's last snapshot (never a live read), its running + waiting made
+        the outputs in flight (`in_flight.py`): an output counts from its request's admission
+        until its reader took its end or the request was aborted, at every instant."""
+        return self._in_flight.split(self._stats)
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if self._errored is not None:
@@ -196,7 +195,7 @@ class AsyncEngine:
         return self._submit(request_id, prompt_token_ids, params)
 
     def _check_queue(self) -> None:
-        if self._stats.num_waiting + self._num_queued_adds >= self.max_waiting:
+        if self.stats().num_waiting >= self.max_waiting:
             raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
 
     def _submit(
@@ -215,7 +214,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         mailbox = Mailbox()
         self._mailboxes[request_id] = mailbox
-        self._num_queued_adds += 1
+        self._in_flight.add(request_id, params.n if isinstance(params, SamplingParams) else 1)
         self._commands.put(_Add(request_id, list(prompt_token_ids), params, multimodal))
         return OutputStream(self, request_id, mailbox)
 
@@ -226,10 +225,12 @@ class AsyncEngine:
 
     def _forget(self, request_id: str, abort: bool) -> None:
         self._mailboxes.pop(request_id, None)
+        self._in_flight.forget(request_id)
         if abort:
             self._commands.put(_Abort(request_id))
 
     def abort(self, request_id: str) -> None:
+        self._in_flight.forget(request_id)
         self._commands.put(_Abort(request_id))
 
     async def shutdown(self) -> None:
@@ -306,14 +307,9 @@ class AsyncEngine:
                 command.request_id, command.prompt_token_ids, command.params,
                 multimodal=command.multimodal,
             )  # fmt: skip
-            self._stats = self.engine.stats()  # waiting now, before the queued count drops
+            self._stats = self.engine.stats()
         except ValueError as exc:  # raced past check_admission; tell the client why
             self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])
-        finally:
-            self._post(self._mark_add_seen)
-
-    def _mark_add_seen(self) -> None:
-        self._num_queued_adds -= 1
 
     def _die(self, reason: str) -> None:
         if self._errored is None:

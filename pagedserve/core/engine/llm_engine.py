@@ -19,7 +19,9 @@ from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine.build import EngineParts, build_engine_parts
+from pagedserve.core.engine.kv_events import KvEventPublisher
 from pagedserve.core.engine.output_processor import OutputProcessor
+from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -27,7 +29,7 @@ from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
 from pagedserve.core.request import Request, Sequence
 from pagedserve.core.runner.model_runner import ModelRunner, PromptLogprobsSpec
 from pagedserve.core.sampling_params import SamplingParams
-from pagedserve.core.sched.scheduler import StepPlan
+from pagedserve.core.sched.scheduler import Scheduler, StepPlan
 from pagedserve.core.spec_decode.speculator import Speculator
 from pagedserve.core.structured import GrammarCache, GrammarState
 from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
@@ -69,6 +71,8 @@ class LLMEngine:
         self.pooler = parts.pooler
         """How embedding requests pool; None: the model serves none."""
         self.can_generate = parts.can_generate
+        self.kv_events = _kv_events(config, self.scheduler, self.model_info)
+        """The KV events publisher for routers (--kv-events-config); None: off."""
         self.image_processor = parts.image_processor
         """How the model takes images (None: a text-only model)."""
 
@@ -243,7 +247,7 @@ class LLMEngine:
         spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             num_running=scheduler.num_running,
-            num_waiting=scheduler.num_waiting,
+            num_waiting=scheduler.num_waiting + self.output_processor.num_queued_children,
             **dataclasses.asdict(scheduler.stats()),
             num_generated_tokens=self.output_processor.num_generated_tokens,
             finished_reasons=dict(self._finished_reasons),
@@ -258,15 +262,25 @@ class LLMEngine:
         self.model_runner.on_fault(callback)
 
     def close(self) -> None:
-        """Release what outlives the object (the tensor-parallel workers); call once, when no
-        step runs."""
+        """Release what outlives the object (the tensor-parallel workers, the KV events
+        publisher's thread and sockets); call once, when no step runs."""
         self.model_runner.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     # ---- the step -------------------------------------------------------------------------------
 
     def step(self, before_execute: Callable[[], None] | None = None) -> list[RequestOutput]:
         """One step; `before_execute` runs once the step is planned, just before the model
-        does (AsyncEngine hands the previous step's outputs to the event loop there)."""
+        does (AsyncEngine hands the previous step's outputs to the event loop there). The
+        prefix cache's changes in it go to the KV events publisher as one batch."""
+        outputs = self._step(before_execute)
+        if self.kv_events is not None:
+            page_size = self.kv_events.page_size
+            self.kv_events.publish_records(self.scheduler.drain_kv_events(page_size))
+        return outputs
+
+    def _step(self, before_execute: Callable[[], None] | None) -> list[RequestOutput]:
         self._add_queued_children()
         if self.speculator is not None:
             self.speculator.propose(self._seqs.values(), self.scheduler.num_running)
@@ -379,6 +393,17 @@ class LLMEngine:
 
 
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def _kv_events(
+    config: EngineConfig, scheduler: Scheduler, info: ModelInfo
+) -> KvEventPublisher | None:
+    """The publisher of the prefix cache's changes, when --kv-events-config turns it on."""
+    if not config.kv_events.enabled:
+        return None
+    scheduler.enable_kv_events()
+    medium = "GPU" if info.device.startswith("cuda") else "CPU"
+    return KvEventPublisher(config.kv_events, config.cache.page_size, medium)
 
 
 def _speculator(config: EngineConfig, parts: EngineParts) -> Speculator | None:

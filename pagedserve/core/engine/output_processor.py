@@ -52,6 +52,11 @@ class OutputProcessor:
         self.finished_reasons: collections.Counter[str] = collections.Counter()
         """Ended outputs by finish reason; the engine adds its own (abort, error)."""
 
+    @property
+    def num_queued_children(self) -> int:
+        """Outputs of n > 1 requests queued here, not yet in the scheduler (they wait)."""
+        return sum(r.params.n - r.num_children_added for r in self._queued_children)
+
     def take_queued_children(self) -> list[Request]:
         """Requests whose outputs 1..n-1 are due to join the scheduler (see the module doc)."""
         queued, self._queued_children = self._queued_children, []

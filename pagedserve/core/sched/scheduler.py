@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import numpy as np
 
@@ -171,3 +172,32 @@ class Scheduler:
 
     def ref_count(self, page: int) -> int:
         return int(self._native.ref_count(page))
+
+    def cached_page_hashes(self) -> list[int]:
+        """The hash of every page in the prefix cache (what KV events describe)."""
+        return [int(h) for h in self._native.cached_page_hashes()]
+
+    # KV events (`engine/kv_events.py`): the prefix cache's changes, drained once per step.
+    def enable_kv_events(self) -> None:
+        """From now on the page allocator logs each page hash entering or leaving its cache."""
+        self._native.kv_events.enabled = True
+
+    def drain_kv_events(self, page_size: int) -> KvEventRecords | None:
+        """What the log holds, oldest first, and empty it; None when nothing changed."""
+        log = self._native.kv_events
+        if not len(log):
+            return None
+        return KvEventRecords(*log.drain(page_size))
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventRecords:
+    """The prefix cache's changes since the last drain, one record per page, in order."""
+
+    STORED: ClassVar[int] = 0
+    REMOVED: ClassVar[int] = 1
+    kinds: np.ndarray  # int8 [n]: STORED or REMOVED
+    hashes: np.ndarray  # uint64 [n]: the page's chained hash
+    parent_hashes: np.ndarray  # uint64 [n]: stored records: the parent page's hash
+    has_parent: np.ndarray  # uint8 [n]: stored records: 0 for a sequence's first page
+    token_ids: np.ndarray  # int32 [number of stored records, page_size], in their order

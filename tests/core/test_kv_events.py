@@ -1,0 +1,240 @@
+"""KV events (--kv-events-config): a real ZeroMQ subscriber, written as a router's would be
+(llm-d's and Dynamo's decode vLLM's msgpack arrays), rebuilds the replica's cached-prefix index
+from the events and must hold exactly the allocator's cache after every step of a storm of
+requests in a small KV cache (evictions and preemptions), and again from the replay socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from pagedserve.core.config import (
+    CacheConfig,
+    EngineConfig,
+    KVEventsConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+from pagedserve.core.engine.kv_events import to_events
+from pagedserve.core.engine.llm_engine import LLMEngine
+from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.sched.scheduler import KvEventRecords
+
+PAGE_SIZE = 16
+TOPIC = b"kv@replica-0"
+
+
+@pytest.fixture(scope="module")
+def engine(default_model: ResolvedModel) -> Iterator[LLMEngine]:
+    events = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*", topic=TOPIC.decode(),
+    )  # fmt: skip
+    config = EngineConfig(
+        model=ModelConfig(model=str(default_model.path), max_model_len=128),
+        # 10 pages of 16 tokens for 4 sequences of ~60 tokens: evictions and preemptions.
+        cache=CacheConfig(num_pages=10, page_size=PAGE_SIZE),
+        scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+        kv_events=events,
+    )
+    llm = LLMEngine.from_config(config)
+    yield llm
+    llm.close()
+
+
+@dataclass
+class Subscriber:
+    """A router's view of one replica: hash -> (parent hash, token ids), from the events."""
+
+    blocks: dict[int, tuple[int | None, list[int]]] = field(default_factory=dict)
+    next_seq: int = 0
+    num_stored: int = 0
+    num_removed: int = 0
+
+    def apply(self, seq: int, payload: bytes) -> None:
+        if seq < self.next_seq:
+            return  # already applied (a replayed batch also seen live)
+        assert seq == self.next_seq, f"gap: batch {seq} after {self.next_seq - 1}"
+        ts, events, dp_rank = msgpack.unpackb(payload)
+        assert isinstance(ts, float) and dp_rank == 0
+        for event in events:
+            self._event(event)
+        self.next_seq = seq + 1
+
+    def _event(self, event: list[Any]) -> None:
+        tag = event[0]
+        if tag == "AllBlocksCleared":
+            assert event == ["AllBlocksCleared"]
+            self.blocks.clear()
+        elif tag == "BlockRemoved":
+            _, hashes, medium = event
+            assert medium == "CPU"
+            for h in hashes:
+                del self.blocks[h]  # a removal names a page the router holds
+            self.num_removed += len(hashes)
+        else:
+            assert tag == "BlockStored" and len(event) == 8
+            _, hashes, parent, tokens, block_size, lora_id, medium, lora_name = event
+            assert block_size == PAGE_SIZE and medium == "CPU" and lora_id is lora_name is None
+            assert len(tokens) == len(hashes) * block_size
+            for i, h in enumerate(hashes):
+                assert parent is None or parent in self.blocks, "a parent is stored first"
+                self.blocks[h] = (parent, tokens[i * block_size : (i + 1) * block_size])
+                parent = h
+            self.num_stored += len(hashes)
+
+    def prefix(self, h: int) -> list[int] | None:
+        """The tokens from the root to page h, or None where a parent has left the cache."""
+        pages: list[list[int]] = []
+        cursor: int | None = h
+        while cursor is not None:
+            if cursor not in self.blocks:
+                return None
+            cursor, tokens = self.blocks[cursor]
+            pages.append(tokens)
+        return [t for page in reversed(pages) for t in page]
+
+
+def _subscribe(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+    sub.connect(endpoint)
+    return sub
+
+
+def _replay(ctx: zmq.Context, endpoint: str, start: int) -> list[tuple[int, bytes]]:
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    try:
+        dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        batches = []
+        while True:
+            assert dealer.poll(5000), "the replay socket did not answer"
+            empty, seq_bytes, payload = dealer.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big", signed=True)
+            assert empty == b""
+            if seq == -1:
+                assert payload == b""
+                return batches
+            batches.append((seq, payload))
+    finally:
+        dealer.close(linger=0)
+
+
+def _catch_up(sub: zmq.Socket, state: Subscriber, ctx: zmq.Context, engine: LLMEngine) -> None:
+    """Read live batches until the subscriber has every batch published so far; a gap (the
+    first batches, sent before the subscription took) is filled from the replay socket."""
+    publisher = engine.kv_events
+    assert publisher is not None
+    while state.next_seq < publisher.num_queued:
+        if not sub.poll(200):
+            for seq, payload in _replay(ctx, str(publisher.replay_endpoint), state.next_seq):
+                state.apply(seq, payload)
+            continue
+        topic, seq_bytes, payload = sub.recv_multipart()
+        assert topic == TOPIC
+        seq = int.from_bytes(seq_bytes, "big")
+        if seq > state.next_seq:
+            for old, old_payload in _replay(ctx, str(publisher.replay_endpoint), state.next_seq):
+                if old < seq:
+                    state.apply(old, old_payload)
+        state.apply(seq, payload)
+
+
+def _storm(engine: LLMEngine) -> dict[str, list[int]]:
+    """Requests sharing prefixes (cache hits), longer than the cache holds at once."""
+    tokenizer = engine.tokenizer
+    system = "You are a careful assistant who answers in one paragraph. "
+    prompts = [
+        system + f"Question {i % 3}: describe the colour {['red', 'green', 'blue'][i % 3]}."
+        for i in range(6)
+    ]
+    for i, text in enumerate(prompts):
+        params = SamplingParams(temperature=0.8, seed=i, max_tokens=32 + 4 * (i % 3),
+                                ignore_eos=True)  # fmt: skip
+        engine.add_request(f"storm-{i}", tokenizer.encode(text), params)
+    return {f"storm-{i}": tokenizer.encode(text) for i, text in enumerate(prompts)}
+
+
+def test_a_subscriber_rebuilds_the_cache_after_every_step(engine: LLMEngine) -> None:
+    publisher = engine.kv_events
+    assert publisher is not None and publisher.endpoint.startswith("tcp://127.0.0.1:")
+    ctx = zmq.Context.instance()
+    sub = _subscribe(ctx, publisher.endpoint)
+    state = Subscriber()
+    try:
+        prompts = _storm(engine)
+        generated: dict[str, list[int]] = {rid: [] for rid in prompts}
+        num_steps = 0
+        while engine.has_unfinished():
+            for out in engine.step():
+                generated[out.request_id] += [t for c in out.outputs for t in c.token_ids]
+            num_steps += 1
+            _catch_up(sub, state, ctx, engine)
+            assert set(state.blocks) == set(engine.scheduler.cached_page_hashes()), num_steps
+    finally:
+        sub.close(linger=0)
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and state.num_removed > 0 and state.num_stored > 10
+    # Every chain the router can walk from a root spells a prefix of a request's tokens.
+    texts = [prompts[rid] + generated[rid] for rid in prompts]
+    walked = 0
+    for h in state.blocks:
+        tokens = state.prefix(h)
+        if tokens is not None:
+            walked += 1
+            assert any(text[: len(tokens)] == tokens for text in texts)
+    assert walked > 0
+
+
+def test_the_replay_socket_resends_from_a_sequence_number(engine: LLMEngine) -> None:
+    publisher = engine.kv_events
+    assert publisher is not None
+    if publisher.num_queued < 3:  # run alone: make some history first
+        _storm(engine)
+        while engine.has_unfinished():
+            engine.step()
+    ctx = zmq.Context.instance()
+    deadline = time.monotonic() + 5
+    while publisher.num_published < publisher.num_queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    everything = _replay(ctx, str(publisher.replay_endpoint), 0)
+    assert [seq for seq, _ in everything] == list(range(publisher.num_published))
+    state = Subscriber()
+    for seq, payload in everything:
+        state.apply(seq, payload)
+    assert set(state.blocks) == set(engine.scheduler.cached_page_hashes())
+    assert msgpack.unpackb(everything[0][1])[1] == [["AllBlocksCleared"]]
+    tail = _replay(ctx, str(publisher.replay_endpoint), 2)
+    assert tail == everything[2:]
+    # A malformed request is ignored; the socket still answers the next one.
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(str(publisher.replay_endpoint))
+    dealer.send_multipart([b"", b"\x01"])
+    dealer.close(linger=1000)
+    assert _replay(ctx, str(publisher.replay_endpoint), publisher.num_published) == []
+
+
+def test_records_become_vllm_events() -> None:
+    """Chains of stores are one BlockStored, runs of removals one BlockRemoved, in order."""
+    tokens = np.arange(3 * 2, dtype=np.int32).reshape(3, 2)
+    records = KvEventRecords(
+        kinds=np.array([0, 0, 1, 1, 0], dtype=np.int8),
+        hashes=np.array([10, 11, 10, 11, 12], dtype=np.uint64),
+        parent_hashes=np.array([0, 10, 0, 0, 2**64 - 1], dtype=np.uint64),
+        has_parent=np.array([0, 1, 0, 0, 1], dtype=np.uint8),
+        token_ids=tokens,
+    )
+    assert to_events(records, 2, "CPU") == [
+        ["BlockStored", [10, 11], None, [0, 1, 2, 3], 2, None, "CPU", None],
+        ["BlockRemoved", [10, 11], "CPU"],
+        ["BlockStored", [12], 2**64 - 1, [4, 5], 2, None, "CPU", None],
+    ]
