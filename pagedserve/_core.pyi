@@ -95,6 +95,7 @@ class PageAllocator:
         self,
         token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
         max_pages: typing.SupportsInt | typing.SupportsIndex,
+        salt: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> list[int]: ...
     def ref_count(self, page: typing.SupportsInt | typing.SupportsIndex) -> int: ...
     def register_page(
@@ -103,6 +104,7 @@ class PageAllocator:
         parent: typing.SupportsInt | typing.SupportsIndex,
         parent_generation: typing.SupportsInt | typing.SupportsIndex,
         token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
+        salt: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> int: ...
     def release(self, page: typing.SupportsInt | typing.SupportsIndex) -> None: ...
     @property
@@ -200,6 +202,7 @@ class Scheduler:
         prompt_token_ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int32],
         max_tokens: typing.SupportsInt | typing.SupportsIndex,
         use_prefix_cache: bool = True,
+        cache_salt: typing.SupportsInt | typing.SupportsIndex = 0,
     ) -> None: ...
     def cached_page_hashes(self) -> list[int]: ...
     def finish(self, seq_id: typing.SupportsInt | typing.SupportsIndex) -> None: ...

@@ -82,22 +82,22 @@ void bind_page_allocator(py::module_& m) {
                                py::return_value_policy::reference_internal)
         .def(
             "match_prefix",
-            [](PageAllocator& a, const IntArray& tokens, int32_t max_pages) {
+            [](PageAllocator& a, const IntArray& tokens, int32_t max_pages, uint64_t salt) {
                 check_page_tokens(tokens, static_cast<py::ssize_t>(max_pages) * a.page_size());
                 std::vector<int32_t> pages;
-                a.match_prefix(tokens.data(), max_pages, pages);
+                a.match_prefix(tokens.data(), max_pages, pages, salt);
                 return pages;
             },
-            py::arg("token_ids"), py::arg("max_pages"))
+            py::arg("token_ids"), py::arg("max_pages"), py::arg("salt") = 0)
         .def(
             "register_page",
             [](PageAllocator& a, int32_t page, int32_t parent, uint32_t generation,
-               const IntArray& tokens) {
+               const IntArray& tokens, uint64_t salt) {
                 check_page_tokens(tokens, a.page_size());
                 if (parent != PageAllocator::kNoPage) a.ref_count(parent);  // range check
-                return a.register_page(page, parent, generation, tokens.data());
+                return a.register_page(page, parent, generation, tokens.data(), salt);
             },
             py::arg("page"), py::arg("parent"), py::arg("parent_generation"),
-            py::arg("token_ids"));
+            py::arg("token_ids"), py::arg("salt") = 0);
 }
 

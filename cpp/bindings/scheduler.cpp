@@ -107,13 +107,13 @@ void bind_scheduler(py::module_& m) {
         .def(
             "add_request",
             [](Scheduler& s, int64_t seq_id, const IntArray& prompt, int64_t max_tokens,
-               bool use_prefix_cache) {
+               bool use_prefix_cache, uint64_t cache_salt) {
                 if (prompt.ndim() != 1) throw py::value_error("prompt_token_ids must be 1-D");
                 s.add_request(seq_id, prompt.data(), static_cast<int32_t>(prompt.shape(0)),
-                              max_tokens, use_prefix_cache);
+                              max_tokens, use_prefix_cache, cache_salt);
             },
             py::arg("seq_id"), py::arg("prompt_token_ids"), py::arg("max_tokens"),
-            py::arg("use_prefix_cache") = true)
+            py::arg("use_prefix_cache") = true, py::arg("cache_salt") = 0)
         .def("schedule", &Scheduler::schedule, py::return_value_policy::reference_internal,
              "The next step's plan: a view of the scheduler's buffers, valid until the next "
              "schedule()")

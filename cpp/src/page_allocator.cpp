@@ -158,24 +158,26 @@ bool PageAllocator::parent_is_current(int32_t parent, uint32_t parent_generation
            (pages_[parent].registered && pages_[parent].generation == parent_generation);
 }
 
-bool PageAllocator::confirms(int32_t page, int32_t parent, const int32_t* token_ids) const {
+bool PageAllocator::confirms(int32_t page, int32_t parent, const int32_t* token_ids,
+                             uint64_t salt) const {
     const PageInfo& info = pages_[page];
     if (info.parent != parent) return false;
+    if (parent == kNoPage && info.salt != salt) return false;
     if (!parent_is_current(parent, info.parent_generation)) return false;
     return std::memcmp(stored_tokens(page), token_ids, sizeof(int32_t) * page_size_) == 0;
 }
 
 int32_t PageAllocator::match_prefix(const int32_t* token_ids, int32_t max_pages,
-                                    std::vector<int32_t>& out) {
+                                    std::vector<int32_t>& out, uint64_t salt) {
     if (!enable_prefix_caching_) return 0;
     int32_t parent = kNoPage;
-    uint64_t parent_hash = 0;
+    uint64_t parent_hash = salt;
     int32_t matched = 0;
     for (; matched < max_pages; ++matched) {
         const int32_t* tokens = token_ids + static_cast<size_t>(matched) * page_size_;
         const uint64_t h = hash_(parent_hash, tokens, page_size_);
         auto it = cached_.find(h);
-        if (it == cached_.end() || !confirms(it->second, parent, tokens)) break;
+        if (it == cached_.end() || !confirms(it->second, parent, tokens, salt)) break;
         parent = it->second;
         parent_hash = h;
         incref(parent);
@@ -185,16 +187,16 @@ int32_t PageAllocator::match_prefix(const int32_t* token_ids, int32_t max_pages,
 }
 
 int32_t PageAllocator::register_page(int32_t page, int32_t parent, uint32_t parent_generation,
-                                     const int32_t* token_ids) {
+                                     const int32_t* token_ids, uint64_t salt) {
     check_page(page);
     if (!enable_prefix_caching_) return kNoPage;
     if (pages_[page].registered) return page;
     if (!parent_is_current(parent, parent_generation)) return kNoPage;
-    const uint64_t h = hash_(parent == kNoPage ? 0 : pages_[parent].hash, token_ids, page_size_);
+    const uint64_t h = hash_(parent == kNoPage ? salt : pages_[parent].hash, token_ids, page_size_);
     auto it = cached_.find(h);
     if (it != cached_.end()) {
         const int32_t owner = it->second;
-        if (confirms(owner, parent, token_ids)) return owner;  // same KV computed twice
+        if (confirms(owner, parent, token_ids, salt)) return owner;  // same KV computed twice
         const PageInfo& o = pages_[owner];
         if (parent_is_current(o.parent, o.parent_generation)) return kNoPage;  // live collision
         // The owner's parent left the cache, so the owner is unreachable: take its hash.
@@ -210,6 +212,7 @@ int32_t PageAllocator::register_page(int32_t page, int32_t parent, uint32_t pare
     info.parent = parent;
     info.parent_generation = parent_generation;
     info.hash = h;
+    info.salt = salt;
     info.registered = true;
     cached_.emplace(h, page);
     if (events_.enabled)

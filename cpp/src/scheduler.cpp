@@ -28,6 +28,7 @@ struct Sequence {
     int32_t num_computed = 0;  // tokens whose KV is in this request's pages
     int32_t num_cached_tokens = -1;  // prompt tokens hit at first admission (-1: not yet)
     bool use_prefix_cache = true;
+    uint64_t cache_salt = 0;  // folded into the first page's hash (PageAllocator::match_prefix)
     Status status = Status::kWaiting;
     std::vector<int32_t> pages;
     // Prefix-cache registration: pages [0, num_registered) are in the cache; reg_parent is the
@@ -86,7 +87,7 @@ Scheduler::~Scheduler() = default;
 
 void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
                             int32_t num_prompt_tokens, int64_t max_tokens,
-                            bool use_prefix_cache) {
+                            bool use_prefix_cache, uint64_t cache_salt) {
     if (sequences_.count(seq_id))
         throw std::invalid_argument("seq_id " + std::to_string(seq_id) + " is already in use");
     if (num_prompt_tokens < 1) throw AdmissionError("prompt_token_ids is empty");
@@ -114,6 +115,7 @@ void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
     r->num_prompt_tokens = num_prompt_tokens;
     r->max_tokens = static_cast<int32_t>(max_tokens);
     r->use_prefix_cache = use_prefix_cache;
+    r->cache_salt = cache_salt;
     waiting_.push_back(r.get());
     sequences_.emplace(seq_id, std::move(r));
 }
@@ -288,7 +290,7 @@ bool Scheduler::try_admit(Sequence& r, int32_t budget) {
     if (use_cache) {
         // The last token is always computed: its logits are needed to sample.
         hits = allocator_.match_prefix(r.token_ids.data(), (r.num_tokens() - 1) / page_size,
-                                       r.pages);
+                                       r.pages, r.cache_salt);
     }
     const int32_t computed = hits * page_size;
     const int32_t num_new = std::min(r.num_tokens() - computed, budget);
@@ -454,7 +456,7 @@ void Scheduler::register_full_pages(Sequence& r) {
         const int32_t index = r.num_registered;
         const int32_t canonical = allocator_.register_page(
             r.pages[index], r.reg_parent, r.reg_parent_generation,
-            r.token_ids.data() + static_cast<size_t>(index) * page_size);
+            r.token_ids.data() + static_cast<size_t>(index) * page_size, r.cache_salt);
         if (canonical == PageAllocator::kNoPage) {
             r.reg_broken = true;
             break;

@@ -53,8 +53,11 @@ class PageAllocator {
     // Longest chain of cached pages holding token_ids[0 : max_pages * page_size]. Each hit is
     // confirmed against the stored token ids and the identity of its parent page, so a hash
     // collision can never hand out another prompt's pages. Hits are appended to out with a
-    // reference taken. Returns the number of pages matched.
-    int32_t match_prefix(const int32_t* token_ids, int32_t max_pages, std::vector<int32_t>& out);
+    // reference taken. Returns the number of pages matched. `salt` (0: none) is the root's hash
+    // in the chain, so pages registered under one salt are found only under it (a LoRA adapter's
+    // KV is not the base model's).
+    int32_t match_prefix(const int32_t* token_ids, int32_t max_pages, std::vector<int32_t>& out,
+                         uint64_t salt = 0);
 
     // Registers a full page whose KV has been computed. `parent` is the canonical page of the
     // previous page in the sequence (kNoPage for the first) and `parent_generation` its
@@ -62,8 +65,10 @@ class PageAllocator {
     // itself, or an already cached page with the same tokens and parent. Returns kNoPage when the
     // chain is broken (the parent left the cache, or another live page owns the hash: a
     // collision); the caller then stops registering that sequence.
+    // `salt`: as match_prefix's (it matters for the first page; later ones inherit it through
+    // their parent's identity).
     int32_t register_page(int32_t page, int32_t parent, uint32_t parent_generation,
-                          const int32_t* token_ids);
+                          const int32_t* token_ids, uint64_t salt = 0);
     bool is_registered(int32_t page) const { return pages_[page].registered; }
     uint64_t page_hash(int32_t page) const { return pages_[page].hash; }
     // Identity of a registered page's content: bumped whenever the page leaves the cache.
@@ -81,6 +86,7 @@ class PageAllocator {
         uint32_t parent_generation = 0; // parent's generation at registration
         uint32_t generation = 0;
         uint64_t hash = 0;
+        uint64_t salt = 0;  // the sequence's cache salt at registration (checked for roots)
         bool registered = false;
         bool in_lru = false;
     };
@@ -90,7 +96,7 @@ class PageAllocator {
     void evict(int32_t page);
     void lru_push_back(int32_t page);
     void lru_remove(int32_t page);
-    bool confirms(int32_t page, int32_t parent, const int32_t* token_ids) const;
+    bool confirms(int32_t page, int32_t parent, const int32_t* token_ids, uint64_t salt) const;
     bool parent_is_current(int32_t parent, uint32_t parent_generation) const;
     void unregister(int32_t page);
     const int32_t* stored_tokens(int32_t page) const {

@@ -90,8 +90,9 @@ class Scheduler {
     Scheduler& operator=(const Scheduler&) = delete;
 
     // Throws AdmissionError when it can never run, std::invalid_argument for a duplicate id.
+    // cache_salt: the prefix cache shares pages only between sequences of one salt (0: none).
     void add_request(int64_t seq_id, const int32_t* prompt_token_ids, int32_t num_prompt_tokens,
-                     int64_t max_tokens, bool use_prefix_cache = true);
+                     int64_t max_tokens, bool use_prefix_cache = true, uint64_t cache_salt = 0);
     // Draft tokens for the next schedule() only (then dropped); used if the sequence decodes
     // then, cut to what the budget, max_tokens (the target's own token stays) and pages allow.
     // Unknown id: no-op.

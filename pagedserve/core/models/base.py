@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from pagedserve.core.attention.base import AttentionMetadata
+from pagedserve.core.lora.registry import LoraTarget
+from pagedserve.core.lora.weights import LoraBatch
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import PackableLinear
 
@@ -43,6 +45,7 @@ class CausalLM(Protocol):
         positions: torch.Tensor,  # [num_tokens] int64
         kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, d]
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,  # the step's rows of each LoRA adapter
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         ...
 
@@ -75,6 +78,10 @@ class CausalLM(Protocol):
         ...
 
     def modules(self) -> Iterator[nn.Module]: ...
+
+    def enable_lora(self, max_loras: int, max_rank: int) -> dict[tuple[int, str], LoraTarget]:
+        """Zeroed adapter weights beside the projections; where each (layer, module) goes."""
+        ...
 
     def weight_tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor the weights occupy (the start-up line's memory: runner/memory.py)."""

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.lora.registry import LoraTarget
+from pagedserve.core.lora.weights import LoraBatch, LoraWeights
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack.stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
@@ -134,20 +136,32 @@ class LlamaDecoderLayer(nn.Module):
         rope: Rope,  # this layer's (cos, signed_sin), each [n, 1, head_size]
         kv_cache: torch.Tensor,  # [2, num_pages, num_kv_heads, page_size, head_size]
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:
         n = hidden.shape[0]
         x = layer_ops.rms_norm(hidden, self.input_layernorm, self.eps)
-        q, k, v = self._qkv(self.qkv_proj(x), rope)
+        q, k, v = self._qkv(self.qkv_proj(x, lora=lora), rope)
         attn = self._attend(q, k, v, kv_cache, meta).reshape(n, -1)
         if self.post_attn_norm is None:
-            hidden = self.o_proj(attn, residual=hidden)
+            hidden = self.o_proj(attn, residual=hidden, lora=lora)
             x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
-            out: torch.Tensor = self.mlp(x, residual=hidden)
-            return out
+            return self._mlp(x, hidden, lora)
         assert self.post_attn_norm is not None and self.post_mlp_norm is not None
-        hidden = hidden + layer_ops.rms_norm(self.o_proj(attn), self.post_attn_norm, self.eps)
+        attn = self.o_proj(attn, lora=lora)
+        hidden = hidden + layer_ops.rms_norm(attn, self.post_attn_norm, self.eps)
         x = layer_ops.rms_norm(hidden, self.post_attention_layernorm, self.eps)
-        return hidden + layer_ops.rms_norm(self.mlp(x), self.post_mlp_norm, self.eps)
+        return hidden + layer_ops.rms_norm(self._mlp(x, None, lora), self.post_mlp_norm, self.eps)
+
+    def _mlp(
+        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LoraBatch | None
+    ) -> torch.Tensor:
+        # adapters sit on dense MLPs only (enable_lora installs none on experts)
+        out: torch.Tensor
+        if lora is not None and isinstance(self.mlp, DenseMLP):
+            out = self.mlp(x, residual=residual, lora=lora)
+        else:
+            out = self.mlp(x, residual=residual)
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
@@ -264,6 +278,27 @@ class LlamaForCausalLM(nn.Module):
         kept = [p.weight for p in projections if p.packed is not None and p.weight is not None]
         return sum(w.numel() * w.element_size() for w in kept) if torch_from else 0
 
+    def enable_lora(self, max_loras: int, max_rank: int) -> dict[tuple[int, str], LoraTarget]:
+        """Zeroed adapter stacks of `max_loras` slots beside every decoder layer's projections
+        (attention's, and the MLP's where it is dense); returns where each (layer, HF module
+        name) of an adapter goes. Steps with adapter rows then run the layers one by one."""
+        arch, dtype = self.arch, self.rope_cos.dtype
+        q, kv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
+        targets: dict[tuple[int, str], LoraTarget] = {}
+        for i, layer in enumerate(self.decoder_layers()):
+            found: list[tuple[Any, tuple[str, ...], list[int]]] = [
+                (layer.qkv_proj, ("q_proj", "k_proj", "v_proj"), [q, kv, kv]),
+                (layer.o_proj, ("o_proj",), [arch.hidden_size]),
+            ]
+            if isinstance(layer.mlp, DenseMLP):
+                width = layer.intermediate_size
+                found += [(layer.mlp.gate_up_proj, ("gate_proj", "up_proj"), [width, width]),
+                          (layer.mlp.down_proj, ("down_proj",), [arch.hidden_size])]  # fmt: skip
+            for module, names, parts in found:
+                module.lora = LoraWeights(module.in_features, parts, max_loras, max_rank, dtype)
+                targets.update({(i, n): LoraTarget(module.lora, p) for p, n in enumerate(names)})
+        return targets
+
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, LlamaDecoderLayer)]
 
@@ -303,11 +338,12 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [num_tokens] int64
         kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, d]
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         hidden = self.embed_tokens(input_ids)
         if self.arch.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype first
             hidden = hidden * torch.tensor(self.arch.embed_scale, dtype=hidden.dtype)
-        return self.run_layers(hidden, self._ropes(positions), kv_caches, meta)
+        return self.run_layers(hidden, self._ropes(positions), kv_caches, meta, lora)
 
     def run_layers(
         self,
@@ -315,16 +351,20 @@ class LlamaForCausalLM(nn.Module):
         ropes: list[Rope],  # each rope table's rows for the tokens (_ropes)
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:  # [num_tokens, hidden_size]
         """The decoder layers and the final norm (a model of another shape embeds its own
         inputs, e.g. images, and calls this)."""
         routed = self.torch_from is not None and hidden.shape[0] >= self.torch_from
         self.linear_steps["torch" if routed else "native"] += 1
-        if self.stack is not None and not routed and not torch.compiler.is_compiling():
+        # The native stack adds no adapters: a step with adapter rows runs the layers one by one.
+        native = self.stack is not None and not routed and lora is None
+        if native and not torch.compiler.is_compiling():
+            assert self.stack is not None
             hidden = self.stack(hidden, *ropes[0], kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
-                hidden = layer(hidden, ropes[layer.rope_index], kv_cache, meta)
+                hidden = layer(hidden, ropes[layer.rope_index], kv_cache, meta, lora)
         return layer_ops.rms_norm(hidden, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedserve.core.lora.weights import LoraBatch
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import GateUpLinear, Linear
 
@@ -30,8 +31,10 @@ class DenseMLP(nn.Module):
         self,
         x: torch.Tensor,  # [m, hidden]
         residual: torch.Tensor | None = None,  # [m, hidden]
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:  # [m, hidden]
-        out: torch.Tensor = self.down_proj(self.gate_up_proj(x), residual=residual)
+        gated = self.gate_up_proj(x, lora=lora)
+        out: torch.Tensor = self.down_proj(gated, residual=residual, lora=lora)
         return out
 
 

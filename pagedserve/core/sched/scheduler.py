@@ -105,9 +105,13 @@ class Scheduler:
         prompt_token_ids: Sequence[int] | np.ndarray,
         max_tokens: int,
         use_prefix_cache: bool = True,
+        cache_salt: int = 0,
     ) -> None:
-        """Queue a request. AdmissionError if it can never fit; ValueError for a duplicate id."""
-        self._native.add_request(seq_id, prompt_token_ids, max_tokens, use_prefix_cache)
+        """Queue a request. AdmissionError if it can never fit; ValueError for a duplicate id.
+        cache_salt: prefix-cache pages are shared only between requests of one salt (0: none;
+        a LoRA adapter's id, so an adapter never reads another's or the base model's KV)."""
+        self._native.add_request(seq_id, prompt_token_ids, max_tokens, use_prefix_cache,
+                                 cache_salt)  # fmt: skip
 
     def schedule(self) -> StepPlan:
         plan = self._native.schedule()  # the bound C++ StepPlan: named fields, numpy views

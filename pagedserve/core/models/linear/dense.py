@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.linear import (
     PACKABLE_DTYPES,
@@ -38,7 +39,7 @@ from pagedserve.core.ops.linear import (
     packed_gated_linear,
     packed_linear,
 )
-from pagedserve.core.ops.native import require
+from pagedserve.core.ops.native import core, require
 
 
 class PackableLinear(nn.Module):
@@ -58,6 +59,8 @@ class PackableLinear(nn.Module):
         """Rows from which the native bf16 kernel runs on AMX tiles (0: never; use_amx())."""
         self.tile_order = False
         """Fewer rows sum in the tiles' order (use_amx())."""
+        self.lora: LoraWeights | None = None
+        """The adapters' stacks beside this layer (LlamaForCausalLM.enable_lora())."""
 
     def weight_bytes(self) -> int:
         """Bytes one product reads from the weights (the packed copy once packed)."""
@@ -123,9 +126,10 @@ class Linear(PackableLinear):
         residual: torch.Tensor | None = None,  # [m, out_features], x's dtype
         *,
         out_dtype: torch.dtype | None = None,
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:  # [m, out_features]
         if self._runs_native(x):
-            return self._native(x, residual, out_dtype or x.dtype)
+            return add_lora(self._native(x, residual, out_dtype or x.dtype), x, self.lora, lora)
         assert self.weight is not None
         if residual is not None and self.bias is None:
             y = torch.addmm(residual, x, self.weight.t())  # one op for product and add
@@ -133,7 +137,7 @@ class Linear(PackableLinear):
             y = F.linear(x, self.weight, self.bias)
             if residual is not None:
                 y = y + residual
-        return y if out_dtype is None else y.to(out_dtype)
+        return add_lora(y if out_dtype is None else y.to(out_dtype), x, self.lora, lora)
 
     def _native(
         self, x: torch.Tensor, residual: torch.Tensor | None, out_dtype: torch.dtype
@@ -166,7 +170,12 @@ class GateUpLinear(PackableLinear):
             return pack_weight(weight)
         return pack_gated_weight(weight, self.width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
+    def forward(
+        self, x: torch.Tensor, lora: LoraBatch | None = None
+    ) -> torch.Tensor:  # [m, in_features] -> [m, width]
+        if lora is not None and self.lora is not None:  # the adapters add before the activation
+            gate_up = self.lora.add(self._pre_activation(x), x, lora)
+            return gated_activation(gate_up, self.width, self.activation)
         if self.activation == "gelu_tanh":
             gate_up = self._plain_product(x)  # GeGLU: gelu_tanh(gate) * up
             return F.gelu(gate_up[:, : self.width], approximate="tanh") * gate_up[:, self.width :]
@@ -178,6 +187,16 @@ class GateUpLinear(PackableLinear):
         packed_gated_linear(out, x, self.packed, self.amx_from, self.tile_order)
         return out
 
+    def _pre_activation(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
+        """gate | up before the activation, also from a weight packed for the SiLU epilogue."""
+        if self.activation != "silu" or not self._runs_native(x):
+            return self._plain_product(x)
+        x = self._check_features(x)
+        rows = int(core.gated_rows(self.width))
+        out = torch.empty((x.shape[0], rows), dtype=x.dtype, device=x.device)
+        packed_linear(out, x, self.packed, None, None, self.amx_from, self.tile_order)
+        return deinterleave_gated(out, self.width)
+
     def _plain_product(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
         if not self._runs_native(x):
             assert self.weight is not None
@@ -186,3 +205,18 @@ class GateUpLinear(PackableLinear):
         out = torch.empty((x.shape[0], 2 * self.width), dtype=x.dtype, device=x.device)
         packed_linear(out, x, self.packed, None, None, self.amx_from, self.tile_order)
         return out
+
+
+def deinterleave_gated(product: torch.Tensor, width: int) -> torch.Tensor:
+    """[m, gated_rows(width)] columns of a weight packed for the SiLU epilogue (16 gate columns,
+    then their 16 up columns: core/linear.hpp's kLinearGateCols) -> [m, 2 width], gate | up."""
+    m = product.shape[0]
+    blocks = product.view(m, -1, 2, 16).transpose(1, 2).reshape(m, 2, -1)
+    return blocks[:, :, :width].reshape(m, 2 * width)
+
+
+def gated_activation(gate_up: torch.Tensor, width: int, activation: str) -> torch.Tensor:
+    """act(gate) * up of [m, 2 width] gate | up (SiLU, or GeGLU's gelu_tanh)."""
+    if activation == "gelu_tanh":
+        return F.gelu(gate_up[:, :width], approximate="tanh") * gate_up[:, width:]
+    return layer_ops.silu_and_mul(gate_up)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from pagedserve.core.distributed.group import TPGroup
+from pagedserve.core.lora.weights import LoraBatch
 from pagedserve.core.models.linear.dense import Linear
 
 
@@ -27,6 +28,7 @@ class RowParallelLinear(Linear):
         residual: torch.Tensor | None = None,
         *,
         out_dtype: torch.dtype | None = None,
+        lora: LoraBatch | None = None,  # None: adapters are refused under tensor parallelism
     ) -> torch.Tensor:
         residual = residual if self.group.is_first else None
         return self.group.all_reduce(super().forward(x, residual, out_dtype=out_dtype))

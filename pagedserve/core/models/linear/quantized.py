@@ -26,7 +26,9 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from torch import nn
 
+from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora
 from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.linear.dense import deinterleave_gated, gated_activation
 from pagedserve.core.models.loader_gguf import PERMUTED_ARCHITECTURES, unpermute_rotary
 from pagedserve.core.ops.linear_quant import (
     QUANT_TYPES,
@@ -81,6 +83,8 @@ class QuantizedLinear(nn.Module):
         """Rows from which the kernel runs on AMX-INT8 tiles (0: never; use_amx())."""
         self.float_activations = False
         """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
+        self.lora: LoraWeights | None = None
+        """The adapters beside the quantized blocks, in the model's dtype (enable_lora())."""
 
     use_amx = _use_amx
     use_float_activations = _use_float_activations
@@ -98,6 +102,7 @@ class QuantizedLinear(nn.Module):
         residual: torch.Tensor | None = None,  # [m, out_features], x's dtype
         *,
         out_dtype: torch.dtype | None = None,
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:  # [m, out_features]
         x = _rows(x, self.in_features)
         out = torch.empty((x.shape[0], self.out_features), dtype=out_dtype or x.dtype)
@@ -112,7 +117,7 @@ class QuantizedLinear(nn.Module):
                          residual if whole or residual is None else residual[:, cols],
                          0, self.amx_from, self.float_activations)  # fmt: skip
             col += s.width
-        return out
+        return add_lora(out, x, self.lora, lora)
 
 
 class QuantizedGateUpLinear(nn.Module):
@@ -129,6 +134,7 @@ class QuantizedGateUpLinear(nn.Module):
         self.amx_from = 0
         self.float_activations = False
         """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
+        self.lora: LoraWeights | None = None
 
     use_amx = _use_amx
     use_float_activations = _use_float_activations
@@ -140,8 +146,16 @@ class QuantizedGateUpLinear(nn.Module):
         name = GGMLQuantizationType(self.ggml_type).name
         return f"{self.in_features} -> 2 x {self.width}, {name} kept quantized"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
+    def forward(
+        self, x: torch.Tensor, lora: LoraBatch | None = None
+    ) -> torch.Tensor:  # [m, in_features] -> [m, width]
         x = _rows(x, self.in_features)
+        if lora is not None and self.lora is not None:  # the adapters add before the activation
+            product = torch.empty((x.shape[0], int(core.gated_rows(self.width))), dtype=x.dtype)
+            quant_linear(product, x, self.packed, self.ggml_type, None, None, 0, self.amx_from,
+                         self.float_activations)  # fmt: skip
+            gate_up = self.lora.add(deinterleave_gated(product, self.width), x, lora)
+            return gated_activation(gate_up, self.width, "silu")
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
         quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from,
                      self.float_activations)  # fmt: skip
