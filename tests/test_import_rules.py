@@ -20,6 +20,7 @@ STDLIB_ONLY = [
     "outputs",
     "errors",
     "sched.kv_cache",
+    "lora_request",
 ]
 NO_TORCH = [
     "sched.scheduler",
@@ -36,11 +37,19 @@ NO_TORCH = [
 TORCH_FREE_CLOSURE = [m for m in NO_TORCH if m != "engine.llm_engine"] + ["request", "config"]
 """Modules whose every import, transitively, loads no torch (checked by importing them)."""
 LAYERS = [
-    {"config", "errors", "outputs", "sampling_params", "pooling_params", "gguf_reader"},
+    {
+        "config",
+        "errors",
+        "outputs",
+        "sampling_params",
+        "pooling_params",
+        "gguf_reader",
+        "lora_request",
+    },
     {"ops"},  # the native kernels' wrappers and the CPU's ISA levels
     {"tokenizers", "sched", "structured", "multimodal"},
     {"attention", "sampling", "request", "engine_client"},
-    {"distributed"},  # the tensor-parallel group and the step channel
+    {"distributed", "lora"},  # the tensor-parallel group and the step channel; LoRA adapters
     {"models"},
     {"device_policy", "spec_decode", "executor"},
     {"runner"},

@@ -363,12 +363,42 @@ class KVEventsConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    enable_lora: bool = False
+    """Serve LoRA adapters of the model (implied by --lora-modules): each decoder projection
+    gets zeroed adapter weights for --max-loras adapters of rank up to --max-lora-rank."""
+    max_loras: int = 4
+    """Adapters loaded at once (each holds a slot of adapter weights; every loaded adapter can
+    run in the same step)."""
+    max_lora_rank: int = 16
+    """The largest adapter rank accepted; the adapter weights' memory grows with it."""
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    """Adapters loaded at start-up: (name, PEFT folder) pairs."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if len(self.lora_modules) > self.max_loras:
+            raise ValueError(f"lora_modules names {len(self.lora_modules)} adapters, more than "
+                             f"max_loras ({self.max_loras})")  # fmt: skip
+        names = [name for name, _ in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_modules: an adapter name is given twice: {names}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_modules)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.outputs import CompletionOutput, RequestMetrics, TokenLogprob
 from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
@@ -65,6 +66,8 @@ class Request:
     """Set for an embedding request: prefill only, `params` is a placeholder (one token)."""
     embedding: list[float] | None = None
     """An embedding request's vector, once its prompt has run."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter its outputs run with (None: the base model)."""
     multimodal: MultiModalInputs | None = None
     """Its images; their tokens are placeholder ids (>= vocab_size) in prompt_token_ids."""
     text_prompt_ids: list[int] | None = None

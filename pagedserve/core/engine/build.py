@@ -30,6 +30,7 @@ from pagedserve.core.device_policy import (
 from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.executor.launcher import TensorParallel, start_tensor_parallel
 from pagedserve.core.executor.worker import share_num_pages
+from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
@@ -120,9 +121,19 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
             tp.close(polite=False)
         raise
     runner = _model_runner(config, loaded, tokenizer, dtype, device, tp, pooler)
+    if config.lora.enabled:
+        if tp is not None:
+            raise ValueError("LoRA adapters run at tensor_parallel_size 1")
+        targets = loaded.model.enable_lora(config.lora.max_loras, config.lora.max_lora_rank)
+        runner.lora = LoraRegistry.start(config.lora, targets)
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
-    invariant = tp is None and is_batch_invariant(loaded.model, attention, device)
+    # Adapter rows take torch's batched matmuls (core/lora/weights.py): not claimed invariant.
+    invariant = (
+        tp is None
+        and not config.lora.enabled
+        and is_batch_invariant(loaded.model, attention, device)
+    )
     task = "generate" if pooler is None else f"{pooler.task}: {pooler.describe()}"
     logger.info(
         "model %s (%s, task %s) on %s in %s, weights: %s, tensor_parallel_size %d, "

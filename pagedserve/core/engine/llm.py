@@ -12,12 +12,14 @@ from tqdm import tqdm
 from pagedserve.core.config import (
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
 from pagedserve.core.engine.llm_engine import LLMEngine
+from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.sampling_params import SamplingParams
@@ -33,7 +35,14 @@ def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
     """Route each keyword to the config that owns the field; unknown keywords are an error."""
     parts: dict[type, dict[str, Any]] = {
         cls: {}
-        for cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, SpeculativeConfig)
+        for cls in (
+            ModelConfig,
+            CacheConfig,
+            SchedulerConfig,
+            ParallelConfig,
+            SpeculativeConfig,
+            LoRAConfig,
+        )
     }
     for key, value in kwargs.items():
         owner = next((cls for cls in parts if key in _field_names(cls)), None)
@@ -46,6 +55,7 @@ def _split_kwargs(kwargs: dict[str, Any]) -> EngineConfig:
         scheduler=SchedulerConfig(**parts[SchedulerConfig]),
         parallel=ParallelConfig(**parts[ParallelConfig]),
         speculative=SpeculativeConfig(**parts[SpeculativeConfig]),
+        lora=LoRAConfig(**parts[LoRAConfig]),
     )
 
 
@@ -73,8 +83,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs come back whole, in prompt order."""
+        """Runs every prompt to completion; outputs come back whole, in prompt order.
+        lora_request: the adapter (one, or one per prompt; None: the base model), loaded from
+        its lora_path the first time its name is seen (vLLM's offline LoRARequest)."""
         prompt_list = self._as_list(prompts)
         params = sampling_params or SamplingParams()
         params_list = (
@@ -82,7 +95,17 @@ class LLM:
         )
         if len(params_list) != len(prompt_list):
             raise ValueError("sampling_params: give one, or one per prompt")
-        return self._run(self._add_all(prompt_list, params_list), use_tqdm)
+        loras = [self._lora(r) for r in _per_prompt(lora_request, len(prompt_list))]
+        return self._run(self._add_all(prompt_list, params_list, loras), use_tqdm)
+
+    def _lora(self, request: LoRARequest | None) -> LoRARequest | None:
+        """The loaded adapter of request's name (loaded now from its path if it is not)."""
+        if request is None:
+            return None
+        for loaded in self.engine.list_loras():
+            if loaded.lora_name == request.lora_name:
+                return loaded
+        return self.engine.add_lora(request.lora_name, request.lora_path)
 
     def embed(
         self,
@@ -110,13 +133,17 @@ class LLM:
         return [vector[0] for vector in self.embed(prompts, use_tqdm=use_tqdm)]
 
     def _add_all(
-        self, prompts: list[Prompt], params: Sequence[SamplingParams | PoolingParams]
+        self,
+        prompts: list[Prompt],
+        params: Sequence[SamplingParams | PoolingParams],
+        loras: Sequence[LoRARequest | None] | None = None,
     ) -> list[str]:
         ids = []
-        for prompt, p in zip(prompts, params, strict=True):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             request_id = f"offline-{next(self._ids)}"
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.engine.add_request(request_id, token_ids, p)
+            lora = loras[i] if loras else None
+            self.engine.add_request(request_id, token_ids, p, lora_request=lora)
             ids.append(request_id)
         return ids
 
@@ -153,3 +180,13 @@ class LLM:
         if prompts and isinstance(prompts[0], int):
             return [prompts]  # type: ignore[list-item]
         return list(prompts)  # type: ignore[arg-type]
+
+
+def _per_prompt(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if len(lora_request) != num_prompts:
+        raise ValueError("lora_request: give one, or one per prompt")
+    return list(lora_request)

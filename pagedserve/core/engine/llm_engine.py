@@ -23,6 +23,8 @@ from pagedserve.core.engine.kv_events import KvEventPublisher
 from pagedserve.core.engine.output_processor import OutputProcessor
 from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
+from pagedserve.core.lora.registry import LoraRegistry
+from pagedserve.core.lora_request import LoRAError, LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
@@ -120,7 +122,9 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams | PoolingParams,
         multimodal: MultiModalInputs | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
+        """Add a request; `lora_request`: the adapter it runs with (None: the base model)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.tokenizer.vocab_size
@@ -136,6 +140,7 @@ class LLMEngine:
         max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
+        request.lora_request = lora_request
         if multimodal is not None:
             request.multimodal, request.text_prompt_ids = multimodal, text_ids
         if params.structured is not None:  # a cache hit when the server compiled it beforehand
@@ -161,6 +166,24 @@ class LLMEngine:
         for s, e in spans:
             in_image[s:e] = b"\x01" * (e - s)
         return [t for t, inside in zip(prompt_token_ids, in_image, strict=True) if not inside]
+
+    def add_lora(self, name: str, path: str) -> LoRARequest:
+        """Load the PEFT adapter at `path` as `name` (between steps: the engine thread's call);
+        LoRAError naming what is wrong, and nothing changes."""
+        return self._loras().load(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """New requests no longer find `name`; running ones finish with it."""
+        self._loras().unload(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        lora = self.model_runner.lora
+        return lora.loaded if lora is not None else []
+
+    def _loras(self) -> LoraRegistry:
+        if self.model_runner.lora is None:
+            raise LoRAError("this engine serves no LoRA adapters: start it with --enable-lora")
+        return self.model_runner.lora
 
     def _add_pooling(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
@@ -196,10 +219,16 @@ class LLMEngine:
         use_cache = not (index == 0 and params.prompt_logprobs is not None)
         if pooled and self.pooler is not None and self.pooler.uses_every_token:
             use_cache = False
-        self.scheduler.add_request(
-            seq.seq_id, request.prompt_token_ids, request.max_tokens, use_prefix_cache=use_cache
-        )
-        self.model_runner.add_sequence(seq.seq_id, self._seed(params, index))
+        lora = request.lora_request
+        # first, so that an adapter unloaded meanwhile leaves nothing behind (LoRANotFoundError)
+        self.model_runner.add_sequence(seq.seq_id, self._seed(params, index), lora)
+        try:  # an adapter's pages are its own: its id salts the prefix cache's hashes
+            self.scheduler.add_request(seq.seq_id, request.prompt_token_ids, request.max_tokens,
+                                       use_prefix_cache=use_cache,
+                                       cache_salt=lora.lora_int_id if lora else 0)  # fmt: skip
+        except BaseException:
+            self.model_runner.release(seq.seq_id)
+            raise
         if request.multimodal is not None:
             num_prompt = len(request.prompt_token_ids)
             self.model_runner.add_images(seq.seq_id, request.multimodal, num_prompt)

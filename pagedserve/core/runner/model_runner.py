@@ -25,6 +25,9 @@ import torch
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
 from pagedserve.core.distributed.step import StepInputs
 from pagedserve.core.executor.launcher import TensorParallel
+from pagedserve.core.lora.registry import LoraRegistry
+from pagedserve.core.lora.weights import LoraBatch
+from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
@@ -116,6 +119,9 @@ class ModelRunner:
         self._seeds: dict[int, int] = {}
         self._unseeded = torch.Generator(device=device)
         """Draws of the rows without a seed: one generator, seeded by `seed_unseeded`."""
+        self.lora: LoraRegistry | None = None
+        """The loaded LoRA adapters and their slots (engine/build.py, under --enable-lora)."""
+        self._lora_slots: dict[int, int] = {}  # seq_id -> its adapter's slot
         shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
         # zeros, not empty: the whole pool is committed now, as the KV budget says. With lazily
         # mapped memory RSS would creep for as long as requests first touch pages (the
@@ -142,8 +148,15 @@ class ModelRunner:
             dtype_bytes=torch.empty((), dtype=dtype).element_size(),
         )
 
-    def add_sequence(self, seq_id: int, seed: int | None) -> None:
-        """A new sequence; a seeded one samples from its own generators, whatever the batch."""
+    def add_sequence(
+        self, seq_id: int, seed: int | None, lora_request: LoRARequest | None = None
+    ) -> None:
+        """A new sequence; a seeded one samples from its own generators, whatever the batch;
+        one with an adapter runs with it (LoRANotFoundError if it is no longer loaded)."""
+        if lora_request is not None:
+            if self.lora is None:
+                raise ValueError("this engine serves no LoRA adapters (--enable-lora)")
+            self._lora_slots[seq_id] = self.lora.acquire(lora_request)
         if seed is not None:
             self._seeds[seq_id] = seed
 
@@ -161,6 +174,9 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
         self._seeds.pop(seq_id, None)
+        slot = self._lora_slots.pop(seq_id, None)
+        if slot is not None and self.lora is not None:
+            self.lora.release(slot)
         if self.images is not None:
             self.images.release(seq_id)
         if self.pooler is not None:
@@ -198,7 +214,8 @@ class ModelRunner:
                 hidden = vlm(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                              images=images)  # fmt: skip
             else:
-                hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+                lora = self._lora_batch(plan)
+            hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, lora)
             embeddings = self._pool(hidden, pooling_specs or [])
             sample_rows, keep = self._sampling_rows(plan, inputs.sample_rows, embeddings)
             # [num_sampling, vocab] fp32; none at all in a step of embedding requests only
@@ -222,6 +239,16 @@ class ModelRunner:
             result.num_accepted = accepted = num_accepted(plan, checks, token_ids)
             result.verified = {first: (d, int(accepted[row])) for row, first, d in checks.groups}
         return result
+
+    def _lora_batch(self, plan: StepPlan) -> LoraBatch | None:
+        """The step's token rows grouped by adapter (None: every row is the base model's)."""
+        if not self._lora_slots:
+            return None
+        slots = np.array([self._lora_slots.get(s, -1) for s in plan.seq_ids.tolist()])
+        if not (slots >= 0).any():
+            return None
+        token_slots = np.repeat(slots, plan.num_scheduled_tokens)
+        return LoraBatch.build(token_slots, self.dtype, self.device)
 
     def _pool(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
         if not specs:

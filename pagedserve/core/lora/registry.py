@@ -1,0 +1,149 @@
+"""The loaded adapters: names, slots in the layers' stacks, and who uses them.
+
+    registry = LoraRegistry(targets, max_loras=4, max_rank=16)
+    request = registry.load("sql", "/adapters/sql")     read, check, write into a free slot
+    slot = registry.acquire(request)                    a sequence starts using it
+    registry.release(slot)                              ... and is done
+    registry.unload("sql")                              new requests no longer find it; its slot
+                                                        is cleared once no sequence uses it
+
+Every adapter is checked whole before any weight is written: rank <= max_rank, each module one
+the model has (with the shapes it has), so a refused adapter leaves the others untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagedserve.core.config import LoRAConfig
+from pagedserve.core.lora.peft import AdapterWeights, read_peft
+from pagedserve.core.lora.weights import LoraWeights
+from pagedserve.core.lora_request import LoRAError, LoRANotFoundError, LoRARequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """Where one (layer, module) of an adapter goes: a part of a layer's stacks."""
+
+    weights: LoraWeights
+    part: int
+
+
+class LoraRegistry:
+    def __init__(
+        self, targets: dict[tuple[int, str], LoraTarget], *, max_loras: int, max_rank: int
+    ) -> None:
+        self.targets, self.max_loras, self.max_rank = targets, max_loras, max_rank
+        self._free = list(range(max_loras - 1, -1, -1))  # slot 0 handed out first
+        self._loaded: dict[str, LoRARequest] = {}
+        self._snapshot: tuple[LoRARequest, ...] = ()  # read by other threads: swapped whole
+        self._slot: dict[int, int] = {}  # lora_int_id -> slot (loaded, or retired)
+        self._users: Counter[int] = Counter()  # slot -> live sequences
+        self._retired: dict[int, int] = {}  # slot -> id of an unloaded adapter still in use
+        self._next_id = 1
+
+    @classmethod
+    def start(cls, config: LoRAConfig, targets: dict[tuple[int, str], LoraTarget]) -> LoraRegistry:
+        """The registry over the model's adapter stacks, with --lora-modules loaded."""
+        registry = cls(targets, max_loras=config.max_loras, max_rank=config.max_lora_rank)
+        for name, path in config.lora_modules:
+            registry.load(name, path)
+        logger.info("LoRA: %d adapter slots of rank <= %d, %.1f MiB of adapter weights",
+                    config.max_loras, config.max_lora_rank, registry.nbytes() / 2**20)  # fmt: skip
+        return registry
+
+    def nbytes(self) -> int:
+        """What the adapter stacks take (every slot, loaded or not)."""
+        return sum(w.a.nbytes + w.b.nbytes for w in self._stacks())
+
+    def _stacks(self) -> list[LoraWeights]:
+        return list({id(t.weights): t.weights for t in self.targets.values()}.values())
+
+    @property
+    def loaded(self) -> list[LoRARequest]:
+        return list(self._snapshot)
+
+    def get(self, name: str) -> LoRARequest:
+        request = self._loaded.get(name)
+        if request is None:
+            raise LoRANotFoundError(f"The model `{name}` does not exist.")
+        return request
+
+    def load(self, name: str, path: str) -> LoRARequest:
+        """Read the adapter at `path` and give it a slot under `name`; LoRAError when it cannot
+        be loaded (nothing changes then)."""
+        if not name:
+            raise LoRAError("lora_name must not be empty")
+        if name in self._loaded:
+            raise LoRAError(f"an adapter named {name!r} is already loaded; unload it first")
+        if not self._free:
+            raise LoRAError(f"all {self.max_loras} adapter slots (--max-loras) are in use; "
+                            "unload an adapter first")  # fmt: skip
+        adapter = read_peft(Path(path))
+        self.check(adapter)
+        slot = self._free.pop()
+        for key, (a, b, scaling) in adapter.modules.items():
+            target = self.targets[key]
+            target.weights.set_slot(slot, target.part, a, b, scaling)
+        request = LoRARequest(name, self._next_id, str(path))
+        self._next_id += 1
+        self._loaded[name] = request
+        self._snapshot = tuple(self._loaded.values())
+        self._slot[request.lora_int_id] = slot
+        logger.info("LoRA adapter %r loaded from %s (rank %d, %s) into slot %d", name, path,
+                    adapter.rank, ", ".join(sorted(adapter.target_modules)), slot)  # fmt: skip
+        return request
+
+    def check(self, adapter: AdapterWeights) -> None:
+        if adapter.rank > self.max_rank:
+            raise LoRAError(f"adapter rank {adapter.rank} exceeds --max-lora-rank {self.max_rank}")
+        for (layer, module), (a, b, _) in adapter.modules.items():
+            target = self.targets.get((layer, module))
+            if target is None:
+                raise LoRAError(f"target module {module!r} of layer {layer}: the model has no "
+                                "such projection that takes adapters")  # fmt: skip
+            want_in, want_out = target.weights.in_features, target.weights.parts[target.part]
+            if a.shape[1] != want_in or b.shape[0] != want_out:
+                raise LoRAError(f"layer {layer} {module}: the adapter is [{a.shape[1]} -> "
+                                f"{b.shape[0]}], the model's projection [{want_in} -> "
+                                f"{want_out}]")  # fmt: skip
+
+    def unload(self, name: str) -> None:
+        """Forget `name` (LoRANotFoundError if unknown); its slot is cleared and reused once
+        the sequences still running with it are done."""
+        request = self.get(name)
+        del self._loaded[name]
+        self._snapshot = tuple(self._loaded.values())
+        slot = self._slot[request.lora_int_id]
+        if self._users[slot]:
+            self._retired[slot] = request.lora_int_id
+        else:
+            self._free_slot(slot, request.lora_int_id)
+        logger.info("LoRA adapter %r unloaded", name)
+
+    def acquire(self, request: LoRARequest) -> int:
+        """The slot of an adapter for a new sequence: loaded, or unloaded while sequences still
+        run with it (a request's later outputs); LoRANotFoundError otherwise."""
+        slot = self._slot.get(request.lora_int_id)
+        if slot is None:
+            raise LoRANotFoundError(f"The model `{request.lora_name}` does not exist.")
+        self._users[slot] += 1
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._users[slot] -= 1
+        if self._users[slot] <= 0:
+            del self._users[slot]
+            if slot in self._retired:
+                self._free_slot(slot, self._retired.pop(slot))
+
+    def _free_slot(self, slot: int, lora_int_id: int) -> None:
+        del self._slot[lora_int_id]
+        for weights in self._stacks():
+            weights.clear_slot(slot)
+        self._free.append(slot)
