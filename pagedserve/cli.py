@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from pagedserve.core.config import (
     CacheConfig,
     EngineConfig,
     KVEventsConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -48,6 +50,27 @@ if TYPE_CHECKING:
     from pagedserve.openai_compat.model_pool import ModelSpec, PoolLimits
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
+LORA_UPDATING_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _lora_modules(values: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(values.get("lora_modules") or ())
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """--lora-modules: NAME=PATH, or vLLM's JSON {"name": ..., "path": ...}."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("name", "path")):
+            return value["name"], value["path"]
+        raise argparse.ArgumentTypeError(f'lora_modules JSON needs "name" and "path", got {text!r}')
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(f"lora_modules takes NAME=PATH, got {text!r}")
+    return name, path
 
 
 def _mm_limit(text: str) -> int:
@@ -111,6 +134,11 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (SpeculativeConfig, "ngram_min", {"type": int}),
     (SpeculativeConfig, "speculative_model", {}),
     (SpeculativeConfig, "speculative_max_batch", {"type": int}),
+    (LoRAConfig, "enable_lora", {"action": "store_true", "default": None}),
+    (LoRAConfig, "lora_modules", {"nargs": "+", "type": _lora_module, "metavar": "NAME=PATH"}),
+    (LoRAConfig, "max_loras", {"type": int}),
+    (LoRAConfig, "max_lora_rank", {"type": int}),
+    (ServerConfig, "allow_runtime_lora_updating", {"action": "store_true", "default": None}),
     # default None: the environment (_PARALLEL_ENV) fills what no flag gives, then the field.
     (ParallelConfig, "tensor_parallel_size", {"type": int, "default": None}),
     (ParallelConfig, "nnodes", {"type": int, "default": None}),
@@ -168,6 +196,8 @@ def configs_from_args(
 
     server_values = pick(ServerConfig)
     server_values.setdefault("api_key", env.get(API_KEY_ENV) or None)
+    if env.get(LORA_UPDATING_ENV, "").lower() in ("1", "true"):
+        server_values["allow_runtime_lora_updating"] = True
     server_values["allowed_origins"] = tuple(server_values.get("allowed_origins", ()))
     server = ServerConfig(**server_values)
     engine = EngineConfig(
@@ -177,6 +207,7 @@ def configs_from_args(
         parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
         speculative=SpeculativeConfig(**pick(SpeculativeConfig)),
         kv_events=KVEventsConfig.from_json(values.get("kv_events_config") or "{}"),
+        lora=LoRAConfig(**{**pick(LoRAConfig), "lora_modules": _lora_modules(values)}),
     )
     return server, engine
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pagedserve.core.lora_request import LoRARequest
     from pagedserve.core.multimodal.inputs import MultiModalInputs
     from pagedserve.core.multimodal.processor import ImageProcessor
     from pagedserve.core.outputs import EngineStats, RequestOutput
@@ -92,9 +93,11 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         multimodal: MultiModalInputs | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Admit the request and return the stream of its outputs. `multimodal`: its images,
-        whose tokens are placeholder ids in `prompt_token_ids` (core/multimodal/inputs.py)."""
+        whose tokens are placeholder ids in `prompt_token_ids` (core/multimodal/inputs.py);
+        `lora_request`: the adapter it runs with (one of list_loras(); None: the base)."""
 
     def embed(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
@@ -112,6 +115,16 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats:
         """A snapshot of the running batch and the KV cache (for /metrics)."""
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The LoRA adapters loaded now (none when the engine serves none)."""
+
+    async def load_lora(self, name: str, path: str) -> LoRARequest:
+        """Load a PEFT adapter; LoRAError naming what is wrong (and nothing changes)."""
+
+    async def unload_lora(self, name: str) -> None:
+        """Forget an adapter (running requests finish with it); LoRANotFoundError if none
+        has that name."""
 
     async def shutdown(self) -> None:
         """Fail what is still running and stop the engine."""

@@ -98,8 +98,7 @@ class ChatService:
         self.ctx = ctx
 
     async def create(self, req: ChatCompletionRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         images = await load_message_images(req.messages, ctx.engine, ctx.media)
         # images: resized and patched on a worker thread

@@ -63,8 +63,7 @@ class CompletionService:
         self.ctx = ctx
 
     async def create(self, req: CompletionRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         fim = self._fim(req)
         prompts, texts = await self._prompts(req.prompt, plain=fim is not None)

@@ -48,8 +48,7 @@ class InfillService:
         self.ctx = ctx
 
     async def create(self, req: InfillRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         fim = require_fim(tokenizer, ctx.model_name, None)
         params = fim_params(self._params(req), fim)

@@ -86,7 +86,7 @@ class MessagesService:
 
     async def _start(self, req: MessagesRequest) -> _Run:
         """Everything that can refuse the request, before any header is sent."""
-        ctx = self.ctx
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         chat, prep = await self._prepare(req)
         await compile_off_loop(ctx.engine, prep.spec)
         skip = False if prep.keep_special_tokens else None

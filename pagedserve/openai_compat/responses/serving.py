@@ -93,8 +93,7 @@ class ResponsesService:
 
     async def _start(self, req: ResponsesRequest) -> _Run:
         """Everything that can refuse the request, before any header is sent."""
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         history = self._history(req.previous_response_id)
         items = with_ids(req.input_items())
         chat = chat_request(req, history + items)
