@@ -208,3 +208,19 @@ def test_n_outputs_and_a_batch_of_image_requests(llm: LLM, folder: Path, hf_mode
     assert list(a.outputs[0].token_ids) == alone
     assert list(b.outputs[0].token_ids) == other_alone
     assert list(c.outputs[0].token_ids) == text_alone
+
+
+def test_preempted_image_requests_recompute_the_same_tokens(llm: LLM, folder: Path) -> None:
+    """A KV cache too small for both requests: the newer is preempted and recomputed (its
+    image embeddings again at their rows), and both still give their greedy tokens."""
+    small = LLM(str(folder), dtype="float32", num_pages=6, page_size=16,
+                enable_prefix_caching=False)  # fmt: skip
+    prompts = [_prompt(llm, folder, [image], "Tell me.") for image in IMAGES[:2]]
+    alone = [_greedy(llm, ids, mm, 40) for ids, mm in prompts]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i, (ids, mm) in enumerate(prompts):
+        small.engine.add_request(f"small-{i}", ids, params, multimodal=mm)
+    outs = small._run(["small-0", "small-1"], False)
+    assert sum(len(ids) for ids, _ in prompts) + 80 > 6 * 16  # they cannot both fit
+    assert small.engine.stats().num_preemptions > 0
+    assert [list(o.outputs[0].token_ids) for o in outs] == alone
