@@ -35,7 +35,7 @@ class ModelInfo:
     num_pages: int
     """KV cache pages in the pool."""
     dtype: str
-    """The model's and the KV cache's element type, e.g. "bfloat16"."""
+    """The model's element type, e.g. "bfloat16" (the KV cache's too unless kv_cache_dtype)."""
     device: str
     """Where the model runs, e.g. "cpu" or "cuda:0"."""
     batch_invariant: bool
@@ -49,6 +49,8 @@ class ModelInfo:
     """How an embedding model pools (None when the task is generate)."""
     speculative: str = "off"
     """Speculative decoding, as the start-up line names it (SpeculativeConfig.describe)."""
+    kv_cache_dtype: str = ""
+    """How the KV cache stores keys and values, e.g. "int8" (--kv-cache-dtype; "": dtype)."""
 
 
 class RequestStream(Protocol):
@@ -83,9 +85,6 @@ class EngineClient(Protocol):
     @property
     def errored(self) -> bool:
         """True once the engine has stopped after a fault; every call is then refused."""
-
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """Raise now what `generate` would raise for this request, without starting it."""
 
     def generate(
         self,

@@ -124,7 +124,7 @@ class FakeEngine:
         if self.compile_gate is not None:
             assert self.compile_gate.wait(30), "compile_gate never opened"
 
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def _admit(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         max_model_len = self.model_info.max_model_len
         if num_prompt_tokens + (params.max_tokens or 0) > max_model_len:
             raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit {max_model_len}")
@@ -139,9 +139,9 @@ class FakeEngine:
         multimodal: MultiModalInputs | None = None,
         lora_request: LoRARequest | None = None,
     ) -> FakeStream:
-        self.check_admission(len(prompt_token_ids), params)
-        self.seen_multimodal.append(multimodal)
+        self._admit(len(prompt_token_ids), params)
         self.seen_loras.append(lora_request)
+        self.seen_multimodal.append(multimodal)
         self.seen_params.append(params)
         self.seen_prompts.append(list(prompt_token_ids))
         self.active.add(request_id)

@@ -116,6 +116,7 @@ class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams | PoolingParams
+    max_tokens: int | None = None  # resolved at admission (generation only)
     multimodal: MultiModalInputs | None = None
     lora_request: LoRARequest | None = None
 
@@ -171,13 +172,16 @@ class AsyncEngine:
         until its reader took its end or the request was aborted, at every instant."""
         return self._in_flight.split(self._stats)
 
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def _admit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """The request's max_tokens, resolved against the context once, here; raises what
+        the client must hear before anything is sent."""
         if self._errored is not None:
             raise EngineDeadError(self._errored)
         if not self.engine.can_generate:
             raise ValueError("this model has no LM head: it serves embeddings only")
-        self.engine.resolve_max_tokens(num_prompt_tokens, params)
+        max_tokens = self.engine.resolve_max_tokens(num_prompt_tokens, params)
         self._check_queue()
+        return max_tokens
 
     def generate(
         self,
@@ -194,8 +198,9 @@ class AsyncEngine:
         EngineDeadError reach the caller before it starts a response, and a burst of requests
         arriving together is counted one by one (no await between check and enqueue).
         """
-        self.check_admission(len(prompt_token_ids), params)
-        return self._submit(request_id, prompt_token_ids, params, multimodal, lora_request)
+        max_tokens = self._admit(len(prompt_token_ids), params)
+        return self._submit(request_id, prompt_token_ids, params, max_tokens, multimodal,
+                            lora_request)  # fmt: skip
 
     def list_loras(self) -> list[LoRARequest]:
         return self.engine.list_loras()
@@ -240,6 +245,7 @@ class AsyncEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams | PoolingParams,
+        max_tokens: int | None = None,
         multimodal: MultiModalInputs | None = None,
         lora_request: LoRARequest | None = None,
     ) -> OutputStream:
@@ -253,7 +259,7 @@ class AsyncEngine:
         mailbox = Mailbox()
         self._mailboxes[request_id] = mailbox
         self._in_flight.add(request_id, params.n if isinstance(params, SamplingParams) else 1)
-        add = _Add(request_id, list(prompt_token_ids), params, multimodal, lora_request)
+        add = _Add(request_id, list(prompt_token_ids), params, max_tokens, multimodal, lora_request)
         self._commands.put(add)
         return OutputStream(self, request_id, mailbox)
 
@@ -346,11 +352,11 @@ class AsyncEngine:
     def _add(self, command: _Add) -> None:
         try:
             self.engine.add_request(
-                command.request_id, command.prompt_token_ids, command.params,
+                command.request_id, command.prompt_token_ids, command.params, command.max_tokens,
                 multimodal=command.multimodal, lora_request=command.lora_request,
             )  # fmt: skip
             self._stats = self.engine.stats()
-        except ValueError as exc:  # raced past check_admission; tell the client why
+        except ValueError as exc:  # raced past admission; tell the client why
             self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])
 
     def _call(self, command: _Call) -> None:

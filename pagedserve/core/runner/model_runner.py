@@ -208,14 +208,14 @@ class ModelRunner:
         with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
             inputs = self._inputs(plan, prompt_specs)
             m = self.model
-            lora = self._lora_batch(plan)
             images = self.images.step(plan) if self.images is not None else None
             if images is not None and self.images is not None:
                 vlm = self.images.model
                 hidden = vlm(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                             lora, images=images)  # fmt: skip
+                             images=images)  # fmt: skip
             else:
-                hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, lora)
+                lora = self._lora_batch(plan)
+            hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, lora)
             embeddings = self._pool(hidden, pooling_specs or [])
             sample_rows, keep = self._sampling_rows(plan, inputs.sample_rows, embeddings)
             # [num_sampling, vocab] fp32; none at all in a step of embedding requests only

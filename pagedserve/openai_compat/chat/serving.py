@@ -110,7 +110,7 @@ class ChatService:
         params = sampling_params(
             req, req.output_limit(), top_k, None, tokenizer.vocab_size, prep.spec, skip
         )
-        ctx.admit(prep.text_ids or prep.prompt_ids, params, "messages")
+        ctx.admit(prep.text_ids or prep.prompt_ids, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
         [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages", prep.multimodal)

@@ -83,14 +83,13 @@ class ServingContext:
             "system_fingerprint": SYSTEM_FINGERPRINT,
         }
 
-    def admit(self, prompt_token_ids: list[int], params: SamplingParams, param: str) -> None:
-        """Raise the client's error now, before any header is sent."""
+    def admit(self, prompt_token_ids: list[int], param: str) -> None:
+        """Raise the client's error about the prompt itself now, before any header is sent
+        (the engine's own refusals, length and queue, come from `start`, also before)."""
         vocab_size = self.engine.tokenizer.vocab_size
         if not prompt_token_ids:
             raise errors.invalid("The prompt is empty.", param=param)
         require_in_vocabulary(prompt_token_ids, vocab_size, param)
-        with engine_errors(param):
-            self.engine.check_admission(len(prompt_token_ids), params)
 
     def start(
         self,

@@ -79,7 +79,7 @@ class CompletionService:
         params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
         params = params if fim is None else fim_params(params, fim)
         for prompt in prompts:
-            ctx.admit(prompt, params, "prompt")
+            ctx.admit(prompt, "prompt")
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
         job.continuous_usage = req.continuous_usage()
         request_id = new_id("cmpl")

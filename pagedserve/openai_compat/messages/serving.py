@@ -92,7 +92,7 @@ class MessagesService:
         skip = False if prep.keep_special_tokens else None
         vocab_size = ctx.engine.tokenizer.vocab_size
         params = sampling_params(chat, req.max_tokens, None, None, vocab_size, prep.spec, skip)
-        ctx.admit(prep.prompt_ids, params, "messages")
+        ctx.admit(prep.prompt_ids, "messages")
         message_id = new_id("msg")
         [stream] = ctx.start(message_id, [prep.prompt_ids], params, "messages")
         stops = list(req.stop_sequences or ())

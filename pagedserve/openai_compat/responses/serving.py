@@ -106,7 +106,7 @@ class ResponsesService:
             vocab_size = ctx.engine.tokenizer.vocab_size
             params = sampling_params(chat, chat.output_limit(), None, None, vocab_size,
                                      prep.spec, skip)  # fmt: skip
-            ctx.admit(prep.text_ids or prep.prompt_ids, params, "input")
+            ctx.admit(prep.text_ids or prep.prompt_ids, "input")
             response_id = f"resp_{secrets.token_hex(24)}"
             [stream] = ctx.start(response_id, [prep.prompt_ids], params, "input", prep.multimodal)
         response = base_response(req, response_id, ctx.model_name, now())
