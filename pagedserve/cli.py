@@ -24,6 +24,7 @@ from pagedserve import __version__
 from pagedserve.core.config import (
     CPU_ISAS,
     CPU_LINEARS,
+    KV_CACHE_DTYPE_NAMES,
     QUANTIZED_ACTIVATIONS,
     SPECULATIVE_METHODS,
     TASKS,
@@ -123,6 +124,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (CacheConfig, "gpu_memory_utilization", {"type": float}),
     (CacheConfig, "page_size", {"type": int}),
     (CacheConfig, "enable_prefix_caching", {"action": argparse.BooleanOptionalAction}),
+    (CacheConfig, "kv_cache_dtype", {"choices": list(KV_CACHE_DTYPE_NAMES)}),
     (CacheConfig, "num_pages", {"type": int, "help": argparse.SUPPRESS}),
     (SchedulerConfig, "max_num_seqs", {"type": int}),
     (SchedulerConfig, "max_num_batched_tokens", {"type": int}),
@@ -247,9 +249,10 @@ def _announce(config: ServerConfig, engine: EngineClient) -> None:
     model = engine.model_info
     name = config.served_model_name or model.name
     tokens = model.num_pages * model.page_size
+    kv = f" in {model.kv_cache_dtype}" if model.kv_cache_dtype else ""
     print(
         f"pagedserve: serving {name} at {_url(config)}/v1 (KV cache: {model.num_pages} pages x "
-        f"{model.page_size} tokens = {tokens} tokens; max_model_len {model.max_model_len}; "
+        f"{model.page_size} tokens = {tokens} tokens{kv}; max_model_len {model.max_model_len}; "
         f"{'' if model.batch_invariant else 'not '}batch-invariant; weights: {model.weights}; "
         f"speculative decoding: {model.speculative})",
         file=sys.stderr,

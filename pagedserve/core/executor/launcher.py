@@ -175,7 +175,10 @@ def start_tensor_parallel(
         resolved=resolved,
         dtype=dtype,
         device=device,
-        config=config,
+        attention_backend=config.model.attention_backend,
+        deterministic=config.model.deterministic,
+        max_positions=config.model.max_model_len,
+        page_size=config.cache.page_size,
         parallel=parallel,
     )
     return TensorParallel.start(spec)

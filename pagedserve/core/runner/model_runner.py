@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
+from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape, kv_row_size
 from pagedserve.core.distributed.step import StepInputs
 from pagedserve.core.executor.launcher import TensorParallel
 from pagedserve.core.lora.registry import LoraRegistry
@@ -97,6 +97,7 @@ class ModelRunner:
         tp: TensorParallel | None = None,
         pooler: PoolerConfig | None = None,
         draft: DraftModel | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         """`arch` is the model's shape on this rank (model.arch: a rank's share of the heads
         under tensor parallelism, whose KV cache holds its own heads only). `pooler`: how
@@ -122,13 +123,17 @@ class ModelRunner:
         self.lora: LoraRegistry | None = None
         """The loaded LoRA adapters and their slots (engine/build.py, under --enable-lora)."""
         self._lora_slots: dict[int, int] = {}  # seq_id -> its adapter's slot
-        shape = kv_cache_shape(num_pages, page_size, arch.num_kv_heads, arch.head_size)
+        self.kv_dtype = kv_dtype or dtype
+        """The KV cache's dtype (attention/base.py's kv_cache_dtype): the model's, or int8."""
+        shape = kv_cache_shape(
+            num_pages, page_size, arch.num_kv_heads, arch.head_size, self.kv_dtype
+        )
         # zeros, not empty: the whole pool is committed now, as the KV budget says. With lazily
         # mapped memory RSS would creep for as long as requests first touch pages (the
         # allocator hands out never-used pages before evicting cached ones), and those first
         # touches would page-fault inside the step.
         self.kv_caches = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=device) for _ in range(arch.num_layers)
         ]
         self.images: ImageRunner | None = None
         """A vision-language model's image steps and encoder cache."""
@@ -140,12 +145,15 @@ class ModelRunner:
 
     @staticmethod
     def kv_spec(arch: ArchConfig, page_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """The KV cache's sizes with `dtype` the cache's (an int8 cache's rows carry a scale)."""
         return KVCacheSpec(
             num_layers=arch.num_layers,
             num_kv_heads=arch.num_kv_heads,
             head_size=arch.head_size,
             page_size=page_size,
             dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+            scale_bytes=kv_row_size(0, dtype),
+            dtype_name=str(dtype).removeprefix("torch."),
         )
 
     def add_sequence(

@@ -18,11 +18,16 @@ class KVCacheSpec:
     head_size: int
     page_size: int
     dtype_bytes: int
+    scale_bytes: int = 0
+    """Bytes of the scale stored after each token's row of one KV head (int8 caches: 4)."""
+    dtype_name: str = ""
+    """The cache's dtype as the start-up line names it (e.g. bfloat16, int8)."""
 
     @property
     def bytes_per_token(self) -> int:
         # K and V, every layer.
-        return 2 * self.num_layers * self.num_kv_heads * self.head_size * self.dtype_bytes
+        row = self.head_size * self.dtype_bytes + self.scale_bytes
+        return 2 * self.num_layers * self.num_kv_heads * row
 
     @property
     def bytes_per_page(self) -> int:
@@ -48,9 +53,10 @@ class KVCacheLayout:
         return self.num_pages * self.spec.bytes_per_page
 
     def describe(self) -> str:
+        dtype = f"{self.spec.dtype_name}, " if self.spec.dtype_name else ""
         return (
             f"KV cache: {self.num_pages} pages x {self.spec.page_size} tokens = "
-            f"{self.num_tokens} tokens ({self.num_bytes / GiB:.2f} GiB)"
+            f"{self.num_tokens} tokens ({dtype}{self.num_bytes / GiB:.2f} GiB)"
         )
 
 

@@ -98,7 +98,8 @@ class ChatService:
         self.ctx = ctx
 
     async def create(self, req: ChatCompletionRequest, receive: Receive) -> Response:
-        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
+        ctx = self.ctx
+        ctx.check_model(req.model)
         tokenizer = ctx.engine.tokenizer
         images = await load_message_images(req.messages, ctx.engine, ctx.media)
         # images: resized and patched on a worker thread
@@ -110,7 +111,7 @@ class ChatService:
         params = sampling_params(
             req, req.output_limit(), top_k, None, tokenizer.vocab_size, prep.spec, skip
         )
-        ctx.admit(prep.text_ids or prep.prompt_ids, "messages")
+        ctx.admit(prep.text_ids or prep.prompt_ids, params, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
         [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages", prep.multimodal)
