@@ -57,6 +57,7 @@ __all__: list[str] = [
     "quant_linear",
     "quant_linear_amx_supported",
     "quant_linear_float_path",
+    "quant_linear_int16_path",
     "quant_linear_path",
     "quant_row_bytes",
     "quant_type_supported",
@@ -527,6 +528,7 @@ class DecoderStack:
         amx_tile_order: bool = False,
         quant_float_activations: bool = False,
         kv_quant: typing.SupportsInt | typing.SupportsIndex = 0,
+        quant_int16_activations: bool = False,
     ) -> None: ...
     @property
     def num_layers(self) -> int: ...
@@ -663,9 +665,11 @@ def quant_linear(
     dequant_bf16: bool = False,
     amx_from_rows: typing.SupportsInt | typing.SupportsIndex = 0,
     float_activations: bool = False,
+    int16_activations: bool = False,
 ) -> None: ...
 def quant_linear_amx_supported() -> bool: ...
 def quant_linear_float_path() -> str: ...
+def quant_linear_int16_path() -> str: ...
 def quant_linear_path() -> str: ...
 def quant_row_bytes(
     ggml_type: typing.SupportsInt | typing.SupportsIndex,

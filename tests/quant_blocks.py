@@ -41,12 +41,13 @@ def row_addresses(rows: np.ndarray) -> np.ndarray:
     return rows.ctypes.data + np.arange(rows.shape[0], dtype=np.int64) * rows.strides[0]
 
 
-def int8_activations(x: np.ndarray) -> np.ndarray:
-    """x [m, k] float32 as the kernel sees it: per 32 features d = max|x| / 127 and
-    q = round-half-even(x * (127 / max|x|)), returned as d * q (float64)."""
+def int8_activations(x: np.ndarray, qmax: int = 127) -> np.ndarray:
+    """x [m, k] float32 as the kernel sees it: per 32 features d = max|x| / qmax and
+    q = round-half-even(x * (qmax / max|x|)), returned as d * q (float64). qmax 127: the int8
+    rows; 32512: the int16 rows (int16_activations)."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0))
+    inv = np.where(amax > 0, np.float32(qmax) / np.where(amax > 0, amax, 1), np.float32(0))
     q = np.rint(blocks * inv.astype(np.float32))
-    d = (amax / np.float32(127)).astype(np.float32)
+    d = (amax / np.float32(qmax)).astype(np.float32)
     return (q.astype(np.float64) * d).reshape(x.shape)

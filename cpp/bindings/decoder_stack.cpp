@@ -76,7 +76,7 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
              std::int64_t num_reqs, std::int64_t num_tokens, std::int64_t max_query_len,
              std::int64_t max_seq_len, int num_threads, std::int64_t amx_from_rows,
              std::int64_t amx_int8_from_rows, bool amx_tile_order,
-             bool quant_float_activations, int kv_quant) {
+             bool quant_float_activations, int kv_quant, bool quant_int16_activations) {
     pagedserve::DecoderStep s;
     s.hidden = pointer<std::uint16_t>(hidden);
     s.cos = pointer<const std::uint16_t>(cos);
@@ -95,6 +95,7 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
     s.amx_from_rows = amx_from_rows, s.amx_int8_from_rows = amx_int8_from_rows;
     s.amx_tile_order = amx_tile_order;
     s.quant_float_activations = quant_float_activations;
+    s.quant_int16_activations = quant_int16_activations;
     py::gil_scoped_release release;
     stack.forward(s, num_threads);
 }
@@ -116,5 +117,6 @@ void bind_decoder_stack(py::module_& m) {
              py::arg("num_reqs"), py::arg("num_tokens"), py::arg("max_query_len"),
              py::arg("max_seq_len"), py::arg("num_threads"), py::arg("amx_from_rows") = 0,
              py::arg("amx_int8_from_rows") = 0, py::arg("amx_tile_order") = false,
-             py::arg("quant_float_activations") = false, py::arg("kv_quant") = 0);
+             py::arg("quant_float_activations") = false, py::arg("kv_quant") = 0,
+             py::arg("quant_int16_activations") = false);
 }

@@ -19,7 +19,8 @@ void quant_linear(int ggml_type, Ptr x, std::int64_t x_stride, bool float32, Ptr
                   Ptr residual, std::int64_t residual_stride, Ptr out, std::int64_t out_stride,
                   bool out_float32, std::int64_t m, std::int64_t n, std::int64_t k,
                   std::int64_t gated_width, int num_threads, bool force_portable,
-                  bool dequant_bf16, std::int64_t amx_from_rows, bool float_activations) {
+                  bool dequant_bf16, std::int64_t amx_from_rows, bool float_activations,
+                  bool int16_activations) {
     pagedserve::QuantLinearArgs a;
     a.ggml_type = ggml_type, a.x = pointer<const void>(x), a.x_stride = x_stride;
     a.float32 = float32, a.packed = pointer<const std::uint8_t>(packed);
@@ -27,7 +28,7 @@ void quant_linear(int ggml_type, Ptr x, std::int64_t x_stride, bool float32, Ptr
     a.residual_stride = residual_stride, a.out = pointer<void>(out), a.out_stride = out_stride;
     a.out_float32 = out_float32, a.m = m, a.n = n, a.k = k, a.gated_width = gated_width;
     a.dequant_bf16 = dequant_bf16, a.amx_from_rows = amx_from_rows;
-    a.float_activations = float_activations;
+    a.float_activations = float_activations, a.int16_activations = int16_activations;
     pagedserve::quant_linear(a, num_threads, force_portable);
 }
 
@@ -46,6 +47,7 @@ void bind_linear_quant(py::module_& m) {
           py::arg("n"), py::arg("k"));
     m.def("quant_linear_path", &pagedserve::quant_linear_path);
     m.def("quant_linear_float_path", &pagedserve::quant_linear_float_path);
+    m.def("quant_linear_int16_path", &pagedserve::quant_linear_int16_path);
     m.def("quant_linear_amx_supported", &pagedserve::quant_linear_amx_supported);
     m.def("pack_quant_weight", &pack, py::arg("ggml_type"), py::arg("rows"), py::arg("n"),
           py::arg("k"), py::arg("packed"), py::arg("num_threads"),
@@ -56,6 +58,6 @@ void bind_linear_quant(py::module_& m) {
           py::arg("out_float32"), py::arg("m"), py::arg("n"), py::arg("k"),
           py::arg("gated_width"), py::arg("num_threads"), py::arg("force_portable") = false,
           py::arg("dequant_bf16") = false, py::arg("amx_from_rows") = 0,
-          py::arg("float_activations") = false,
+          py::arg("float_activations") = false, py::arg("int16_activations") = false,
           py::call_guard<py::gil_scoped_release>());
 }

@@ -36,6 +36,7 @@ void project(int type, const std::uint16_t* x, std::int64_t k, const std::uint16
         a.out = out, a.out_stride = out_stride, a.m = m, a.n = rows, a.k = k;
         a.gated_width = gated_width, a.amx_from_rows = step.amx_int8_from_rows;
         a.float_activations = step.quant_float_activations;
+        a.int16_activations = step.quant_int16_activations;
         return quant_linear(a, num_threads);
     }
     LinearArgs a;

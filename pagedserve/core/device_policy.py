@@ -21,7 +21,11 @@ import torch
 
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.attention.ops import cpu_attention_path
+from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig
+from pagedserve.core.distributed.group import TPGroup
+from pagedserve.core.models import load_model
+from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.linear.dense import PackableLinear
 from pagedserve.core.models.linear.dispatch import (
@@ -165,9 +169,10 @@ def pack_for_dispatch(
         dtype,
     )
     model.use_amx(dispatch.amx_from, int8_from, dispatch.amx_tile_order)
-    if model.quantization and mc.quantized_activations == "float":
-        model.use_float_activations(True)
-        int8_note = "; ".join(n for n in (int8_note, "float activations") if n)
+    if model.quantization and mc.quantized_activations != "int8":
+        model.use_quantized_activations(mc.quantized_activations)
+        note = f"{mc.quantized_activations} activations"
+        int8_note = "; ".join(n for n in (int8_note, note) if n)
     if int8_note:
         dispatch = replace(dispatch, summary=f"{dispatch.summary}; quantized kernel: {int8_note}")
     logger.info(
@@ -177,6 +182,37 @@ def pack_for_dispatch(
         f"; the unpacked weights kept for torch take {kept / 2**20:.1f} MiB more" if kept else "",
     )
     return dispatch.summary
+
+
+def load_for_engine(
+    config: EngineConfig,
+    resolved: ResolvedModel,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    group: TPGroup | None = None,
+    head_optional: bool = False,
+    progress: bool = True,
+) -> tuple[CausalLM, ArchConfig, str]:
+    """The one way a served model is loaded (the target, its draft, every tensor-parallel
+    rank): models.load_model with the configured quantization, then packed for the linear path
+    this policy picks; returns the model, the whole model's shape and what runs the weights
+    (the start-up line's "weights", /v1/models')."""
+    mc = config.model
+    # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
+    # long factors only when the served context exceeds the original one).
+    model, arch = load_model(
+        resolved, dtype=dtype, device=device,
+        attention=get_attention_backend(mc.attention_backend, mc.deterministic),
+        max_positions=mc.max_model_len, progress=progress, group=group,
+        quantization=mc.quantization, pack=False, head_optional=head_optional,
+    )  # fmt: skip
+    linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=group is not None)
+    weights = model.quantization or str(dtype).removeprefix("torch.")
+    weights += f"; {linears}" if linears else ""
+    if device.type == "cpu":
+        weights += f"; {cpu_kernels(mc.deterministic, bool(model.quantization), dtype)}"
+    return model, arch, weights
 
 
 def is_batch_invariant(model: CausalLM, attention: AttentionBackend, device: torch.device) -> bool:

@@ -56,14 +56,15 @@ def test_greedy_tokens_equal_transformers(llm: LLM, hf_greedy: list[list[int]]) 
         assert got == want, prompt
 
 
-def test_quantized_weights_with_float_activations_equal_transformers(
-    default_model: ResolvedModel, hf_greedy: list[list[int]]
+@pytest.mark.parametrize("activations", ["float", "int16"])
+def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
+    default_model: ResolvedModel, hf_greedy: list[list[int]], activations: str
 ) -> None:
-    """--quantized-activations float (issue 42 item 5): the Q4_1 blocks stay packed, the
-    activations stay fp32, so the greedy tokens are the dequantized model's: transformers' fp32
-    tokens, and the default model's first question answered right (int8 activations answer it
-    "L'Étoile, la Marseillaise, ...")."""
-    llm = make_llm(default_model, quantization="auto", quantized_activations="float")
+    """--quantized-activations float or int16 (issue 42 item 5): the Q4_1 blocks stay packed,
+    the activations stay fp32 (or int16 per 32 features), so the greedy tokens are the
+    dequantized model's: transformers' fp32 tokens, and the default model's first question
+    answered right (int8 activations answer it "L'Étoile, la Marseillaise, ...")."""
+    llm = make_llm(default_model, quantization="auto", quantized_activations=activations)
     try:
         assert llm.engine.model_runner.model.quantization  # the blocks were kept
         test_greedy_tokens_equal_transformers(llm, hf_greedy)

@@ -64,6 +64,7 @@ struct DecoderStep {
     bool amx_tile_order = false;          // and their LinearArgs::tile_order
     std::int64_t amx_int8_from_rows = 0;  // QuantLinearArgs::amx_from_rows of the quantized
     bool quant_float_activations = false;  // QuantLinearArgs::float_activations of the same
+    bool quant_int16_activations = false;  // QuantLinearArgs::int16_activations, likewise
 };
 
 class DecoderStack {

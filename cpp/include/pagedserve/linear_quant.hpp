@@ -22,6 +22,15 @@
 // over the k features in order, one fp32 accumulator per output element (then the same
 // epilogue): batch-invariant as above. Paths: AVX2 + FMA (8 lanes; ISA level avx2 and every x86
 // level above it) and portable loops (std::fma; every other CPU, aarch64 included).
+//
+// With QuantLinearArgs::int16_activations each x row is rounded to int16 per 32 features instead
+// (d = max|x| / 32512, q = round(x / d): 2^-15 of the block's largest value, where int8 keeps
+// 2^-7), stored as two int8 parts q = 255 hi + lo, and the int8 kernels sum u * hi and u * lo
+// exactly in int32 and fold 255 isum(hi) + isum(lo) as they fold isum: the int8 path's
+// arithmetic on an exact int16 product, so batch-invariant, and the same bits at every level
+// (portable loops below avx2 and on aarch64; the AVX2 kernel, or its AVX-VNNI copy, from level
+// avx2 up, the AVX-512 levels included). Twice the int8 path's multiplies, none of the float
+// path's dequantization: the answers of the dequantized model on SmolLM2-135M (issue 42).
 #pragma once
 
 #include <cstdint>
@@ -74,6 +83,10 @@ struct QuantLinearArgs {
     // x kept in fp32 (see the top of this file): a W4A32 / W8A32 product, no int8 rounding of
     // the activations. Excludes dequant_bf16; amx_from_rows does not apply.
     bool float_activations = false;
+    // x rounded to int16 per 32 features instead of int8 (issue 42: a 135M model survives it;
+    // see the top of this file), on the int8 paths' kernels: excludes float_activations and
+    // dequant_bf16; amx_from_rows does not apply.
+    bool int16_activations = false;
 };
 
 // Which path quant_linear runs on this CPU: "avx512-vnni" or "portable".
@@ -81,6 +94,10 @@ const char* quant_linear_path();
 
 // Which path quant_linear runs with float_activations on this CPU: "avx2" or "portable".
 const char* quant_linear_float_path();
+
+// Which path quant_linear runs with int16_activations on this CPU: "avx2-vnni", "avx2" (every
+// x86 level from avx2 up, AVX-512 ones included) or "portable" (below avx2, and aarch64).
+const char* quant_linear_int16_path();
 
 // True when quant_linear may take AMX-INT8 tiles (with AVX512-VNNI, whose epilogue they share):
 // the CPU has them and Linux granted them, or linear_amx_emulation (linear.hpp) is on.

@@ -23,18 +23,6 @@
 namespace pagedserve::quant_detail {
 namespace {
 
-template <typename T>
-float to_float(const T* x, std::int64_t i) {
-    if constexpr (sizeof(T) == 4) {
-        return x[i];
-    } else {
-        const std::uint32_t bits = static_cast<std::uint32_t>(x[i]) << 16;
-        float f;
-        std::memcpy(&f, &bits, sizeof(f));
-        return f;
-    }
-}
-
 // One block's outputs from its int sums.
 void store_sums(float scale, int low, int high, std::int64_t b, float* d, float* sum32,
                 float* sum16) {

@@ -13,6 +13,11 @@
 // that is one vpmaddubsw per 32 products where the two nibbles of u took two, and 4 rows a
 // micro-tile instead of 2. AVX-VNNI: vpdpbusd sums four products into int32 lanes, 8-bit whole.
 //
+// int16 activations (QuantLinearArgs::int16_activations, kActParts = 2): each row is two int8
+// rows, hi and lo (q = 255 hi + lo, layout.hpp); a step's weight registers meet both, the sums
+// of each part kept apart (R = 2 rows a micro-tile, so still 8 sums), and the fold takes
+// 255 isum(hi) + isum(lo), exact in int32 (|.| <= 32 x 255 x 32512 < 2^31), in place of isum.
+//
 // Work items come from the shared driver (linear/driver.hpp: shares, take-over, panels);
 // within an item, R rows x one half tile (16 columns) at a time keep the int16 sums in registers
 // (R = 4: 8 sums), each group's fold updating fp32 accumulators in
@@ -56,7 +61,7 @@ struct Avx2Args {
 // first and spilling them to the stack (objdump: 64 vpmaddubsw, 56 stores per group).
 PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE void in_register(__m256i& v) { asm("" : "+x"(v)); }
 
-template <int kBits, int kGroup, bool kHalf>
+template <int kBits, int kGroup, bool kHalf, int kActParts = 1>
 struct Avx2Kernel {
     using Args = Avx2Args;
     using Weight = std::uint8_t;
@@ -67,7 +72,7 @@ struct Avx2Kernel {
     // column vector: s for the signs, |s| as vpmaddubsw's u8 operand.
     static constexpr bool kSigned = kBits == 8 && !kVnni;
     static constexpr int kParts = kSigned ? 2 : 1;
-    static constexpr int kRows = 4;  // micro-tile rows: 4 x 2 sums in registers
+    static constexpr int kRows = 4 / kActParts;  // micro-tile rows: 8 sums in registers
     static_assert(kBits == 8 || kGroup == kBlockK, "4-bit formats have one group per block");
 
     static std::int64_t tile_elements(std::int64_t k) { return tile_bytes(kFormat, k); }
@@ -117,13 +122,16 @@ struct Avx2Kernel {
                                                                       const std::uint8_t* block,
                                                                       std::int64_t b, int g, int h,
                                                                       float (&acc)[R][32]) {
-        const std::uint8_t* act[R];
-        for (int r = 0; r < R; ++r) act[r] = a.acts + (row0 + r) * a.act_row_bytes;
+        constexpr int P = kActParts;
+        const std::uint8_t* act[R][P];  // part p of row r: its int8 values, k bytes apart
+        for (int r = 0; r < R; ++r)
+            for (int p = 0; p < P; ++p) act[r][p] = a.acts + (row0 + r) * a.act_row_bytes + p * a.k;
         // int16 pair sums over the group (4-bit), or int32 sums (VNNI; 8-bit signed: a pair of
         // products |s| sign(x, s) is at most 2 x 128 x 127 = 32,512, so each is widened at once).
-        __m256i sum[R][2];
-        for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm256_setzero_si256();
-        const __m256i ones = _mm256_set1_epi16(1);
+        __m256i sum[R][P][2];
+        for (int r = 0; r < R; ++r)
+            for (int p = 0; p < P; ++p) sum[r][p][0] = sum[r][p][1] = _mm256_setzero_si256();
+        [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
         // Unrolled whole, so every step's offsets and nibble are constants and the sums stay
         // in registers (as a loop GCC kept three of the eight on the stack).
 #pragma GCC unroll 8
@@ -133,44 +141,47 @@ struct Avx2Kernel {
             values(block, s, h, 0, v[0]);
             values(block, s, h, 1, v[1]);
 #pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) {
+            for (int rp = 0; rp < R * P; ++rp) {
+                const int r = rp / P, p = rp % P;
                 std::int32_t x4;
-                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
+                std::memcpy(&x4, act[r][p] + kBlockK * b + 4 * s, sizeof(x4));
                 const __m256i x = _mm256_set1_epi32(x4);
 #pragma GCC unroll 2
                 for (int c = 0; c < 2; ++c) {
+                    __m256i& to = sum[r][p][c];
 #if PAGEDSERVE_AVX2_VNNI
-                    sum[r][c] = _mm256_dpbusd_avx_epi32(sum[r][c], v[c][0], x);
+                    to = _mm256_dpbusd_avx_epi32(to, v[c][0], x);
 #else
                     if constexpr (kSigned) {
                         const __m256i pairs = _mm256_maddubs_epi16(
                             v[c][kParts - 1], _mm256_sign_epi8(x, v[c][0]));
                         const __m256i quads = _mm256_madd_epi16(pairs, ones);
-                        sum[r][c] = i == 0 ? quads : _mm256_add_epi32(sum[r][c], quads);
+                        to = i == 0 ? quads : _mm256_add_epi32(to, quads);
                     } else {
                         const __m256i product = _mm256_maddubs_epi16(v[c][0], x);
-                        sum[r][c] = i == 0 ? product : _mm256_add_epi16(sum[r][c], product);
+                        to = i == 0 ? product : _mm256_add_epi16(to, product);
                     }
 #endif
-                    in_register(sum[r][c]);
+                    in_register(to);
                 }
             }
         }
-        __m256i offset[R];  // kSigned: each row's 128 sum(x), shared by both column vectors
+        __m256i offset[R][P] = {};  // kSigned: each row's 128 sum(x), shared by both column vectors
         if constexpr (kSigned)
-            for (int r = 0; r < R; ++r) offset[r] = _mm256_set1_epi32(offset_sum(act[r], b, g));
+            for (int r = 0; r < R; ++r)
+                for (int p = 0; p < P; ++p)
+                    offset[r][p] = _mm256_set1_epi32(offset_sum(act[r][p], b, g));
         for (int c = 0; c < 2; ++c) {
             const std::int64_t lane0 = 16 * h + 8 * c;
             const __m256 scale = load_scales8(block + kFormat.scales_at(0, g), lane0);
             const __m256 min = load_scales8(block + kFormat.scales_at(1, g), lane0);
             for (int r = 0; r < R; ++r) {
-                __m256i isum = sum[r][c];
-                if constexpr (kSigned) {
-                    isum = _mm256_add_epi32(isum, offset[r]);
-                } else if constexpr (!kVnni) {
-                    isum = _mm256_madd_epi16(isum, ones);
+                __m256i isum = int32_sum(sum[r][0][c], offset[r][0]);
+                if constexpr (P == 2) {  // 255 isum(hi) + isum(lo)
+                    isum = _mm256_sub_epi32(_mm256_slli_epi32(isum, 8), isum);
+                    isum = _mm256_add_epi32(isum, int32_sum(sum[r][1][c], offset[r][1]));
                 }
-                const ActivationRow row(act[r], a.k);
+                const ActivationRow row(act[r][0], a.k, P);
                 // fold_group's operations (linear_quant/layout.hpp), so its bits.
                 const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(row.d[b]));
                 float* const at = acc[r] + lane0;
@@ -179,6 +190,19 @@ struct Avx2Kernel {
                 out = _mm256_fmadd_ps(min, _mm256_set1_ps(row.group_sum(kFormat, b, g)), out);
                 _mm256_storeu_ps(at, out);
             }
+        }
+    }
+
+    // One part's exact int32 sums from its registers: + 128 sum(x) (signed 8-bit), or the
+    // int16 pair sums widened (4-bit without VNNI).
+    PAGEDSERVE_AVX2_TARGET PAGEDSERVE_AVX2_INLINE static __m256i int32_sum(__m256i sum,
+                                                                         [[maybe_unused]] __m256i offset) {
+        if constexpr (kSigned) {
+            return _mm256_add_epi32(sum, offset);
+        } else if constexpr (!kVnni) {
+            return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+        } else {
+            return sum;
         }
     }
 
@@ -218,6 +242,17 @@ void run(const Avx2Args& a, int num_threads) {
     linear_detail::run_linear<K, Avx2Items<K>>(a, num_threads);
 }
 
+// The kernel of a's weight format, for int8 (P = 1) or int16 (2) activation rows.
+template <int P>
+void run_format(const Avx2Args& a, int num_threads) {
+    const Format f = format_of(a.q->ggml_type);
+    if (f.bits == 4 && f.half_scales) return run<Avx2Kernel<4, 32, true, P>>(a, num_threads);  // Q4_0/1
+    if (f.bits == 4) return run<Avx2Kernel<4, 32, false, P>>(a, num_threads);                   // Q4_K
+    if (f.half_scales) return run<Avx2Kernel<8, 32, true, P>>(a, num_threads);                  // Q8_0
+    if (f.group_size == 32) return run<Avx2Kernel<8, 32, false, P>>(a, num_threads);            // Q5_K
+    run<Avx2Kernel<8, 16, false, P>>(a, num_threads);                                            // Q6_K
+}
+
 }  // namespace
 
 void PAGEDSERVE_AVX2_ENTRY(const QuantLinearArgs& q, const std::uint8_t* acts,
@@ -225,12 +260,8 @@ void PAGEDSERVE_AVX2_ENTRY(const QuantLinearArgs& q, const std::uint8_t* acts,
     Avx2Args a;
     a.q = &q, a.packed = q.packed, a.m = q.m, a.n = q.n, a.k = q.k;
     a.acts = acts, a.act_row_bytes = act_row_bytes;
-    const Format f = format_of(q.ggml_type);
-    if (f.bits == 4 && f.half_scales) return run<Avx2Kernel<4, 32, true>>(a, num_threads);  // Q4_0/1
-    if (f.bits == 4) return run<Avx2Kernel<4, 32, false>>(a, num_threads);                   // Q4_K
-    if (f.half_scales) return run<Avx2Kernel<8, 32, true>>(a, num_threads);                  // Q8_0
-    if (f.group_size == 32) return run<Avx2Kernel<8, 32, false>>(a, num_threads);            // Q5_K
-    run<Avx2Kernel<8, 16, false>>(a, num_threads);                                            // Q6_K
+    if (q.int16_activations) return run_format<2>(a, num_threads);
+    run_format<1>(a, num_threads);
 }
 
 }  // namespace pagedserve::quant_detail

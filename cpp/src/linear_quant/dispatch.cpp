@@ -65,7 +65,30 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
     quant_detail::quant_linear_float_portable(args, x, stride, num_threads);
 }
 
+// int16_activations: int16 rows (quantize_activations16) on the int8 kernels, each taking them
+// as two int8 parts: the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2
+// up, the AVX-512 levels included (their kernels have no int16 variant: the AVX2 one serves
+// them), else the portable loops.
+void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force_portable) {
+    const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k, 2);
+    thread_local std::vector<std::uint8_t> acts;  // as quant_linear's int8 rows
+    if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
+    quant_detail::quantize_activations16(args.x, args.float32, args.x_stride, args.m, args.k,
+                                         acts.data(), num_threads);
+#if PAGEDSERVE_X86  // the AVX2 kernel from level avx2 up
+    if (!force_portable && cpu_isa_at_least(CpuIsa::kAvx2))
+        return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, num_threads)
+                          : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, num_threads);
+#endif
+    quant_detail::quant_linear_portable(args, acts.data(), row_bytes, num_threads);
+}
+
 }  // namespace
+
+const char* quant_linear_int16_path() {
+    if (avx_vnni()) return "avx2-vnni";
+    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
+}
 
 const char* quant_linear_path() {
     if (vnni_supported()) return "avx512-vnni";
@@ -91,7 +114,10 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     check_linear(args.amx_from_rows >= 0, "quant_linear: amx_from_rows must be >= 0");
     check_linear(!(args.float_activations && args.dequant_bf16),
                  "quant_linear: float_activations and dequant_bf16 exclude each other");
+    check_linear(!(args.int16_activations && (args.float_activations || args.dequant_bf16)),
+                 "quant_linear: int16_activations excludes float_activations and dequant_bf16");
     if (args.float_activations) return quant_linear_float(args, std::max(1, num_threads), force_portable);
+    if (args.int16_activations) return quant_linear_int16(args, std::max(1, num_threads), force_portable);
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k);
     // Per calling thread, grown to the largest call seen: a step calls this several times per
     // layer, so the int8 rows are not allocated each time.

@@ -11,6 +11,10 @@
 //          -8 d, Q4_1: d and m, Q8_0: d and -128 d), else fp32 (the K-quants' d * sub-scale).
 // Activations, per row: int8 q[k], then fp32 d[k / 32], sum32[k / 32] = d * sum(q over the
 // block), sum16[k / 16] = d * sum(q over 16 features); the row is activation_row_bytes(k) long.
+// int16 activations (QuantLinearArgs::int16_activations) store each q = 255 hi + lo as two int8
+// parts, hi[k] then lo[k] (|hi|, |lo| <= 127), before the same d and sums: every int8 kernel sums
+// u * hi and u * lo exactly and folds 255 isum(hi) + isum(lo) as one int32 (activations16.cpp);
+// such a row is activation_row_bytes(k, 2) long.
 #pragma once
 
 #include "cpu/arch.hpp"
@@ -115,20 +119,24 @@ inline std::int64_t tile_bytes(const Format& f, std::int64_t k) {
     return (k / kBlockK) * f.block_bytes();
 }
 
-inline std::int64_t activation_row_bytes(std::int64_t k) {
-    return k + 4 * (k / kBlockK) * 2 + 4 * (k / 16);
+// parts: 1 (int8 q), or 2 (int16 q as its hi and lo int8 parts).
+inline std::int64_t activation_row_bytes(std::int64_t k, int parts = 1) {
+    return parts * k + 4 * (k / kBlockK) * 2 + 4 * (k / 16);
 }
 
-// Views of one activation row.
+// The weight of part 0 (hi) of an int16 activation: q = kInt16Radix hi + lo.
+inline constexpr std::int32_t kInt16Radix = 255;
+
+// Views of one activation row (parts 2: q is hi, lo follows it, k bytes on).
 struct ActivationRow {
     const std::int8_t* q;
     const float* d;
     const float* sum32;
     const float* sum16;
 
-    ActivationRow(const std::uint8_t* row, std::int64_t k)
+    ActivationRow(const std::uint8_t* row, std::int64_t k, int parts = 1)
         : q(reinterpret_cast<const std::int8_t*>(row)),
-          d(reinterpret_cast<const float*>(row + k)),
+          d(reinterpret_cast<const float*>(row + parts * k)),
           sum32(d + k / kBlockK),
           sum16(sum32 + k / kBlockK) {}
 
@@ -144,9 +152,29 @@ struct ActivationRow {
     }
 };
 
+// Element i of an activation row: fp32, or bf16 bits widened (exact).
+template <typename T>
+float to_float(const T* x, std::int64_t i) {
+    if constexpr (sizeof(T) == 4) {
+        return x[i];
+    } else {
+        const std::uint32_t bits = static_cast<std::uint32_t>(x[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof(f));
+        return f;
+    }
+}
+
 // Quantizes rows [0, m) of x (bf16 bits or fp32) into `out` (activation_row_bytes(k) each);
 // portable: the plain loop even where AVX-512 exists (the bytes are the same either way).
 void quantize_activations(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
                           std::int64_t k, std::uint8_t* out, int num_threads, bool portable);
+
+// The int16 rows (activation_row_bytes(k, 2) each): per 32 features d = max|x| / 32512 and
+// q = round-half-even(x * (32512 / max|x|)), |q| <= 32512 = 255 x 127 + 127, split as
+// hi = round(q / 255), lo = q - 255 hi; the sums as the int8 rows' (d * sum(q)). One plain loop
+// at every level (activations16.cpp): the same bytes everywhere.
+void quantize_activations16(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
+                            std::int64_t k, std::uint8_t* out, int num_threads);
 
 }  // namespace pagedserve::quant_detail

@@ -26,9 +26,14 @@ std::int32_t unsigned_value(const Format& f, const std::uint8_t* block, std::int
     return s < 4 ? (byte & 0xF) : (byte >> 4);
 }
 
+// The activation q of feature e of a row: int8, or int16 from its two parts (layout.hpp).
+std::int32_t activation(const ActivationRow& row, std::int64_t k, int parts, std::int64_t e) {
+    return parts == 1 ? row.q[e] : kInt16Radix * row.q[e] + row.q[k + e];
+}
+
 float dot(const Format& f, const std::uint8_t* tile, std::int64_t c, const std::uint8_t* act,
-          std::int64_t k) {
-    const ActivationRow row(act, k);
+          std::int64_t k, int parts) {
+    const ActivationRow row(act, k, parts);
     float acc = 0.0f;
     const std::int64_t per_group = f.group_size;
     for (std::int64_t b = 0; b < k / kBlockK; ++b) {
@@ -36,7 +41,7 @@ float dot(const Format& f, const std::uint8_t* tile, std::int64_t c, const std::
         for (std::int64_t g = 0; g < f.groups(); ++g) {
             std::int32_t isum = 0;
             for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e)
-                isum += unsigned_value(f, block, c, e) * row.q[kBlockK * b + e];
+                isum += unsigned_value(f, block, c, e) * activation(row, k, parts, kBlockK * b + e);
             const float sd = block_scale(f, block, 0, g, c) * row.d[b];
             acc = std::fma(static_cast<float>(isum), sd, acc);
             acc = std::fma(block_scale(f, block, 1, g, c), row.group_sum(f, b, g), acc);
@@ -83,12 +88,13 @@ void store_tile_row(const QuantLinearArgs& a, std::int64_t t, std::int64_t row,
     }
 }
 
-// One tile's 32 columns for one row of int8 activations.
+// One tile's 32 columns for one row of int8 (or int16) activations.
 void tile_row(const QuantLinearArgs& a, const Format& f, std::int64_t t, std::int64_t row,
               const std::uint8_t* act) {
     const std::uint8_t* tile = a.packed + t * tile_bytes(f, a.k);
     float acc[kTileN];
-    for (std::int64_t c = 0; c < kTileN; ++c) acc[c] = dot(f, tile, c, act, a.k);
+    const int parts = a.int16_activations ? 2 : 1;
+    for (std::int64_t c = 0; c < kTileN; ++c) acc[c] = dot(f, tile, c, act, a.k, parts);
     store_tile_row(a, t, row, acc);
 }
 

@@ -61,8 +61,8 @@ class CausalLM(Protocol):
         """Row counts from which the linears run on AMX tiles (device_policy decides)."""
         ...
 
-    def use_float_activations(self, on: bool) -> None:
-        """The layers kept quantized keep their activations in fp32 (device_policy decides)."""
+    def use_quantized_activations(self, kind: str) -> None:
+        """What the layers kept quantized take x as: int8, int16 or float (device_policy)."""
         ...
 
     def dense_projections(self) -> list[PackableLinear]:

@@ -203,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
         self.amx_from = 0  # use_amx(): rows from which the native bf16 kernel takes AMX tiles
         self.amx_int8_from = 0  # and the quantized kernel AMX-INT8 tiles
         self.amx_tile_order = False  # bf16 steps below amx_from sum in the tiles' order
-        self.float_activations = False  # quantized layers keep x in fp32 (use_float_activations)
+        self.quantized_activations = "int8"  # what the quantized layers take x as (use_...)
         self.linear_steps = {"native": 0, "torch": 0}  # forwards per path (route_linears)
         self.has_lm_head = True  # False: an embedding backbone's stand-in head (load_model)
 
@@ -222,7 +222,7 @@ class LlamaForCausalLM(nn.Module):
                       if isinstance(m, PackableLinear))  # fmt: skip
         self.stack = DecoderStack.build(self.decoder_layers())
         self.use_amx(self.amx_from, self.amx_int8_from, self.amx_tile_order)
-        self.use_float_activations(self.float_activations)
+        self.use_quantized_activations(self.quantized_activations)
         return packed
 
     def use_amx(self, from_rows: int, int8_from_rows: int = 0, tile_order: bool = False) -> None:
@@ -242,16 +242,18 @@ class LlamaForCausalLM(nn.Module):
         self.amx_from, self.amx_int8_from = from_rows, int8_from_rows
         self.amx_tile_order = tile_order
 
-    def use_float_activations(self, on: bool) -> None:
-        """The layers kept quantized keep x in fp32 (no int8 rounding; --quantized-activations
-        float), the decoder stack's included. Set it before the first step: pages the prefix
-        cache holds were computed with the activations of their time."""
+    def use_quantized_activations(self, kind: str) -> None:
+        """What the layers kept quantized take x as (--quantized-activations: int8, int16 or
+        float; models/linear/quantized.py's ACTIVATIONS), the decoder stack's included. Set it
+        before the first step: pages the prefix cache holds were computed with the activations
+        of their time."""
         for m in self.modules():
             if isinstance(m, QuantizedLinear | QuantizedGateUpLinear):
-                m.use_float_activations(on)
+                m.use_activations(kind)
         if self.stack is not None:
-            self.stack.quant_float_activations = on
-        self.float_activations = on
+            self.stack.quant_float_activations = kind == "float"
+            self.stack.quant_int16_activations = kind == "int16"
+        self.quantized_activations = kind
 
     def dense_projections(self) -> list[PackableLinear]:
         """Every decoder layer's dense projections (qkv, o, gate_up, down); [] unless every

@@ -8,12 +8,20 @@ time by the ISA level; every path gives the same bits.
         out = x W^T (+ bias) (+ residual), or silu(x W_gate^T) * (x W_up^T) when gated_width
     quant_linear(..., amx_from_rows=64)                calls of >= 64 rows on AMX-INT8 tiles
     quant_linear(..., float_activations=True)          x kept in fp32: no int8 rounding
+    quant_linear(..., int16_activations=True)          x rounded to int16 per 32 features
 
 float_activations (issue 42): x used as fp32 (bf16 widened exactly), each weight dequantized in
 registers (w = fma(scale, u, min), exact), one fp32 FMA chain over k per output: the product of
 x with the dequantized weight up to fp32 summation, for models too small to survive int8
 activations (SmolLM2-135M). AVX2 + FMA from ISA level avx2 up, portable loops elsewhere
 (quant_linear_float_path()); batch-invariant on every level, not bit-equal across levels.
+
+int16_activations (issue 42): x rounded to int16 per 32 features (d = max|x| / 32512) and
+carried as two int8 parts q = 255 hi + lo through the int8 kernels, whose int32 sums stay exact:
+2^-15 of a block's largest value where int8 keeps 2^-7, at about twice the int8 multiplies.
+SmolLM2-135M gives the dequantized model's greedy tokens with it. The AVX2 kernel (or its
+AVX-VNNI copy) from ISA level avx2 up, the AVX-512 levels included; portable loops elsewhere
+(quant_linear_int16_path()); the same bits on every level.
 
 Batch-invariant like the bf16 kernel: each output is the same operations in the same order
 whatever the number of rows; the AMX-INT8 tiles give the VNNI path's bits (exact int32 sums),
@@ -46,6 +54,12 @@ def quant_linear_path() -> str:
 def quant_linear_float_path() -> str:
     """The path float_activations=True runs at the active ISA level: "avx2" or "portable"."""
     return str(_core.quant_linear_float_path())
+
+
+def quant_linear_int16_path() -> str:
+    """The path int16_activations=True runs at the active ISA level: "avx2-vnni", "avx2" or
+    "portable"."""
+    return str(_core.quant_linear_int16_path())
 
 
 def quant_amx_available() -> bool:
@@ -86,6 +100,7 @@ def _check(
     gated_width: int,
     amx_from_rows: int = 0,
     float_activations: bool = False,
+    int16_activations: bool = False,
 ) -> None:
     """x [m, k] bf16 or fp32 on the CPU; out [m, n] in x's dtype or fp32 ([m, gated_width] for a
     gated product); bias [n] and residual [m, n] in x's dtype; rows contiguous in the last dim."""
@@ -98,6 +113,8 @@ def _check(
              out.dtype, tuple(out.shape))  # fmt: skip
     require(ggml_type in QUANT_TYPES, "no quantized kernel for ggml type {}", ggml_type)
     require(amx_from_rows >= 0, "amx_from_rows must be >= 0 (0: never), got {}", amx_from_rows)
+    require(not (float_activations and int16_activations),
+             "float_activations and int16_activations exclude each other")  # fmt: skip
     m, k = x.shape
     n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
     require(gated_width <= 0 or out.shape[1] == gated_width,
@@ -123,10 +140,11 @@ def quant_linear_eager(
     gated_width: int,
     amx_from_rows: int = 0,  # calls of at least this many rows on AMX-INT8 tiles (0: never)
     float_activations: bool = False,  # x kept in fp32 (no int8 rounding; amx_from_rows unused)
+    int16_activations: bool = False,  # x rounded to int16, not int8 (amx_from_rows unused)
 ) -> None:
     """quant_linear's body."""
     _check(out, x, packed, ggml_type, bias, residual, gated_width, amx_from_rows,
-           float_activations)  # fmt: skip
+           float_activations, int16_activations)  # fmt: skip
     m, k = x.shape
     n = int(_core.gated_rows(gated_width)) if gated_width > 0 else out.shape[1]
     res_ptr, res_stride = (0, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
@@ -134,7 +152,8 @@ def quant_linear_eager(
                        packed.data_ptr(), 0 if bias is None else bias.data_ptr(), res_ptr,
                        res_stride, out.data_ptr(), out.stride(0), out.dtype == torch.float32,
                        m, n, k, max(gated_width, 0), torch.get_num_threads(),
-                       False, False, amx_from_rows, float_activations)  # fmt: skip
+                       False, False, amx_from_rows, float_activations,
+                       int16_activations)  # fmt: skip
 
 
 quant_linear = NativeOp.declare("quant_linear", quant_linear_eager, _check, mutates=("out",))

@@ -163,9 +163,11 @@ def test_every_linear_kept_only_when_no_linear_is_left_dense(
         assert plan.linears and "layers.0.mlp" in plan.dense  # attention kept, experts not
 
 
-def test_float_activations_are_a_layer_attribute_each_forward_passes_on() -> None:
-    """use_float_activations(True) after load: x kept in fp32, so the segments compute x W^T of
-    the dequantized weight up to fp32 sums (ops/linear_quant.py), not the int8 rounding."""
+@pytest.mark.parametrize("kind", ["float", "int16"])
+def test_activations_are_a_layer_attribute_each_forward_passes_on(kind: str) -> None:
+    """use_activations("float") after load: x kept in fp32, so the segments compute x W^T of
+    the dequantized weight up to fp32 sums (ops/linear_quant.py), not the int8 rounding;
+    "int16": x rounded to 2^-15 of each block's largest value, ~256 times nearer than int8."""
     k, widths, types = 96, (64, 40), (Q.Q4_1, Q.Q8_0)
     holder, rows = segmented_layer(k, widths, types, bias=False)
     layer = holder.proj
@@ -174,9 +176,11 @@ def test_float_activations_are_a_layer_attribute_each_forward_passes_on() -> Non
     w = np.concatenate([dequantized(r, t) for r, t in zip(rows, types, strict=True)])
     exact = x.double().numpy() @ w.T.astype(np.float64) + residual.double().numpy()
     int8 = layer(x, residual).double().numpy()
-    layer.use_float_activations(True)
+    layer.use_activations(kind)
+    assert (layer.float_activations, layer.int16_activations) == (kind == "float", kind == "int16")
     got = layer(x, residual).double().numpy()
-    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if kind == "float" else 1e-3
+    np.testing.assert_allclose(got, exact, rtol=tol, atol=tol)
     assert np.abs(got - exact).max() < 0.01 * np.abs(int8 - exact).max()
 
     gate, up = gguf_rows(Q.Q4_1, 40, k, 7), gguf_rows(Q.Q4_1, 40, k, 8)
@@ -186,16 +190,22 @@ def test_float_activations_are_a_layer_attribute_each_forward_passes_on() -> Non
     plan.install(holder)
     mlp = holder.mlp
     assert isinstance(mlp, QuantizedGateUpLinear) and mlp.float_activations is False
-    mlp.use_float_activations(True)
+    mlp.use_activations(kind)
     g = x.double().numpy() @ dequantized(gate, Q.Q4_1).T.astype(np.float64)
     u = x.double().numpy() @ dequantized(up, Q.Q4_1).T.astype(np.float64)
     np.testing.assert_allclose(mlp(x).double().numpy(), g / (1 + np.exp(-g)) * u, rtol=1e-4,
-                               atol=1e-5)  # fmt: skip
+                               atol=1e-5 if kind == "float" else 1e-3)  # fmt: skip
+    with pytest.raises(ValueError, match="activations must be one of"):
+        layer.use_activations("int4")
 
 
-def test_float_activations_bring_the_model_to_the_dequantized_ones_logits(tmp_path: Path) -> None:
-    """Every quantized layer of a tiny Q4_1 model with float activations: fp32 logits equal the
-    dequantized model's up to fp32 summation order, far inside the int8 path's distance."""
+@pytest.mark.parametrize(("kind", "tol"), [("float", 1e-4), ("int16", 1e-3)])
+def test_float_and_int16_activations_bring_the_model_to_the_dequantized_ones_logits(
+    tmp_path: Path, kind: str, tol: float
+) -> None:
+    """Every quantized layer of a tiny Q4_1 model with float (int16) activations: fp32 logits
+    equal the dequantized model's up to fp32 summation order (and int16 rounding), far inside
+    the int8 path's distance."""
     path = tmp_path / "m.gguf"
     write_gguf_model(path, "llama", qtype="Q4_1", tie=True)
     model, arch = load(path, "auto")
@@ -204,7 +214,7 @@ def test_float_activations_bring_the_model_to_the_dequantized_ones_logits(tmp_pa
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedGateUpLinear)]
     assert layers
     for layer in layers:
-        layer.use_float_activations(True)
+        layer.use_activations(kind)
     got = logits(model, arch)
-    assert (got - want).abs().max() <= 1e-4 * want.std(), (got - want).abs().max()
+    assert (got - want).abs().max() <= tol * want.std(), (got - want).abs().max()
     assert (got - want).abs().max() < 0.05 * (int8 - want).abs().max()

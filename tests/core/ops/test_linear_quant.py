@@ -6,7 +6,8 @@ Stated tolerances:
 - against the exact int8 oracle (x rounded per 32 features as the kernel does, then an fp64
   product with the dequantized weight): 1e-5 of sum |xq| |w| (fp32 accumulation only);
 - against dequantize-then-fp32 matmul of the unrounded x: half an int8 step per block,
-  |y - x W^T| <= sum over blocks b of max|x_b| / 254 * sum_{i in b} |w_i| (+ 1e-5 relative).
+  |y - x W^T| <= sum over blocks b of max|x_b| / 254 * sum_{i in b} |w_i| (+ 1e-5 relative);
+  the same two with int16 rows (max|x_b| / 65024: int16_activations).
 - float_activations (x kept in fp32) against the fp64 product of x with the dequantized weight
   (gguf.quants', in fp32): one fp32 FMA chain over k, |y - x W^T| <= (k + 4) 2^-24 sum |x| |w|
   (k roundings of the sum, a few ulp of w where gguf's fp32 dequantization rounds), plus half a
@@ -48,32 +49,38 @@ def weight(qtype: Q, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.nd
 
 
 def product(qtype: Q, packed: torch.Tensor, x: torch.Tensor, n: int, **kw) -> torch.Tensor:
-    out = torch.empty(x.shape[0], n, dtype=kw.pop("out_dtype", x.dtype))
-    quant_linear(out, x, packed, int(qtype), kw.get("bias"), kw.get("residual"), 0)
+    out = kw.pop("out", None)
+    if out is None:
+        out = torch.empty(x.shape[0], n, dtype=kw.pop("out_dtype", x.dtype))
+    quant_linear(out, x, packed, int(qtype), kw.get("bias"), kw.get("residual"), 0, 0, False,
+                 kw.get("int16", False))  # fmt: skip
     return out
 
 
 @pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("qmax", [127, 32512], ids=["int8", "int16"])
 @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
-def test_matches_the_int8_oracle_and_the_fp32_dequantized_product(
-    qtype: Q, shape: tuple[int, int, int], cpu_isa: str
+def test_matches_the_int8_or_int16_oracle_and_the_fp32_dequantized_product(
+    qtype: Q, shape: tuple[int, int, int], qmax: int, cpu_isa: str
 ) -> None:
+    """int8 rows (127) or int16 rows (32512: int16_activations, test_linear_quant_int16.py)."""
     m, n, k = shape
     packed, w = weight(qtype, n, k, seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
-    got = product(qtype, packed, x, n).double().numpy()
-    xq = int8_activations(x.numpy())
+    got = product(qtype, packed, x, n, int16=qmax > 127).double().numpy()
+    xq = int8_activations(x.numpy(), qmax)
     exact = xq @ w.T.astype(np.float64)
     assert np.all(np.abs(got - exact) <= 1e-5 * (np.abs(xq) @ np.abs(w.T)) + 1e-7)
     dense = x.double().numpy() @ w.T.astype(np.float64)
     amax = np.abs(x.numpy().reshape(m, -1, 32)).max(axis=-1)
-    bound = np.repeat(amax / 254, 32, axis=1) @ np.abs(w.T) * 1.0001
+    bound = np.repeat(amax / (2 * qmax), 32, axis=1) @ np.abs(w.T) * 1.0001
     assert np.all(np.abs(got - dense) <= bound + 1e-5 * (np.abs(x.numpy()) @ np.abs(w.T)))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
+@pytest.mark.parametrize("qmax", [127, 32512], ids=["int8", "int16"])
 @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
-def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, cpu_isa: str) -> None:
+def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, qmax: int, cpu_isa: str) -> None:
     m, n, k = shapes(qtype)[1]
     packed, w = weight(qtype, n, k)
     gen = torch.Generator().manual_seed(3)
@@ -81,25 +88,27 @@ def test_bf16_bias_in_place_residual_and_fp32_logits(qtype: Q, cpu_isa: str) -> 
     bias = torch.randn(n, generator=gen).bfloat16()
     out = torch.randn(m, n, generator=gen).bfloat16()
     start = out.double().numpy().copy()
-    quant_linear(out, x, packed, int(qtype), bias, out, 0)  # residual is out itself
-    exact = int8_activations(x.float().numpy()) @ w.T.astype(np.float64)
+    product(qtype, packed, x, n, out=out, bias=bias, residual=out, int16=qmax > 127)  # in place
+    exact = int8_activations(x.float().numpy(), qmax) @ w.T.astype(np.float64)
     want = exact + bias.double().numpy() + start
     np.testing.assert_allclose(out.double().numpy(), want, rtol=2**-7, atol=1e-4)
-    logits = product(qtype, packed, x, n, out_dtype=torch.float32).double().numpy()
+    logits = product(qtype, packed, x, n, out_dtype=torch.float32, int16=qmax > 127)
+    logits = logits.double().numpy()
     np.testing.assert_allclose(logits, exact, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("qmax", [127, 32512], ids=["int8", "int16"])
 @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
-def test_gated_product_is_silu_gate_times_up(qtype: Q, cpu_isa: str) -> None:
+def test_gated_product_is_silu_gate_times_up(qtype: Q, qmax: int, cpu_isa: str) -> None:
     m, width, k = 9, 40, shapes(qtype)[0][2]
     gate, up = gguf_rows(qtype, width, k, 1), gguf_rows(qtype, width, k, 2)
     table = gated_row_table(row_addresses(gate), row_addresses(up), width)
     packed = pack_quant_weight(int(qtype), table, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
     out = torch.empty(m, width)
-    quant_linear(out, x, packed, int(qtype), None, None, width)
-    xq = int8_activations(x.numpy())
+    quant_linear(out, x, packed, int(qtype), None, None, width, 0, False, qmax > 127)
+    xq = int8_activations(x.numpy(), qmax)
     wg, wu = dequantized(gate, qtype).T, dequantized(up, qtype).T
     g, u = xq @ wg, xq @ wu
     silu = g / (1 + np.exp(-g))

@@ -62,6 +62,8 @@ class NativeDecoderStack:
         """Steps below amx_from_rows sum the bf16 projections in the tiles' order."""
         self.quant_float_activations = False
         """The quantized projections keep x in fp32 (ops/linear_quant.py's float_activations)."""
+        self.quant_int16_activations = False
+        """The quantized projections round x to int16 (ops/linear_quant.py's int16_activations)."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
 
@@ -98,6 +100,7 @@ class NativeDecoderStack:
             amx_int8_from_rows=self.amx_int8_from_rows,
             amx_tile_order=self.amx_tile_order,
             quant_float_activations=self.quant_float_activations,
+            quant_int16_activations=self.quant_int16_activations,
             kv_quant=int(_core.KvQuant.int8 if kv_caches[0].dtype == torch.int8 else 0),
         )
         return hidden

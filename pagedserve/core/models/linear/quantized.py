@@ -60,11 +60,17 @@ def _use_amx(layer: QuantizedLinear | QuantizedGateUpLinear, from_rows: int) -> 
     layer.amx_from = from_rows
 
 
-def _use_float_activations(layer: QuantizedLinear | QuantizedGateUpLinear, on: bool) -> None:
-    """Keep the activations in fp32 for this layer's products (ops/linear_quant.py's
-    float_activations: no int8 rounding; slower in batches, right for models as small as
-    SmolLM2-135M). Settable after load; each forward passes it on."""
-    layer.float_activations = bool(on)
+ACTIVATIONS = ("int8", "int16", "float")
+"""What the kernels multiply the blocks with (ops/linear_quant.py): x rounded to int8 per 32
+features (llama.cpp's), to int16 (int16_activations), or kept in fp32 (float_activations)."""
+
+
+def _use_activations(layer: QuantizedLinear | QuantizedGateUpLinear, kind: str) -> None:
+    """This layer's products take x as `kind` (ACTIVATIONS): int16 and float keep what a
+    model as small as SmolLM2-135M loses to int8. Settable after load; each forward passes it on."""
+    require(kind in ACTIVATIONS, "activations must be one of {}, got {!r}", ACTIVATIONS, kind)
+    layer.float_activations = kind == "float"
+    layer.int16_activations = kind == "int16"
 
 
 class QuantizedLinear(nn.Module):
@@ -82,12 +88,14 @@ class QuantizedLinear(nn.Module):
         self.amx_from = 0
         """Rows from which the kernel runs on AMX-INT8 tiles (0: never; use_amx())."""
         self.float_activations = False
-        """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
+        """x kept in fp32 instead of int8 per 32 features (use_activations())."""
+        self.int16_activations = False
+        """x rounded to int16 instead of int8 per 32 features (use_activations())."""
         self.lora: LoraWeights | None = None
         """The adapters beside the quantized blocks, in the model's dtype (enable_lora())."""
 
     use_amx = _use_amx
-    use_float_activations = _use_float_activations
+    use_activations = _use_activations
 
     def weight_bytes(self) -> int:
         return sum(s.packed.numel() for s in self.segments)
@@ -115,7 +123,8 @@ class QuantizedLinear(nn.Module):
             quant_linear(out if whole else out[:, cols], x, s.packed, s.ggml_type,
                          None if self.bias is None else self.bias[cols],
                          residual if whole or residual is None else residual[:, cols],
-                         0, self.amx_from, self.float_activations)  # fmt: skip
+                         0, self.amx_from, self.float_activations,
+                         self.int16_activations)  # fmt: skip
             col += s.width
         return add_lora(out, x, self.lora, lora)
 
@@ -133,11 +142,13 @@ class QuantizedGateUpLinear(nn.Module):
         self.ggml_type, self.packed = ggml_type, packed
         self.amx_from = 0
         self.float_activations = False
-        """x kept in fp32 instead of int8 per 32 features (use_float_activations())."""
+        """x kept in fp32 instead of int8 per 32 features (use_activations())."""
+        self.int16_activations = False
+        """x rounded to int16 instead of int8 per 32 features (use_activations())."""
         self.lora: LoraWeights | None = None
 
     use_amx = _use_amx
-    use_float_activations = _use_float_activations
+    use_activations = _use_activations
 
     def weight_bytes(self) -> int:
         return self.packed.numel()
@@ -153,12 +164,12 @@ class QuantizedGateUpLinear(nn.Module):
         if lora is not None and self.lora is not None:  # the adapters add before the activation
             product = torch.empty((x.shape[0], int(core.gated_rows(self.width))), dtype=x.dtype)
             quant_linear(product, x, self.packed, self.ggml_type, None, None, 0, self.amx_from,
-                         self.float_activations)  # fmt: skip
+                         self.float_activations, self.int16_activations)  # fmt: skip
             gate_up = self.lora.add(deinterleave_gated(product, self.width), x, lora)
             return gated_activation(gate_up, self.width, "silu")
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
         quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from,
-                     self.float_activations)  # fmt: skip
+                     self.float_activations, self.int16_activations)  # fmt: skip
         return out
 
 
