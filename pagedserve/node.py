@@ -40,10 +40,7 @@ def run_node(config: EngineConfig) -> int:
         resolved=resolve_model(mc.model),
         dtype=choose_dtype(mc.dtype, device),
         device=device,
-        attention_backend=mc.attention_backend,
-        deterministic=mc.deterministic,
-        max_positions=mc.max_model_len,
-        page_size=config.cache.page_size,
+        config=config,
         parallel=parallel,
     )
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

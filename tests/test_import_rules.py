@@ -253,7 +253,16 @@ def test_torch_free_modules_load_no_torch(module: str) -> None:
 
 
 SERVER = "pagedserve.openai_compat"
-ENDPOINTS = ("chat", "completions", "embeddings", "responses", "infill", "messages", "rerank")
+ENDPOINTS = (
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "infill",
+    "messages",
+    "rerank",
+    "lora",
+)
 # What an endpoint package may import besides common/ and itself: /v1/responses is served on
 # the chat machinery (its items become chat messages, chat's service generates); /infill builds
 # its prompt with completions' fill-in-the-middle helpers (completions/fim.py); /v1/messages is

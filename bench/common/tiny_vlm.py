@@ -33,8 +33,15 @@ MIN_PIXELS = 56 * 56
 MAX_PIXELS = 28 * 28 * 64
 
 
-def write_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0) -> torch.nn.Module:
-    """Write the folder; returns the transformers model (fp32, eval) it holds."""
+def write_tiny_qwen2_5_vl(
+    folder: Path,
+    *,
+    seed: int = 0,
+    text_shape: dict[str, Any] | None = None,
+    vision_shape: dict[str, Any] | None = None,
+) -> torch.nn.Module:
+    """Write the folder; returns the transformers model (fp32, eval) it holds. text_shape /
+    vision_shape: config fields replacing the tiny ones (benchmarks use wider models)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -56,11 +63,12 @@ def write_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0) -> torch.nn.Module:
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        **(text_shape or {}),
     )  # fmt: skip
     vision = dict(
         depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-        fullatt_block_indexes=[1],
+        fullatt_block_indexes=[1], **(vision_shape or {}),
     )  # fmt: skip
     config = Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],

@@ -86,9 +86,6 @@ class EngineClient(Protocol):
     def errored(self) -> bool:
         """True once the engine has stopped after a fault; every call is then refused."""
 
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """Raise now what `generate` would raise for this request, without starting it."""
-
     def generate(
         self,
         request_id: str,

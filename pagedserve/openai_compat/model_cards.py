@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedserve.openai_compat.common.serving import ServingContext
+from pagedserve.openai_compat.lora.serving import lora_cards
 from pagedserve.openai_compat.model_pool import ModelState
 from pagedserve.openai_compat.state import ServerState
 
@@ -23,6 +24,8 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
         if model.status == "failed" and model.error:
             card["status"]["error"] = model.error
         cards.append(card)
+        if ctx is not None:  # its LoRA adapters, `parent` the model (lora/serving.py)
+            cards += lora_cards(ctx, state.started)
     return cards
 
 

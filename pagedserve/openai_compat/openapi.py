@@ -12,6 +12,7 @@ from pagedserve import __version__
 from pagedserve.openai_compat.common.protocol import REQUEST_MODELS
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 from pagedserve.openai_compat.infill.protocol import InfillRequest
+from pagedserve.openai_compat.lora.protocol import LORA_REQUEST_MODELS
 from pagedserve.openai_compat.messages.protocol import MESSAGES_REQUEST_MODELS
 from pagedserve.openai_compat.rerank.protocol import RERANK_REQUEST_MODELS
 from pagedserve.openai_compat.responses.protocol import RESPONSES_REQUEST_MODELS
@@ -23,6 +24,7 @@ ROUTE_MODELS: dict[str, type[BaseModel]] = {
     **RESPONSES_REQUEST_MODELS,
     **MESSAGES_REQUEST_MODELS,
     **RERANK_REQUEST_MODELS,
+    **LORA_REQUEST_MODELS,
 }
 """The request body of every POST route (protocol.py's and the newer modules')."""
 

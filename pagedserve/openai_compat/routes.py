@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -26,6 +29,8 @@ from pagedserve.openai_compat.common.serving import (
 from pagedserve.openai_compat.embeddings.protocol import EmbeddingRequest
 from pagedserve.openai_compat.embeddings.serving import embedding_only
 from pagedserve.openai_compat.infill.protocol import InfillRequest
+from pagedserve.openai_compat.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from pagedserve.openai_compat.lora.serving import DISABLED, load_adapter, unload_adapter
 from pagedserve.openai_compat.messages.errors import anthropic_error
 from pagedserve.openai_compat.messages.protocol import CountTokensRequest, MessagesRequest
 from pagedserve.openai_compat.model_cards import model_cards
@@ -35,6 +40,8 @@ from pagedserve.openai_compat.rerank.serving import scoring_only
 from pagedserve.openai_compat.responses.protocol import ResponsesRequest
 from pagedserve.openai_compat.responses.serving import ResponsesService
 from pagedserve.openai_compat.state import ServerState
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _state(request: Request) -> ServerState:
@@ -184,6 +191,30 @@ async def model(request: Request) -> Response:
 
 
 @endpoint
+async def load_lora_adapter(request: Request) -> Response:
+    state, body = await _lora_body(request, LoadLoRAAdapterRequest)
+    async with state.serving(body.model) as served:
+        return await load_adapter(served.ctx.engine, body.lora_name, body.lora_path)
+
+
+@endpoint
+async def unload_lora_adapter(request: Request) -> Response:
+    state, body = await _lora_body(request, UnloadLoRAAdapterRequest)
+    async with state.serving(body.model) as served:
+        return await unload_adapter(served.ctx.engine, body.lora_name)
+
+
+async def _lora_body(request: Request, model: type[Body]) -> tuple[ServerState, Body]:
+    """The adapter routes' body, once runtime updating is allowed (400 otherwise)."""
+    state = _state(request)
+    state.available()
+    body = await parse(request, model, state.config.max_body_bytes)
+    if not state.config.allow_runtime_lora_updating:
+        raise errors.invalid(DISABLED)
+    return state, body
+
+
+@endpoint
 async def tokenize(request: Request) -> Response:
     state = _state(request)
     state.available()
@@ -250,6 +281,8 @@ ROUTES = [
     Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
+    Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+    Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/health", health, methods=["GET"]),

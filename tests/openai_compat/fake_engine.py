@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from pagedserve.core.engine_client import EngineClient, ModelInfo
 from pagedserve.core.errors import ContextLengthError, QueueFullError
+from pagedserve.core.lora_request import LoRAError, LoRANotFoundError, LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.multimodal.processor import ImageProcessor
 from pagedserve.core.outputs import (
@@ -112,6 +113,8 @@ class FakeEngine:
         self.script: str | None = None
         """When set, every output is this text (one character per token), then "stop"."""
         self.image_processor: ImageProcessor | None = None
+        self.loras: dict[str, LoRARequest] = {}
+        self.seen_loras: list[LoRARequest | None] = []
         """Set by a test to take images (a text-only model by default)."""
         self.seen_multimodal: list[MultiModalInputs | None] = []
 
@@ -121,7 +124,7 @@ class FakeEngine:
         if self.compile_gate is not None:
             assert self.compile_gate.wait(30), "compile_gate never opened"
 
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def _admit(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         max_model_len = self.model_info.max_model_len
         if num_prompt_tokens + (params.max_tokens or 0) > max_model_len:
             raise ContextLengthError(f"{num_prompt_tokens} tokens do not fit {max_model_len}")
@@ -134,8 +137,10 @@ class FakeEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         multimodal: MultiModalInputs | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> FakeStream:
-        self.check_admission(len(prompt_token_ids), params)
+        self._admit(len(prompt_token_ids), params)
+        self.seen_loras.append(lora_request)
         self.seen_multimodal.append(multimodal)
         self.seen_params.append(params)
         self.seen_prompts.append(list(prompt_token_ids))
@@ -211,6 +216,20 @@ class FakeEngine:
         pages, size = self.model_info.num_pages, self.model_info.page_size
         return EngineStats(used, 0, pages, size, pages - used, used, 0,
                            10, 4, 0, self.num_generated, dict(self.finished_reasons))  # fmt: skip
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.loras.values())
+
+    async def load_lora(self, name: str, path: str) -> LoRARequest:
+        """Any path loads (the real reading is core/lora's, tested there)."""
+        if name in self.loras:
+            raise LoRAError(f"an adapter named {name!r} is already loaded")
+        self.loras[name] = LoRARequest(name, len(self.loras) + 1, path)
+        return self.loras[name]
+
+    async def unload_lora(self, name: str) -> None:
+        if self.loras.pop(name, None) is None:
+            raise LoRANotFoundError(f"The model `{name}` does not exist.")
 
     async def shutdown(self) -> None:
         return None

@@ -18,11 +18,13 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine.in_flight import InFlight
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.errors import EngineDeadError, QueueFullError
+from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import CompletionOutput, EngineStats, RequestOutput
 from pagedserve.core.pooling_params import PoolingParams
@@ -114,7 +116,18 @@ class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams | PoolingParams
+    max_tokens: int | None = None  # resolved at admission (generation only)
     multimodal: MultiModalInputs | None = None
+    lora_request: LoRARequest | None = None
+
+
+@dataclass
+class _Call:
+    """fn() on the engine thread, between steps (what changes the model's weights: adapters);
+    its result or exception settles `future` on the event loop."""
+
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
 
 
 @dataclass
@@ -134,7 +147,7 @@ class AsyncEngine:
         self.chat_template = engine.chat_template
         self.model_info = engine.model_info
         self.image_processor = engine.image_processor
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop | _Call] = queue.SimpleQueue()
         self._mailboxes: dict[str, Mailbox] = {}
         self._in_flight = InFlight()  # the event loop's: what running + waiting count
         self._errored: str | None = None
@@ -159,13 +172,16 @@ class AsyncEngine:
         until its reader took its end or the request was aborted, at every instant."""
         return self._in_flight.split(self._stats)
 
-    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+    def _admit(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """The request's max_tokens, resolved against the context once, here; raises what
+        the client must hear before anything is sent."""
         if self._errored is not None:
             raise EngineDeadError(self._errored)
         if not self.engine.can_generate:
             raise ValueError("this model has no LM head: it serves embeddings only")
-        self.engine.resolve_max_tokens(num_prompt_tokens, params)
+        max_tokens = self.engine.resolve_max_tokens(num_prompt_tokens, params)
         self._check_queue()
+        return max_tokens
 
     def generate(
         self,
@@ -173,15 +189,41 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         multimodal: MultiModalInputs | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> OutputStream:
-        """Admits the request now and returns the stream of its outputs.
+        """Admits the request now and returns the stream of its outputs (run with the adapter
+        `lora_request`, one of list_loras(), or the base model).
 
         Admission is synchronous on purpose: ContextLengthError, QueueFullError and
         EngineDeadError reach the caller before it starts a response, and a burst of requests
         arriving together is counted one by one (no await between check and enqueue).
         """
-        self.check_admission(len(prompt_token_ids), params)
-        return self._submit(request_id, prompt_token_ids, params, multimodal)
+        max_tokens = self._admit(len(prompt_token_ids), params)
+        return self._submit(request_id, prompt_token_ids, params, max_tokens, multimodal,
+                            lora_request)  # fmt: skip
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.engine.list_loras()
+
+    async def load_lora(self, name: str, path: str) -> LoRARequest:
+        """Load the PEFT adapter at `path` as `name`, between two steps; LoRAError naming
+        what is wrong (the engine keeps serving)."""
+        request: LoRARequest = await self._on_engine_thread(
+            lambda: self.engine.add_lora(name, path)
+        )
+        return request
+
+    async def unload_lora(self, name: str) -> None:
+        """LoRANotFoundError when no adapter has that name."""
+        await self._on_engine_thread(lambda: self.engine.remove_lora(name))
+
+    async def _on_engine_thread(self, fn: Callable[[], Any]) -> Any:
+        if self._errored is not None:
+            raise EngineDeadError(self._errored)
+        self._loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._commands.put(_Call(fn, future))
+        return await future
 
     def embed(
         self, request_id: str, prompt_token_ids: list[int], params: PoolingParams
@@ -203,7 +245,9 @@ class AsyncEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams | PoolingParams,
+        max_tokens: int | None = None,
         multimodal: MultiModalInputs | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> OutputStream:
         loop = asyncio.get_running_loop()
         if self._loop is None:
@@ -215,7 +259,8 @@ class AsyncEngine:
         mailbox = Mailbox()
         self._mailboxes[request_id] = mailbox
         self._in_flight.add(request_id, params.n if isinstance(params, SamplingParams) else 1)
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, multimodal))
+        add = _Add(request_id, list(prompt_token_ids), params, max_tokens, multimodal, lora_request)
+        self._commands.put(add)
         return OutputStream(self, request_id, mailbox)
 
     def compile_grammar(self, spec: StructuredOutputs) -> None:
@@ -299,17 +344,28 @@ class AsyncEngine:
                 self.engine.abort(command.request_id)
                 self._stats = self.engine.stats()
                 continue
+            if isinstance(command, _Call):
+                self._call(command)
+                continue
             self._add(command)
 
     def _add(self, command: _Add) -> None:
         try:
             self.engine.add_request(
-                command.request_id, command.prompt_token_ids, command.params,
-                multimodal=command.multimodal,
+                command.request_id, command.prompt_token_ids, command.params, command.max_tokens,
+                multimodal=command.multimodal, lora_request=command.lora_request,
             )  # fmt: skip
             self._stats = self.engine.stats()
-        except ValueError as exc:  # raced past check_admission; tell the client why
+        except ValueError as exc:  # raced past admission; tell the client why
             self._deliver([_error_output(command.request_id, command.prompt_token_ids, str(exc))])
+
+    def _call(self, command: _Call) -> None:
+        try:
+            result = command.fn()
+        except Exception as exc:
+            self._post(_settle, command.future, None, exc)
+        else:
+            self._post(_settle, command.future, result, None)
 
     def _die(self, reason: str) -> None:
         if self._errored is None:
@@ -336,6 +392,15 @@ class AsyncEngine:
             stream = self._mailboxes.get(output.request_id)
             if stream is not None:
                 stream.put(output)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: Exception | None) -> None:
+    if future.done():  # the caller went away
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 def _any_error(outputs: list[RequestOutput]) -> bool:

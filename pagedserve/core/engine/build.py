@@ -15,23 +15,21 @@ from pathlib import Path
 
 import torch
 
-from pagedserve.core.attention.base import AttentionBackend, kv_cache_dtype
+from pagedserve.core.attention.base import kv_cache_dtype
 from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.device_policy import (
     apply_cpu_isa,
     choose_device,
     choose_model_dtype,
-    cpu_kernels,
     is_batch_invariant,
     kv_budget_bytes,
-    pack_for_dispatch,
+    load_for_engine,
 )
 from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.executor.launcher import TensorParallel, start_tensor_parallel
 from pagedserve.core.executor.worker import share_num_pages
 from pagedserve.core.lora.registry import LoraRegistry
-from pagedserve.core.models import load_model
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.pooling_config import resolve_pooler
@@ -116,7 +114,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
-        loaded = _load(config, resolved, dtype, device, attention, tp, pooler)
+        loaded = _load(config, resolved, dtype, device, tp, pooler)
     except BaseException:
         if tp is not None:
             tp.close(polite=False)
@@ -143,9 +141,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         loaded.weights, config.parallel.tensor_parallel_size, attention.name,
         "" if invariant else "not ", loaded.layout.describe(),
     )  # fmt: skip
+    # An embedding request's prompt may fill the context: the placeholder token it "samples"
+    # (never computed, never in the KV cache) is the one beyond.
+    limit = loaded.max_model_len + (pooler is not None)
+    scheduler = Scheduler.for_engine(config, loaded.layout.num_pages, limit)
     return EngineParts(
         resolved, tokenizer, chat_template, loaded.arch, runner,
-        _scheduler(config, loaded, pooler), loaded.max_model_len, loaded.layout, invariant,
+        scheduler, loaded.max_model_len, loaded.layout, invariant,
         loaded.weights, pooler, loaded.model.has_lm_head, image_processor,
     )  # fmt: skip
 
@@ -177,25 +179,16 @@ def _load(
     resolved: ResolvedModel,
     dtype: torch.dtype,
     device: torch.device,
-    attention: AttentionBackend,
     tp: TensorParallel | None,
     pooler: PoolerConfig | None,
 ) -> _Loaded:
     """The weights, packed for the linear path the policy picks, and the KV cache's size."""
     mc, page_size = config.model, config.cache.page_size
-    # max_positions: the rope tables' length, and longrope's short/long choice (llama.cpp's:
-    # long factors only when the served context exceeds the original one).
-    model, arch = load_model(
-        resolved, dtype=dtype, device=device, attention=attention,
-        max_positions=mc.max_model_len, group=tp.group if tp else None,
-        quantization=mc.quantization, pack=False,
-        head_optional=pooler is not None and pooler.task == "embed",  # a reranker needs its head
-    )  # fmt: skip
-    linears = pack_for_dispatch(model, config, dtype, device, tensor_parallel=tp is not None)
-    weights = model.quantization or str(dtype).removeprefix("torch.")
-    weights += f"; {linears}" if linears else ""
-    if device.type == "cpu":
-        weights += f"; {cpu_kernels(mc.deterministic, bool(model.quantization), dtype)}"
+    group = tp.group if tp else None
+    head_optional = pooler is not None and pooler.task == "embed"  # a reranker needs its head
+    model, arch, weights = load_for_engine(
+        config, resolved, dtype, device, group=group, head_optional=head_optional
+    )
     max_model_len = resolve_max_model_len(mc.max_model_len, arch.max_position_embeddings)
     kv_dtype = kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device)
     spec = ModelRunner.kv_spec(model.arch, page_size, kv_dtype)  # this rank's KV heads
@@ -227,18 +220,3 @@ def _model_runner(
         tp=tp, pooler=pooler, draft=draft,
         kv_dtype=kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
     )  # fmt: skip
-
-
-def _scheduler(config: EngineConfig, loaded: _Loaded, pooler: PoolerConfig | None) -> Scheduler:
-    sc, cc = config.scheduler, config.cache
-    return Scheduler(
-        num_pages=loaded.layout.num_pages,
-        page_size=cc.page_size,
-        max_num_seqs=sc.max_num_seqs,
-        max_num_batched_tokens=sc.max_num_batched_tokens,
-        max_prefill_tokens_while_decoding=sc.max_prefill_tokens_while_decoding,
-        # An embedding request's prompt may fill the context: the placeholder token it
-        # "samples" (never computed, never in the KV cache) is the one beyond.
-        max_model_len=loaded.max_model_len + (pooler is not None),
-        enable_prefix_caching=cc.enable_prefix_caching,
-    )

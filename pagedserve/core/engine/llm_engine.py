@@ -121,10 +121,13 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams | PoolingParams,
+        max_tokens: int | None = None,
         multimodal: MultiModalInputs | None = None,
         lora_request: LoRARequest | None = None,
     ) -> None:
-        """Add a request; `lora_request`: the adapter it runs with (None: the base model)."""
+        """Add a request; `max_tokens` is params.max_tokens already resolved against the
+        context by the caller's admission (resolved here when None); `lora_request`: the
+        adapter it runs with (None: the base model)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         vocab = self.tokenizer.vocab_size
@@ -137,7 +140,8 @@ class LLMEngine:
             return self._add_pooling(request_id, prompt_token_ids, params)
         if not self.can_generate:
             raise ValueError("this model has no LM head: it serves embeddings only")
-        max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
+        if max_tokens is None:
+            max_tokens = self.resolve_max_tokens(len(prompt_token_ids), params)
         metrics = RequestMetrics(time.monotonic(), num_prompt_tokens=len(prompt_token_ids))
         request = Request(request_id, list(prompt_token_ids), params, max_tokens, metrics)
         request.lora_request = lora_request

@@ -175,10 +175,7 @@ def start_tensor_parallel(
         resolved=resolved,
         dtype=dtype,
         device=device,
-        attention_backend=config.model.attention_backend,
-        deterministic=config.model.deterministic,
-        max_positions=config.model.max_model_len,
-        page_size=config.cache.page_size,
+        config=config,
         parallel=parallel,
     )
     return TensorParallel.start(spec)

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.core.attention.base import kv_cache_shape
-from pagedserve.core.attention.registry import get_attention_backend
-from pagedserve.core.config import ParallelConfig
+from pagedserve.core.attention.base import kv_cache_dtype, kv_cache_shape
+from pagedserve.core.config import EngineConfig, ParallelConfig
+from pagedserve.core.device_policy import load_for_engine
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import StepChannel, StepInputs
 from pagedserve.core.models.base import CausalLM
-from pagedserve.core.models.registry import load_model
 from pagedserve.core.models.resolve import ResolvedModel
 
 logger = logging.getLogger(__name__)
@@ -37,11 +36,8 @@ class WorkerSpec:
     dtype: torch.dtype
     device: torch.device
     """cpu or cuda (a CUDA rank takes the GPU of its index on its node)."""
-    attention_backend: str
-    deterministic: bool
-    """ModelConfig.deterministic: the same attention kernels as rank 0."""
-    max_positions: int | None
-    page_size: int
+    config: EngineConfig
+    """The engine's: each rank loads and packs as rank 0 does (device_policy.load_for_engine)."""
     parallel: ParallelConfig
     """With the master port rank 0's store actually listens on."""
 
@@ -87,19 +83,16 @@ def serve_rank(spec: WorkerSpec, rank: int) -> None:
         torch.set_num_threads(threads_per_rank(parallel))
     group = open_group(parallel, rank, device, open_store(parallel, rank))
     try:
-        model, _ = load_model(
-            spec.resolved,
-            dtype=spec.dtype,
-            device=device,
-            attention=get_attention_backend(spec.attention_backend, spec.deterministic),
-            max_positions=spec.max_positions,
-            progress=False,
-            group=group,
+        model, _, _ = load_for_engine(
+            spec.config, spec.resolved, spec.dtype, device, group=group, progress=False
         )
         arch, num_pages = model.arch, share_num_pages(group)
-        shape = kv_cache_shape(num_pages, spec.page_size, arch.num_kv_heads, arch.head_size)
+        kv_dtype = kv_cache_dtype(spec.config.cache.kv_cache_dtype, spec.dtype, device)
+        shape = kv_cache_shape(
+            num_pages, spec.config.cache.page_size, arch.num_kv_heads, arch.head_size, kv_dtype
+        )
         kv_caches = [
-            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(arch.num_layers)
+            torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(arch.num_layers)
         ]
         channel = StepChannel(group)
         while (inputs := channel.receive()) is not None:

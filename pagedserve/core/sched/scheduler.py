@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from pagedserve.core.config import EngineConfig
 from pagedserve.core.ops.native import core as _native
 
 AdmissionError: type[ValueError] = _native.AdmissionError
@@ -77,6 +78,21 @@ class Scheduler:
     latency; a step with no decode gives prefill the whole budget. Out of pages, the newest
     running request is preempted (recomputed later).
     """
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig, num_pages: int, max_model_len: int) -> Scheduler:
+        """The engine's scheduler: EngineConfig's scheduler and cache settings over the pages
+        the KV cache was sized to."""
+        sc, cc = config.scheduler, config.cache
+        return cls(
+            num_pages=num_pages,
+            page_size=cc.page_size,
+            max_num_seqs=sc.max_num_seqs,
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_prefill_tokens_while_decoding=sc.max_prefill_tokens_while_decoding,
+            max_model_len=max_model_len,
+            enable_prefix_caching=cc.enable_prefix_caching,
+        )
 
     def __init__(
         self,

@@ -18,11 +18,9 @@ import numpy as np
 import torch
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_cache_shape
-from pagedserve.core.attention.registry import get_attention_backend
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.device_policy import pack_for_dispatch
+from pagedserve.core.device_policy import load_for_engine
 from pagedserve.core.models.base import CausalLM
-from pagedserve.core.models.registry import load_model
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.native import core as _native
 from pagedserve.core.tokenizers.load import Tokenizer, load_tokenizer
@@ -173,7 +171,7 @@ def build_draft_model(
 ) -> DraftModel:
     """--speculative-model, loaded as the target is (dtype, device, kernels), with a KV pool of
     the target's number of pages; ValueError when its vocabulary is not the target's."""
-    mc, path = config.model, config.speculative.speculative_model
+    path = config.speculative.speculative_model
     assert path, "SpeculativeConfig checks that draft has a model"
     resolved = resolve_model(path)
     draft_vocab = load_tokenizer(resolved.path).vocab_size
@@ -182,10 +180,6 @@ def build_draft_model(
             f"speculative_model: {resolved.name} has {draft_vocab} tokens, the target "
             f"{tokenizer.vocab_size}: a draft model needs the target's tokenizer"
         )
-    attention = get_attention_backend(mc.attention_backend, mc.deterministic)
-    model, _arch = load_model(resolved, dtype=dtype, device=device, attention=attention,
-                              max_positions=mc.max_model_len, group=None,
-                              quantization=mc.quantization, pack=False)  # fmt: skip
-    pack_for_dispatch(model, config, dtype, device, tensor_parallel=False)
+    model, _arch, _weights = load_for_engine(config, resolved, dtype, device)
     page_size = config.cache.page_size
     return DraftModel(model, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device)

@@ -98,8 +98,7 @@ class ChatService:
         self.ctx = ctx
 
     async def create(self, req: ChatCompletionRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         images = await load_message_images(req.messages, ctx.engine, ctx.media)
         # images: resized and patched on a worker thread
@@ -111,7 +110,7 @@ class ChatService:
         params = sampling_params(
             req, req.output_limit(), top_k, None, tokenizer.vocab_size, prep.spec, skip
         )
-        ctx.admit(prep.text_ids or prep.prompt_ids, params, "messages")
+        ctx.admit(prep.text_ids or prep.prompt_ids, "messages")
         request_id = new_id("chatcmpl")
         head = ctx.header(request_id, "chat.completion", now())
         [stream] = ctx.start(request_id, [prep.prompt_ids], params, "messages", prep.multimodal)

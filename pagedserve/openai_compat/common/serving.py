@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 from pagedserve import __version__
 from pagedserve.core.engine_client import EngineClient, RequestStream
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
+from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import (
@@ -53,12 +55,24 @@ class ServingContext:
     """ServerConfig.tool_call_parser."""
     reasoning_parser: str = "auto"
     """ServerConfig.reasoning_parser."""
+    lora_request: LoRARequest | None = None
+    """The LoRA adapter this context's requests run with (for_model; None: the base model)."""
     media: MediaConfig = field(default_factory=MediaConfig)
     """Where images may come from and how many (ServerConfig's media fields)."""
 
     def check_model(self, model: str | None) -> None:
-        if model and model != self.model_name:
-            raise errors.model_not_found(model)
+        self.for_model(model)
+
+    def for_model(self, model: str | None) -> ServingContext:
+        """This context for a request naming `model`: itself for the model's own name (or
+        none), a copy that runs the adapter and answers with its name for a loaded LoRA
+        adapter's; else 404 model_not_found."""
+        if not model or model == self.model_name:
+            return self
+        for lora in self.engine.list_loras():
+            if lora.lora_name == model:
+                return dataclasses.replace(self, model_name=model, lora_request=lora)
+        raise errors.model_not_found(model)
 
     def header(self, request_id: str, obj: str, created: int) -> dict[str, Any]:
         return {
@@ -69,14 +83,13 @@ class ServingContext:
             "system_fingerprint": SYSTEM_FINGERPRINT,
         }
 
-    def admit(self, prompt_token_ids: list[int], params: SamplingParams, param: str) -> None:
-        """Raise the client's error now, before any header is sent."""
+    def admit(self, prompt_token_ids: list[int], param: str) -> None:
+        """Raise the client's error about the prompt itself now, before any header is sent
+        (the engine's own refusals, length and queue, come from `start`, also before)."""
         vocab_size = self.engine.tokenizer.vocab_size
         if not prompt_token_ids:
             raise errors.invalid("The prompt is empty.", param=param)
         require_in_vocabulary(prompt_token_ids, vocab_size, param)
-        with engine_errors(param):
-            self.engine.check_admission(len(prompt_token_ids), params)
 
     def start(
         self,
@@ -94,10 +107,12 @@ class ServingContext:
             with engine_errors(param):
                 for i, prompt in enumerate(prompts):
                     sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                    if multimodal is None:
+                    if multimodal is None and self.lora_request is None:
                         streams.append(self.engine.generate(sub_id, prompt, params))
                     else:
-                        streams.append(self.engine.generate(sub_id, prompt, params, multimodal))
+                        lora = self.lora_request
+                        streams.append(self.engine.generate(sub_id, prompt, params, multimodal,
+                                                            lora_request=lora))  # fmt: skip
         except BaseException:
             for stream in streams:
                 stream.close()

@@ -63,8 +63,7 @@ class CompletionService:
         self.ctx = ctx
 
     async def create(self, req: CompletionRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         fim = self._fim(req)
         prompts, texts = await self._prompts(req.prompt, plain=fim is not None)
@@ -80,7 +79,7 @@ class CompletionService:
         params = sampling_params(req, max_tokens, top_k, prompt_k, tokenizer.vocab_size, spec)
         params = params if fim is None else fim_params(params, fim)
         for prompt in prompts:
-            ctx.admit(prompt, params, "prompt")
+            ctx.admit(prompt, "prompt")
         job = _Job(prompts, texts, params.n, bool(req.echo), score_only, top_k)
         job.continuous_usage = req.continuous_usage()
         request_id = new_id("cmpl")

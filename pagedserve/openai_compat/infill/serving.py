@@ -48,14 +48,13 @@ class InfillService:
         self.ctx = ctx
 
     async def create(self, req: InfillRequest, receive: Receive) -> Response:
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         tokenizer = ctx.engine.tokenizer
         fim = require_fim(tokenizer, ctx.model_name, None)
         params = fim_params(self._params(req), fim)
         budget = ctx.engine.model_info.max_model_len - (params.max_tokens or 1)
         prompt = await off_loop(req.input_chars(), infill_prompt, tokenizer, fim, req, budget)
-        ctx.admit(prompt.token_ids, params, PARAM)
+        ctx.admit(prompt.token_ids, PARAM)
         job = _Job(len(prompt.token_ids), prompt.truncated, req.n_predict == 0)
         request_id = new_id("infill")
         streams = ctx.start(request_id, [prompt.token_ids], params, PARAM)

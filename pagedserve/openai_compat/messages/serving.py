@@ -86,13 +86,13 @@ class MessagesService:
 
     async def _start(self, req: MessagesRequest) -> _Run:
         """Everything that can refuse the request, before any header is sent."""
-        ctx = self.ctx
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         chat, prep = await self._prepare(req)
         await compile_off_loop(ctx.engine, prep.spec)
         skip = False if prep.keep_special_tokens else None
         vocab_size = ctx.engine.tokenizer.vocab_size
         params = sampling_params(chat, req.max_tokens, None, None, vocab_size, prep.spec, skip)
-        ctx.admit(prep.prompt_ids, params, "messages")
+        ctx.admit(prep.prompt_ids, "messages")
         message_id = new_id("msg")
         [stream] = ctx.start(message_id, [prep.prompt_ids], params, "messages")
         stops = list(req.stop_sequences or ())

@@ -93,8 +93,7 @@ class ResponsesService:
 
     async def _start(self, req: ResponsesRequest) -> _Run:
         """Everything that can refuse the request, before any header is sent."""
-        ctx = self.ctx
-        ctx.check_model(req.model)
+        ctx = self.ctx.for_model(req.model)  # an adapter's name runs that adapter
         history = self._history(req.previous_response_id)
         items = with_ids(req.input_items())
         chat = chat_request(req, history + items)
@@ -107,7 +106,7 @@ class ResponsesService:
             vocab_size = ctx.engine.tokenizer.vocab_size
             params = sampling_params(chat, chat.output_limit(), None, None, vocab_size,
                                      prep.spec, skip)  # fmt: skip
-            ctx.admit(prep.text_ids or prep.prompt_ids, params, "input")
+            ctx.admit(prep.text_ids or prep.prompt_ids, "input")
             response_id = f"resp_{secrets.token_hex(24)}"
             [stream] = ctx.start(response_id, [prep.prompt_ids], params, "input", prep.multimodal)
         response = base_response(req, response_id, ctx.model_name, now())

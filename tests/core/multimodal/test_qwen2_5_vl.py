@@ -183,3 +183,44 @@ def test_prefix_cache_hits_the_same_image_only(llm: LLM, folder: Path) -> None:
     assert again.metrics is not None and again.metrics.num_cached_tokens >= 48 > end
     other = _run(llm, ids_b, mm_b, 4)
     assert other.metrics is not None and other.metrics.num_cached_tokens <= start
+
+
+def test_n_outputs_and_a_batch_of_image_requests(llm: LLM, folder: Path, hf_model) -> None:
+    """n = 2 greedy outputs of one image prompt are its greedy tokens twice, and requests with
+    different images and text-only ones run in one batch, each with its own tokens."""
+    ids, mm = _prompt(llm, folder, IMAGES[1:2], "Describe it.")
+    alone = _greedy(llm, ids, mm, 6)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2)
+    llm.engine.add_request("vl-n2", ids, params, multimodal=mm)
+    [out] = llm._run(["vl-n2"], False)
+    assert [list(o.token_ids) for o in out.outputs] == [alone, alone]
+    other_ids, other_mm = _prompt(llm, folder, IMAGES[:2], "Compare.")
+    other_alone = _greedy(llm, other_ids, other_mm, 6)
+    text_ids = llm.tokenizer.encode("Hello there, how are you today?")
+    text_alone = list(llm.generate([text_ids], SamplingParams(temperature=0, max_tokens=6,
+                                                              ignore_eos=True))[0]
+                      .outputs[0].token_ids)  # fmt: skip
+    single = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm.engine.add_request("vl-a", ids, single, multimodal=mm)
+    llm.engine.add_request("vl-b", other_ids, single, multimodal=other_mm)
+    llm.engine.add_request("vl-c", text_ids, single)
+    a, b, c = llm._run(["vl-a", "vl-b", "vl-c"], False)
+    assert list(a.outputs[0].token_ids) == alone
+    assert list(b.outputs[0].token_ids) == other_alone
+    assert list(c.outputs[0].token_ids) == text_alone
+
+
+def test_preempted_image_requests_recompute_the_same_tokens(llm: LLM, folder: Path) -> None:
+    """A KV cache too small for both requests: the newer is preempted and recomputed (its
+    image embeddings again at their rows), and both still give their greedy tokens."""
+    small = LLM(str(folder), dtype="float32", num_pages=6, page_size=16,
+                enable_prefix_caching=False)  # fmt: skip
+    prompts = [_prompt(llm, folder, [image], "Tell me.") for image in IMAGES[:2]]
+    alone = [_greedy(llm, ids, mm, 40) for ids, mm in prompts]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i, (ids, mm) in enumerate(prompts):
+        small.engine.add_request(f"small-{i}", ids, params, multimodal=mm)
+    outs = small._run(["small-0", "small-1"], False)
+    assert sum(len(ids) for ids, _ in prompts) + 80 > 6 * 16  # they cannot both fit
+    assert small.engine.stats().num_preemptions > 0
+    assert [list(o.outputs[0].token_ids) for o in outs] == alone

@@ -136,3 +136,11 @@ def test_a_bad_detail_is_refused_by_the_schema(client) -> None:
     answer = ask(client, image_part(png(), detail="ultra"))
     assert answer["status"] == 400, answer
     assert answer["error"]["param"].startswith("messages[0].content"), answer
+
+
+def test_an_image_whose_tokens_exceed_the_context(vision_engine: FakeEngine) -> None:
+    vision_engine.image_processor = Qwen2VLImageProcessor(ord("#"))  # 448 x 448: 256 tokens
+    for client in fake_client(vision_engine):
+        answer = ask(client, image_part(png((448, 448))))
+        assert_400(answer, "messages", "do not fit")
+        assert answer["error"]["code"] == "context_length_exceeded"
