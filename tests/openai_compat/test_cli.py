@@ -92,3 +92,26 @@ def test_kv_events_config_takes_vllms_json_and_names_what_is_wrong() -> None:
                        ('{"publisher": "kafka"}', "publisher"), ('{"port": 1}', "'port'")]:  # fmt: skip
         with pytest.raises(ValueError, match=named):
             _configs(["--kv-events-config", bad])
+
+
+def test_models_flags_reach_the_pool_and_refuse_a_model_beside_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--models-dir and the pool's limits (issue 39); a MODEL or --served-model-name with them,
+    or a folder without models, is the usage error (exit 2) naming it."""
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--models-dir", str(tmp_path), "--max-loaded-models", "2",
+                              "--models-memory", "4.5", "--idle-unload", "30"])  # fmt: skip
+    models = cli.models_from_args(args)
+    assert (models.models_dir, models.max_loaded_models) == (str(tmp_path), 2)
+    assert (models.models_memory, models.idle_unload, models.catalog) == (4.5, 30.0, True)
+    assert not cli.models_from_args(parser.parse_args(["serve", "--idle-unload", "5"])).catalog
+    with pytest.raises(ValueError, match="served-model-name"):
+        cli.models_from_args(parser.parse_args(["serve", "--models-dir", "d", "x.gguf"]))
+    for argv, message in (
+        (["--models-dir", str(tmp_path)], "no model found"),
+        (["--models-dir", str(tmp_path), "--max-loaded-models", "-1"], "max_loaded_models"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["serve", *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
