@@ -182,11 +182,11 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """The sequence is done (finished or aborted): drop what is kept for it."""
         self._seeds.pop(seq_id, None)
+        if self.images is not None:
+            self.images.release(seq_id)
         slot = self._lora_slots.pop(seq_id, None)
         if slot is not None and self.lora is not None:
             self.lora.release(slot)
-        if self.images is not None:
-            self.images.release(seq_id)
         if self.pooler is not None:
             self.pooler.release(seq_id)
         if self.draft is not None:
@@ -216,14 +216,14 @@ class ModelRunner:
         with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
             inputs = self._inputs(plan, prompt_specs)
             m = self.model
+            lora = self._lora_batch(plan)
             images = self.images.step(plan) if self.images is not None else None
             if images is not None and self.images is not None:
                 vlm = self.images.model
                 hidden = vlm(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                             images=images)  # fmt: skip
+                             lora, images=images)  # fmt: skip
             else:
-                lora = self._lora_batch(plan)
-            hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, lora)
+                hidden = m(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, lora)
             embeddings = self._pool(hidden, pooling_specs or [])
             sample_rows, keep = self._sampling_rows(plan, inputs.sample_rows, embeddings)
             # [num_sampling, vocab] fp32; none at all in a step of embedding requests only

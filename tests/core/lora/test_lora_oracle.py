@@ -39,8 +39,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Pat
     base.save_pretrained(folder, safe_serialization=True)
     adapters = {}
     for seed, (name, (r, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-        adapters[name] = write_peft_adapter(base, root / name, r=r, alpha=alpha,
-                                            targets=targets, seed=seed + 1, rslora=rslora)  # fmt: skip
+        adapters[name] = write_peft_adapter(
+            base, root / name, r=r, alpha=alpha, targets=targets, seed=seed + 1, rslora=rslora
+        )
     return folder, adapters
 
 
@@ -55,8 +56,10 @@ def hf_tokens(hf_model: torch.nn.Module, prompts: list[list[int]]) -> list[list[
     result = []
     for ids in prompts:
         with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NUM_TOKENS,
-                                    min_new_tokens=NUM_TOKENS, eos_token_id=None, pad_token_id=0)  # fmt: skip
+            out = hf_model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=NUM_TOKENS,
+                min_new_tokens=NUM_TOKENS, eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
         result.append(out[0, len(ids) :].tolist())
     return result
 
@@ -135,3 +138,37 @@ def test_the_prefix_cache_keeps_adapters_apart(
     assert llm.engine.scheduler.stats().prefix_hit_tokens > after.prefix_hit_tokens
     assert again[0].outputs[0].token_ids == first[0].outputs[0].token_ids
     assert base[0].outputs[0].token_ids != first[0].outputs[0].token_ids
+
+
+def test_an_adapter_on_gguf_blocks_kept_quantized(tmp_path: Path) -> None:
+    """A Q8_0 GGUF base keeps its blocks quantized (fp32 activations); the adapter, on every
+    projection (the gated MLP's too), gives PEFT's tokens on transformers' dequantized copy."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from bench.common.tiny_models import write_gguf_llama
+
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_gguf_llama(path, qtype="Q8_0", seed=5)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    adapter = write_peft_adapter(hf, tmp_path / "adapter", r=8, targets=ATTENTION + MLP, seed=4)
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        num_pages=64,
+        page_size=8,
+        enable_lora=True,
+        quantized_activations="float",
+    )  # no int8 rounding: transformers has none
+    assert "kept quantized" in llm.engine.model_info.weights
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    lora = LoRARequest("q8", 0, str(adapter))
+    outputs = llm.generate(PROMPTS, GREEDY, lora_request=lora)
+    ours = [list(o.outputs[0].token_ids) for o in outputs]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = hf_tokens(PeftModel.from_pretrained(hf.eval(), adapter).eval(), prompts)
+    finally:
+        torch.set_num_threads(threads)
+    assert ours == want

@@ -118,8 +118,8 @@ def test_a_bad_adapter_is_a_400_naming_why_and_the_server_keeps_serving(
     client: openai.OpenAI, server: Server, adapters: dict[str, Path], name: str,
     names_in_error: str,
 ) -> None:  # fmt: skip
-    response = post(server, "/v1/load_lora_adapter", {"lora_name": name,
-                                                      "lora_path": str(adapters[name])})  # fmt: skip
+    body = {"lora_name": name, "lora_path": str(adapters[name])}
+    response = post(server, "/v1/load_lora_adapter", body)
     assert response.status_code == 400, response.text
     assert names_in_error in response.json()["error"]["message"]
     assert name not in {m.id for m in client.models.list().data}
