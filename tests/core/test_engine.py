@@ -187,9 +187,11 @@ def test_n_outputs_join_at_the_start_of_the_next_step(llm: LLM) -> None:
     while not first:
         first = engine.step()
     assert [o.index for o in first[0].outputs] == [0]
+    assert engine.scheduler.num_running + engine.scheduler.num_waiting == 1  # 1, 2 queued
     stats = engine.stats()
-    assert stats.num_running + stats.num_waiting == 1
+    assert stats.num_running + stats.num_waiting == 3  # the queued ones count as waiting
     outputs = engine.step()
+    assert engine.scheduler.num_running + engine.scheduler.num_waiting == 3
     stats = engine.stats()
     assert stats.num_running + stats.num_waiting == 3
     while engine.has_unfinished():

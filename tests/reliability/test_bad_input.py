@@ -128,7 +128,7 @@ def test_coercible_wrong_types(client: httpx.Client, fields: dict) -> None:
         ),
         (
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-            "messages[0].content",
+            "messages[0].content[0].image_url",
         ),  # fmt: skip
     ],
 )

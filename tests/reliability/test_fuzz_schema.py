@@ -34,6 +34,8 @@ EXAMPLES = {
     "/v1/rerank": 5,
     "/v2/rerank": 5,
     "/v1/score": 5,
+    "/v1/load_lora_adapter": 5,
+    "/v1/unload_lora_adapter": 5,
 }
 
 

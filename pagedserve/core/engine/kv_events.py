@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any
 
-from pagedserve.core.config import KVEventsConfig
-from pagedserve.core.sched.scheduler import KvEventRecords
+from pagedserve.core.config import EngineConfig, KVEventsConfig
+from pagedserve.core.sched.scheduler import KvEventRecords, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -183,3 +183,15 @@ def _close(linger_ms: int, *sockets: Any) -> None:
     for sock in sockets:
         if sock is not None:
             sock.close(linger=linger_ms)
+
+
+def start_kv_events(
+    config: EngineConfig, scheduler: Scheduler, device: str
+) -> KvEventPublisher | None:
+    """The publisher of the prefix cache's changes, when --kv-events-config turns it on (the
+    scheduler's allocator then logs them); None when off."""
+    if not config.kv_events.enabled:
+        return None
+    scheduler.enable_kv_events()
+    medium = "GPU" if device.startswith("cuda") else "CPU"
+    return KvEventPublisher(config.kv_events, config.cache.page_size, medium)

@@ -18,20 +18,20 @@ import time
 from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
+from pagedserve.core.engine import step_inputs
 from pagedserve.core.engine.build import EngineParts, build_engine_parts
-from pagedserve.core.engine.kv_events import KvEventPublisher
+from pagedserve.core.engine.kv_events import start_kv_events
 from pagedserve.core.engine.output_processor import OutputProcessor
-from pagedserve.core.engine_client import ModelInfo
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
 from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.lora_request import LoRAError, LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import EngineStats, RequestMetrics, RequestOutput
-from pagedserve.core.pooling_params import PoolingParams, PoolingSpec
+from pagedserve.core.pooling_params import PoolingParams
 from pagedserve.core.request import Request, Sequence
-from pagedserve.core.runner.model_runner import ModelRunner, PromptLogprobsSpec
+from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sampling_params import SamplingParams
-from pagedserve.core.sched.scheduler import Scheduler, StepPlan
+from pagedserve.core.sched.scheduler import StepPlan
 from pagedserve.core.spec_decode.speculator import Speculator
 from pagedserve.core.structured import GrammarCache, GrammarState
 from pagedserve.core.tokenizers.detokenizer import IncrementalDetokenizer
@@ -73,7 +73,7 @@ class LLMEngine:
         self.pooler = parts.pooler
         """How embedding requests pool; None: the model serves none."""
         self.can_generate = parts.can_generate
-        self.kv_events = _kv_events(config, self.scheduler, self.model_info)
+        self.kv_events = start_kv_events(config, self.scheduler, self.model_info.device)
         """The KV events publisher for routers (--kv-events-config); None: off."""
         self.image_processor = parts.image_processor
         """How the model takes images (None: a text-only model)."""
@@ -322,8 +322,9 @@ class LLMEngine:
             return []
         self._note_scheduled(plan)
         try:
-            sample_seqs, prompt_specs = self._sample_seqs(plan), self._prompt_specs(plan)
-            pooling_specs = self._pooling_specs(plan)
+            sample_seqs = step_inputs.sampling_seqs(plan, self._seqs)
+            prompt_specs = step_inputs.prompt_logprobs_specs(plan, self._seqs)
+            pooling_specs = step_inputs.pooling_specs(plan, self._seqs, self.pooler)
             if before_execute is not None:
                 before_execute()
             result = self.model_runner.execute(plan, sample_seqs, prompt_specs, pooling_specs)
@@ -346,53 +347,6 @@ class LLMEngine:
             preempted = self._seqs.get(seq_id)
             if preempted is not None:
                 preempted.request.metrics.num_preemptions += 1
-
-    def _sample_seqs(self, plan: StepPlan) -> list[Sequence]:
-        """The sequences that sample a token this step, in the plan's order (embedding
-        requests pool instead)."""
-        seqs = (self._seqs[seq_id] for seq_id in plan.sample_seq_ids.tolist())
-        return [seq for seq in seqs if seq.request.pooling is None]
-
-    def _pooling_specs(self, plan: StepPlan) -> list[PoolingSpec]:
-        """The chunks of embedding requests in this step (last pooling needs only the final
-        one; mean and cls every one)."""
-        if self.pooler is None:
-            return []
-        every_chunk = self.pooler.uses_every_token
-        specs = []
-        for i, seq_id in enumerate(plan.seq_ids.tolist()):
-            request = self._seqs[seq_id].request
-            if request.pooling is None:
-                continue
-            start, num_rows = int(plan.num_computed_tokens[i]), int(plan.num_scheduled_tokens[i])
-            last = start + num_rows >= len(request.prompt_token_ids)
-            if last or every_chunk:
-                row_start = int(plan.query_start_loc[i])
-                dims = request.pooling.dimensions
-                specs.append(PoolingSpec(seq_id, row_start, num_rows, start, last, dims))
-        return specs
-
-    def _prompt_specs(self, plan: StepPlan) -> list[PromptLogprobsSpec]:
-        specs = []
-        for i, seq_id in enumerate(plan.seq_ids.tolist()):
-            seq = self._seqs[seq_id]
-            request = seq.request
-            if request.prompt_logprobs is None or seq.index != 0 or request.prompt_logprobs_sent:
-                continue
-            start = int(plan.num_computed_tokens[i])
-            num_prompt = len(request.prompt_token_ids)
-            if start >= num_prompt:
-                continue
-            end = min(start + int(plan.num_scheduled_tokens[i]) + 1, num_prompt)
-            specs.append(
-                PromptLogprobsSpec(
-                    seq_id=seq_id,
-                    row_start=int(plan.query_start_loc[i]),
-                    target_ids=request.prompt_token_ids[start + 1 : end],
-                    k=request.params.prompt_logprobs or 0,
-                )
-            )
-        return specs
 
     def fail_requests(self, request_ids: list[str], message: str) -> list[RequestOutput]:
         """Ends these requests with finish_reason 'error', frees their pages."""
@@ -426,17 +380,6 @@ class LLMEngine:
 
 
 _PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
-
-
-def _kv_events(
-    config: EngineConfig, scheduler: Scheduler, info: ModelInfo
-) -> KvEventPublisher | None:
-    """The publisher of the prefix cache's changes, when --kv-events-config turns it on."""
-    if not config.kv_events.enabled:
-        return None
-    scheduler.enable_kv_events()
-    medium = "GPU" if info.device.startswith("cuda") else "CPU"
-    return KvEventPublisher(config.kv_events, config.cache.page_size, medium)
 
 
 def _speculator(config: EngineConfig, parts: EngineParts) -> Speculator | None:
