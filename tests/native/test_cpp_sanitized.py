@@ -18,5 +18,5 @@ def test_cpp_unit_tests_pass_under_sanitizers(tmp_path: Path) -> None:
     build = build_cpp_tests(
         tmp_path / "build", "-DCMAKE_BUILD_TYPE=Debug", "-DPAGEDSERVE_SANITIZE=ON"
     )
-    result = run_or_fail(["ctest", "--output-on-failure", "--timeout", "300"], cwd=build)
+    result = run_or_fail(["ctest", "-j2", "--output-on-failure", "--timeout", "300"], cwd=build)
     assert "tests passed" in result.stdout
