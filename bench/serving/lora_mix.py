@@ -28,7 +28,7 @@ from openai import AsyncOpenAI
 from safetensors.torch import save_file
 
 from bench.common.server import API_KEY, start_server, stop_server
-from bench.serving.messages_overhead import PROMPTS
+from bench.serving.messages_overhead import chat_wave
 from pagedserve.core.ops.cpu_features import cpu_model
 
 ADAPTERS = ["a1", "a2", "a3", "a4"]
@@ -60,31 +60,15 @@ def write_adapter(folder: Path, rank: int, seed: int) -> Path:
     return folder
 
 
-async def wave(client: AsyncOpenAI, models: list[str], n: int, max_tokens: int) -> int:
-    async def one(i: int) -> int:
-        stream = await client.chat.completions.create(
-            model=models[i % len(models)], messages=[{"role": "user", "content": PROMPTS[i]}],
-            stream=True, max_tokens=max_tokens, temperature=0,
-            stream_options={"include_usage": True},
-        )  # fmt: skip
-        tokens = 0
-        async for chunk in stream:
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return tokens
-
-    return sum(await asyncio.gather(*(one(i) for i in range(n))))
-
-
 async def run(base_url: str, model: str, args: argparse.Namespace) -> dict[str, list[float]]:
     client = AsyncOpenAI(base_url=base_url + "/v1", api_key=API_KEY, max_retries=0)
     mixes = {"4 adapters + base": [model, *ADAPTERS], "base only": [model]}
     rates: dict[str, list[float]] = {name: [] for name in mixes}
-    await wave(client, mixes["4 adapters + base"], args.concurrency, 8)  # warm-up
+    await chat_wave(client, mixes["4 adapters + base"], args.concurrency, 8)  # warm-up
     for i in range(args.waves):
         for name in list(mixes)[:: 1 if i % 2 == 0 else -1]:
             start = time.perf_counter()
-            tokens = await wave(client, mixes[name], args.concurrency, args.max_tokens)
+            tokens = await chat_wave(client, mixes[name], args.concurrency, args.max_tokens)
             rates[name].append(tokens / (time.perf_counter() - start))
     return rates
 

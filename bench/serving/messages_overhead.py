@@ -28,11 +28,16 @@ from pagedserve.core.ops.cpu_features import cpu_model
 PROMPTS = [f"Write a short story about robot number {i} and its garden." for i in range(256)]
 
 
-async def chat_wave(client: AsyncOpenAI, model: str, n: int, max_tokens: int) -> int:
+async def chat_wave(client: AsyncOpenAI, model: str | list[str], n: int, max_tokens: int) -> int:
+    """n streamed greedy chat requests at once (request i names models[i % len(models)]);
+    the output tokens they generated."""
+    models = [model] if isinstance(model, str) else model
+
     async def one(i: int) -> int:
         stream = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": PROMPTS[i]}], stream=True,
-            max_tokens=max_tokens, temperature=0, stream_options={"include_usage": True},
+            model=models[i % len(models)], messages=[{"role": "user", "content": PROMPTS[i]}],
+            stream=True, max_tokens=max_tokens, temperature=0,
+            stream_options={"include_usage": True},
         )  # fmt: skip
         tokens = 0
         async for chunk in stream:
