@@ -75,7 +75,8 @@ async def run(base_url: str, model: str, args: argparse.Namespace) -> dict[str, 
 
 def load_unload(base_url: str, folder: Path, repeats: int = 5) -> tuple[list[float], list[float]]:
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    loads, unloads = [], []
+    loads: list[float] = []
+    unloads: list[float] = []
     for _ in range(repeats):
         for path, times, body in (
             ("/v1/load_lora_adapter", loads, {"lora_name": "extra", "lora_path": str(folder)}),
