@@ -3,12 +3,12 @@
 Every decision is one call to the module that owns it, so that this file only connects them:
 device_policy (ISA level, device, dtype, linear dispatch, batch invariance), models.load_model
 (the weights), executor.launcher (tensor-parallel ranks), spec_decode.draft (the draft model),
-sched.kv_cache (how many KV pages), tokenizers (tokenizer and chat template).
+sched.kv_cache (how many KV pages), tokenizers (tokenizer and chat template); combinations
+refuses, before any weights load, the features that do not run together.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,8 @@ from pagedserve.core.device_policy import (
     kv_budget_bytes,
     load_for_engine,
 )
-from pagedserve.core.engine_client import ModelInfo
+from pagedserve.core.engine.combinations import refuse_unsupported
+from pagedserve.core.engine.parts import EngineParts
 from pagedserve.core.executor.launcher import TensorParallel, start_tensor_parallel
 from pagedserve.core.executor.worker import share_num_pages
 from pagedserve.core.lora.registry import LoraRegistry
@@ -35,55 +36,16 @@ from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.pooling_config import resolve_pooler
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
-from pagedserve.core.multimodal.processor import ImageProcessor, load_image_processor
+from pagedserve.core.multimodal.processor import load_image_processor
 from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sched.kv_cache import KVCacheLayout, resolve_max_model_len, size_kv_cache
 from pagedserve.core.sched.scheduler import Scheduler
 from pagedserve.core.spec_decode.draft import build_draft_model
-from pagedserve.core.tokenizers.chat_template import ChatTemplate, load_chat_template
+from pagedserve.core.tokenizers.chat_template import load_chat_template
 from pagedserve.core.tokenizers.load import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineParts:
-    resolved: ResolvedModel
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate | None
-    arch: ArchConfig
-    model_runner: ModelRunner
-    scheduler: Scheduler
-    max_model_len: int
-    kv_layout: KVCacheLayout
-    batch_invariant: bool
-    """Greedy and seeded results are a function of the request alone (see is_batch_invariant)."""
-    weights: str = ""
-    """What runs the weights (ModelInfo.weights)."""
-    pooler: PoolerConfig | None = None
-    """How embedding requests pool (task embed); None: the model generates."""
-    can_generate: bool = True
-    """The model has an LM head (an embedding checkpoint may have none)."""
-    image_processor: ImageProcessor | None = None
-    """How the model takes images (None: a text-only model)."""
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return ModelInfo(
-            name=self.resolved.name,
-            max_model_len=self.max_model_len,
-            vocab_size=self.tokenizer.vocab_size,
-            page_size=self.kv_layout.spec.page_size,
-            num_pages=self.kv_layout.num_pages,
-            dtype=str(self.model_runner.dtype).removeprefix("torch."),
-            device=str(self.model_runner.device),
-            batch_invariant=self.batch_invariant,
-            weights=self.weights,
-            task=self.pooler.task if self.pooler is not None else "generate",
-            pooler=self.pooler,
-            kv_cache_dtype=self.kv_layout.spec.dtype_name,
-        )
 
 
 @dataclass
@@ -94,6 +56,7 @@ class _Loaded:  # the model on its device, with what start-up decided around it
     weights: str
     max_model_len: int
     layout: KVCacheLayout
+    kv_dtype: torch.dtype
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -108,9 +71,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     attention = get_attention_backend(mc.attention_backend, mc.deterministic)
     shape = read_arch(resolved)
     pooler = resolve_pooler(mc.task, resolved, shape.hidden_size, mc.matryoshka, tokenizer)
-    if pooler is not None and config.parallel.tensor_parallel_size > 1:
-        raise ValueError(f"task {pooler.task} runs at tensor_parallel_size 1")
-    image_processor = _image_processor(config, resolved, shape, pooler)
+    refuse_unsupported(config, resolved, shape, pooler)
+    image_processor = load_image_processor(resolved.path) if shape.vision else None
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:
@@ -121,8 +83,6 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         raise
     runner = _model_runner(config, loaded, tokenizer, dtype, device, tp, pooler)
     if config.lora.enabled:
-        if tp is not None:
-            raise ValueError("LoRA adapters run at tensor_parallel_size 1")
         targets = loaded.model.enable_lora(config.lora.max_loras, config.lora.max_lora_rank)
         runner.lora = LoraRegistry.start(config.lora, targets)
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
@@ -152,28 +112,6 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     )  # fmt: skip
 
 
-def _image_processor(
-    config: EngineConfig, resolved: ResolvedModel, arch: ArchConfig, pooler: PoolerConfig | None
-) -> ImageProcessor | None:
-    """The image processor of a model that takes images (None: text only); what such a model
-    cannot do yet is refused here, by name."""
-    if arch.vision is None:
-        return None
-    name = arch.architecture
-    if config.parallel.tensor_parallel_size > 1:
-        raise ValueError(f"{name} (images) runs at tensor_parallel_size 1")
-    if pooler is not None:
-        raise ValueError(f"{name} (images) serves task generate, not {pooler.task}")
-    if config.speculative.speculative_method == "draft":
-        raise ValueError(f"{name} (images) does not take speculative_method draft")
-    if resolved.format != "hf":
-        raise ValueError(f"{name} (images) loads from an HF folder")
-    with open(resolved.path / "config.json", encoding="utf-8") as f:
-        processor = load_image_processor(resolved.path, json.load(f))
-    assert processor is not None, f"{name} has a vision tower but no image processor"
-    return processor
-
-
 def _load(
     config: EngineConfig,
     resolved: ResolvedModel,
@@ -196,7 +134,7 @@ def _load(
     layout = size_kv_cache(spec, max_model_len, budget, config.cache.num_pages)
     if tp is not None:
         share_num_pages(tp.group, layout.num_pages)  # the same pages (page tables) on every rank
-    return _Loaded(model, arch, weights, max_model_len, layout)
+    return _Loaded(model, arch, weights, max_model_len, layout, kv_dtype)
 
 
 def _model_runner(
@@ -211,12 +149,9 @@ def _model_runner(
     num_pages, page_size = loaded.layout.num_pages, config.cache.page_size
     draft = None
     if config.speculative.speculative_method == "draft":
-        if tp is not None:
-            raise ValueError("speculative_method draft runs at tensor_parallel_size 1")
         draft = build_draft_model(config, tokenizer, dtype, device, num_pages)
     return ModelRunner(
         loaded.model, loaded.model.arch, num_pages=num_pages, page_size=page_size, dtype=dtype,
         device=device, vocab_size=tokenizer.vocab_size, eos_token_ids=tokenizer.eos_token_ids,
-        tp=tp, pooler=pooler, draft=draft,
-        kv_dtype=kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device),
+        tp=tp, pooler=pooler, draft=draft, kv_dtype=loaded.kv_dtype,
     )  # fmt: skip

@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
 from pagedserve.core.engine import step_inputs
-from pagedserve.core.engine.build import EngineParts, build_engine_parts
+from pagedserve.core.engine.build import build_engine_parts
 from pagedserve.core.engine.kv_events import start_kv_events
 from pagedserve.core.engine.output_processor import OutputProcessor
+from pagedserve.core.engine.parts import EngineParts
 from pagedserve.core.errors import ContextLengthError, EngineDeadError
 from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.lora_request import LoRAError, LoRARequest

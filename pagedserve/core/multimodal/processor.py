@@ -122,9 +122,11 @@ class Qwen2VLImageProcessor:
         return flat, grid_h, grid_w
 
 
-def load_image_processor(folder: Path, config: dict[str, Any]) -> ImageProcessor | None:
-    """The processor of a model folder whose config.json names a family that takes images
-    (None for a text-only model)."""
-    if config.get("model_type") in ("qwen2_vl", "qwen2_5_vl"):
+def load_image_processor(folder: Path) -> ImageProcessor:
+    """The processor of a model folder whose config.json names a family that takes images."""
+    with open(folder / "config.json", encoding="utf-8") as f:
+        config = json.load(f)
+    model_type = config.get("model_type")
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
         return Qwen2VLImageProcessor.from_folder(folder, config)
-    return None
+    raise ValueError(f"model_type {model_type!r} has a vision tower but no image processor here")

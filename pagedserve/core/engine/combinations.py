@@ -1,0 +1,38 @@
+"""What runs with what: the feature combinations the engine refuses at start-up, in one place.
+
+Each check names the features and the one that would have to give way, so that a user who asks
+for two things that do not yet run together reads why before any weights load.
+"""
+
+from __future__ import annotations
+
+from pagedserve.core.config import EngineConfig
+from pagedserve.core.models.arch import ArchConfig
+from pagedserve.core.models.resolve import ResolvedModel
+from pagedserve.core.pooling_params import PoolerConfig
+
+
+def refuse_unsupported(
+    config: EngineConfig, resolved: ResolvedModel, arch: ArchConfig, pooler: PoolerConfig | None
+) -> None:
+    """Raise ValueError naming the first combination of config's features that cannot run."""
+    tp = config.parallel.tensor_parallel_size > 1
+    draft = config.speculative.speculative_method == "draft"
+    if tp:
+        for feature, wanted in (
+            (f"task {pooler.task if pooler else ''} runs", pooler is not None),
+            ("LoRA adapters run", config.lora.enabled),
+            ("speculative_method draft runs", draft),
+        ):
+            if wanted:
+                raise ValueError(f"{feature} at tensor_parallel_size 1")
+    if arch.vision is not None:
+        name = f"{arch.architecture} (images)"
+        if tp:
+            raise ValueError(f"{name} runs at tensor_parallel_size 1")
+        if pooler is not None:
+            raise ValueError(f"{name} serves task generate, not {pooler.task}")
+        if draft:
+            raise ValueError(f"{name} does not take speculative_method draft")
+        if resolved.format != "hf":
+            raise ValueError(f"{name} loads from an HF folder")
