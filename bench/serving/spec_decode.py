@@ -36,6 +36,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +56,15 @@ RENAMES = [("seq", "sequence"), ("plan", "step_plan"), ("request", "req"), ("par
 
 
 def _functions() -> list[str]:
+    from pagedserve.core.engine import admission, output_processor
     from pagedserve.core.engine import llm_engine as engine
-    from pagedserve.core.engine import output_processor
     from pagedserve.core.runner import model_runner
 
-    picked = [
+    picked: list[Callable[..., Any]] = [
         output_processor.OutputProcessor._append_token,
         engine.LLMEngine._add_sequence,
         model_runner.ModelRunner._sampling_batch,
-        engine.LLMEngine.resolve_max_tokens,
+        admission.resolve_max_tokens,
     ]
     return [textwrap.dedent(inspect.getsource(f)) for f in picked]
 

@@ -6,11 +6,8 @@ Bad values raise ValueError naming the field. This module imports only the stdli
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 from dataclasses import dataclass, field, fields
-from functools import cache
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -401,22 +398,3 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
-
-
-@cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each dataclass field, keyed by field name (reused as CLI help)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in docs.items() if k in names}

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from pagedserve.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pagedserve.core.engine.async_engine import AsyncEngine, Mailbox
+from pagedserve.core.engine.async_engine import AsyncEngine
 from pagedserve.core.engine.llm_engine import LLMEngine
+from pagedserve.core.engine.output_stream import Mailbox
 from pagedserve.core.errors import ContextLengthError, EngineDeadError, QueueFullError
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.outputs import CompletionOutput, RequestOutput

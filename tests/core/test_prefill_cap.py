@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pagedserve import LLM, SamplingParams
-from pagedserve.cli import build_parser, configs_from_args
-from pagedserve.core.config import SchedulerConfig, field_docs
+from pagedserve.cli_args import build_parser, configs_from_args, field_docs
+from pagedserve.core.config import SchedulerConfig
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.sched.scheduler import Scheduler, StepPlan
 

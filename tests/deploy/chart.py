@@ -19,7 +19,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from pagedserve import cli
+from pagedserve import cli_args
 from pagedserve.openai_compat.server_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,8 +168,8 @@ TP_FLAG = "--tensor-parallel-size"
 
 def parse_server(args: list[str], env: dict[str, str] | None = None) -> ServerConfig:
     """The ServerConfig `pagedserve <args>` builds."""
-    parsed = cli.build_parser().parse_args(args)
-    server, _ = cli.configs_from_args(parsed, env or {})
+    parsed = cli_args.build_parser().parse_args(args)
+    server, _ = cli_args.configs_from_args(parsed, env or {})
     return server
 
 

@@ -11,7 +11,7 @@ from importlib.metadata import entry_points
 import pytest
 from starlette.routing import Route
 
-from pagedserve import cli
+from pagedserve import cli_args
 from pagedserve.openai_compat.app import OPEN_PATHS
 from pagedserve.openai_compat.routes import ROUTES
 from tests.deploy.chart import (
@@ -38,9 +38,9 @@ def test_server_args_parse(value_set: str) -> None:
     assert [ep.value for ep in entry_points(group="console_scripts", name="pagedserve")] == [
         "pagedserve.cli:main"
     ]
-    parsed = cli.build_parser().parse_args(args)
+    parsed = cli_args.build_parser().parse_args(args)
     assert parsed.command == "serve"
-    server, engine = cli.configs_from_args(parsed, {})
+    server, engine = cli_args.configs_from_args(parsed, {})
     assert server.host == "0.0.0.0"  # probes and the Service reach the pod IP
     if TP_FLAG in args:
         tp = int(args[args.index(TP_FLAG) + 1])
@@ -84,14 +84,14 @@ def test_termination_grace_outlasts_the_drain(value_set: str) -> None:
 def test_api_key_reaches_the_server_from_a_secret(value_set: str) -> None:
     objects = render_set(value_set)
     container = server_container(objects)
-    (env,) = [e for e in container["env"] if e["name"] == cli.API_KEY_ENV]
+    (env,) = [e for e in container["env"] if e["name"] == cli_args.API_KEY_ENV]
     ref = env["valueFrom"]["secretKeyRef"]
     assert not any(a.startswith("--api-key") for a in container["args"])  # not in `ps`
     if value_set == "cpu":  # the chart creates the Secret from apiKey.value
         secret = find(objects, "Secret")
         assert secret["metadata"]["name"] == ref["name"]
         key = base64.b64decode(secret["data"][ref["key"]]).decode()
-        server = parse_server(container["args"], {cli.API_KEY_ENV: key})
+        server = parse_server(container["args"], {cli_args.API_KEY_ENV: key})
         assert server.api_key == key == "sk-test-only"
 
 

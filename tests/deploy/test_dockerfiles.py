@@ -15,7 +15,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from pagedserve import cli
+from pagedserve import cli_args
 from pagedserve.core.models import resolve
 from pagedserve.openai_compat.app import OPEN_PATHS
 from tests.deploy.chart import CHART, ROOT
@@ -62,7 +62,7 @@ def test_runs_pagedserve_serve_where_the_chart_expects(flavour: str) -> None:
     (cmd,) = _instructions(path, "CMD")
     assert json.loads(entrypoint) == ["pagedserve"]
     args = json.loads(cmd)
-    server, engine = cli.configs_from_args(cli.build_parser().parse_args(args), {})
+    server, engine = cli_args.configs_from_args(cli_args.build_parser().parse_args(args), {})
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert args[0] == "serve" and server.host == "0.0.0.0"
     assert server.port == values["server"]["port"] == int(_instructions(path, "EXPOSE")[0])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.common.server import free_port
-from pagedserve import cli
-from pagedserve.cli import build_parser, configs_from_args
-from pagedserve.core.config import CacheConfig, field_docs
+from pagedserve import cli, cli_args
+from pagedserve.cli_args import build_parser, configs_from_args, field_docs
+from pagedserve.core.config import CacheConfig
 
 
 def _configs(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -102,12 +102,12 @@ def test_models_flags_reach_the_pool_and_refuse_a_model_beside_them(
     parser = build_parser()
     args = parser.parse_args(["serve", "--models-dir", str(tmp_path), "--max-loaded-models", "2",
                               "--models-memory", "4.5", "--idle-unload", "30"])  # fmt: skip
-    models = cli.models_from_args(args)
+    models = cli_args.models_from_args(args)
     assert (models.models_dir, models.max_loaded_models) == (str(tmp_path), 2)
     assert (models.models_memory, models.idle_unload, models.catalog) == (4.5, 30.0, True)
-    assert not cli.models_from_args(parser.parse_args(["serve", "--idle-unload", "5"])).catalog
+    assert not cli_args.models_from_args(parser.parse_args(["serve", "--idle-unload", "5"])).catalog
     with pytest.raises(ValueError, match="served-model-name"):
-        cli.models_from_args(parser.parse_args(["serve", "--models-dir", "d", "x.gguf"]))
+        cli_args.models_from_args(parser.parse_args(["serve", "--models-dir", "d", "x.gguf"]))
     for argv, message in (
         (["--models-dir", str(tmp_path)], "no model found"),
         (["--models-dir", str(tmp_path), "--max-loaded-models", "-1"], "max_loaded_models"),

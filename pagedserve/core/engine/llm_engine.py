@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.engine import step_inputs
+from pagedserve.core.engine import admission, step_inputs
 from pagedserve.core.engine.build import build_engine_parts
 from pagedserve.core.engine.kv_events import start_kv_events
 from pagedserve.core.engine.output_processor import OutputProcessor
 from pagedserve.core.engine.parts import EngineParts
-from pagedserve.core.errors import ContextLengthError, EngineDeadError
+from pagedserve.core.errors import EngineDeadError
 from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.lora_request import LoRAError, LoRARequest
 from pagedserve.core.multimodal.inputs import MultiModalInputs
@@ -86,36 +86,10 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------
 
     def resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """params.max_tokens against the context; ContextLengthError when it cannot fit."""
-        if num_prompt_tokens == 0:
-            raise ContextLengthError("the prompt is empty: give at least one token", "prompt")
-        room = self.max_model_len - num_prompt_tokens
-        if params.max_tokens is None and room >= 1:
-            return room
-        wanted = params.max_tokens or 1
-        if wanted > room:
-            raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {num_prompt_tokens + wanted} tokens ({num_prompt_tokens} in the "
-                f"prompt, {wanted} for the completion). Shorten the prompt or lower max_tokens."
-            )
-        return wanted
+        return admission.resolve_max_tokens(self.max_model_len, num_prompt_tokens, params)
 
     def check_pooling(self, num_prompt_tokens: int, params: PoolingParams) -> None:
-        """An embedding request's admission: ValueError (ContextLengthError for the length)
-        when the model serves no embeddings or the input cannot run."""
-        if self.pooler is None:
-            raise ValueError("this model is not an embedding model (it serves task generate)")
-        if num_prompt_tokens == 0:
-            raise ContextLengthError("the input is empty: give at least one token", "input")
-        if num_prompt_tokens > self.max_model_len:
-            raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"the input has {num_prompt_tokens} tokens. Shorten it (or set "
-                "truncate_prompt_tokens).",
-                "input",
-            )
-        self.pooler.check_dimensions(params.dimensions)
+        admission.check_pooling(self.pooler, self.max_model_len, num_prompt_tokens, params)
 
     def add_request(
         self,
@@ -134,7 +108,9 @@ class LLMEngine:
         vocab = self.tokenizer.vocab_size
         text_ids = prompt_token_ids
         if multimodal is not None:
-            text_ids = self._check_images(prompt_token_ids, multimodal)
+            if self.image_processor is None:
+                raise ValueError("this model does not take images")
+            text_ids = admission.text_ids(prompt_token_ids, multimodal)
         if any(not 0 <= t < vocab for t in text_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if isinstance(params, PoolingParams):
@@ -158,19 +134,6 @@ class LLMEngine:
         for _ in range(first_wave):
             self._add_sequence(request)
         self._requests[request_id] = request
-
-    def _check_images(self, prompt_token_ids: list[int], multimodal: MultiModalInputs) -> list[int]:
-        """The prompt without its image tokens; ValueError for images this model cannot take
-        or spans that do not fit the prompt."""
-        if self.image_processor is None:
-            raise ValueError("this model does not take images")
-        spans = multimodal.spans()
-        if any(s < 0 or e > len(prompt_token_ids) for s, e in spans):
-            raise ValueError("an image's tokens lie outside the prompt")
-        in_image = bytearray(len(prompt_token_ids))
-        for s, e in spans:
-            in_image[s:e] = b"\x01" * (e - s)
-        return [t for t, inside in zip(prompt_token_ids, in_image, strict=True) if not inside]
 
     def add_lora(self, name: str, path: str) -> LoRARequest:
         """Load the PEFT adapter at `path` as `name` (between steps: the engine thread's call);

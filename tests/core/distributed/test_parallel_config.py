@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve import cli
+from pagedserve import cli_args
 from pagedserve.core.config import ParallelConfig
 
 
 def _parallel(argv: list[str], env: dict[str, str]) -> ParallelConfig:
-    args = cli.build_parser().parse_args(["serve", *argv])
-    return cli.configs_from_args(args, env)[1].parallel
+    args = cli_args.build_parser().parse_args(["serve", *argv])
+    return cli_args.configs_from_args(args, env)[1].parallel
 
 
 def test_flags_then_environment_then_defaults() -> None:
