@@ -29,6 +29,11 @@ NO_TORCH = [
     "ops.native",
     "engine.llm_engine",  # itself: the model runner it drives is the tensors' owner
     "engine.output_processor",
+    "engine.step_inputs",
+    "engine.admission",
+    "engine.output_stream",
+    "engine.combinations",
+    "runner.step_result",
     "engine_client",
     "spec_decode.ngram",
     "spec_decode.speculator",

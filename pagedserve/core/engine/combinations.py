@@ -6,10 +6,14 @@ for two things that do not yet run together reads why before any weights load.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pagedserve.core.config import EngineConfig
-from pagedserve.core.models.arch import ArchConfig
-from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.pooling_params import PoolerConfig
+
+if TYPE_CHECKING:  # annotations only: the models package loads torch
+    from pagedserve.core.models.arch import ArchConfig
+    from pagedserve.core.models.resolve import ResolvedModel
 
 
 def refuse_unsupported(

@@ -22,7 +22,7 @@ from pagedserve.core.outputs import RequestOutput, TokenLogprob
 from pagedserve.core.request import Request, Sequence
 
 if TYPE_CHECKING:
-    from pagedserve.core.runner.model_runner import StepResult
+    from pagedserve.core.runner.step_result import StepResult
     from pagedserve.core.sched.scheduler import Scheduler, StepPlan
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from pagedserve.core.pooling_params import PoolerConfig, PoolingSpec
 from pagedserve.core.request import Sequence
-from pagedserve.core.runner.model_runner import PromptLogprobsSpec
+from pagedserve.core.runner.step_result import PromptLogprobsSpec
 from pagedserve.core.sched.scheduler import StepPlan
 
 

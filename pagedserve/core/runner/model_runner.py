@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,44 +37,12 @@ from pagedserve.core.request import Sequence
 from pagedserve.core.runner.images import ImageRunner
 from pagedserve.core.runner.memory import describe_memory
 from pagedserve.core.runner.pooler import Pooler
+from pagedserve.core.runner.step_result import PromptLogprobsSpec, StepResult
 from pagedserve.core.sampling.sampler import Sampler, SamplingBatch, SamplingRow, prompt_logprobs
 from pagedserve.core.sched.kv_cache import KVCacheSpec
 from pagedserve.core.sched.scheduler import StepPlan
 from pagedserve.core.spec_decode.draft import DraftModel
 from pagedserve.core.spec_decode.verify import Verification, num_accepted, verification
-
-
-@dataclass
-class PromptLogprobsSpec:
-    """Logprobs of prompt tokens for one request's prefill chunk (echo / prompt_logprobs)."""
-
-    seq_id: int
-    row_start: int
-    """First token row of the chunk in the step's batch."""
-    target_ids: list[int]
-    """The prompt tokens that rows row_start.. predict (the chunk's next tokens)."""
-    k: int
-
-
-@dataclass
-class StepResult:
-    token_ids: np.ndarray
-    """int32, one sampled token per entry of the plan's sample_seq_ids, in that order (a
-    verification chunk's entries: the target's token at each of its positions)."""
-    logprobs: list[TokenLogprob | None] | None
-    """Per sampled row when any row asked (None for the rows that did not); None otherwise."""
-    prompt_logprobs: dict[int, list[TokenLogprob]]
-    """seq_id -> the logprobs of this step's prompt chunk (PromptLogprobsSpec.target_ids)."""
-    embeddings: dict[int, list[float]] = field(default_factory=dict)
-    """seq_id -> the vector of each embedding request whose prompt ended this step (its
-    entry in token_ids is a placeholder 0)."""
-    num_accepted: np.ndarray | None = None
-    """int32 per plan row: the draft tokens each verification chunk keeps (None: no row of
-    the step had drafts)."""
-    verified: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """First logits entry of each verification chunk -> (its drafts, the drafts kept): its
-    entries first..first + kept are the tokens it emits."""
-
 
 logger = logging.getLogger(__name__)
 ENCODER_CACHE_BYTES = 512 * 1024 * 1024
