@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "pagedserve/cpu_features.hpp"
@@ -435,12 +436,20 @@ void test_level_equals_portable() {
 }  // namespace
 
 // Every test at every ISA level this CPU runs: each level has its own copy of the kernels
-// (avx2_vnni runs avx2's, neon_dotprod neon's: not run twice here).
-int main() {
+// (avx2_vnni runs avx2's, neon_dotprod neon's: not run twice here). One argument splits the
+// run in two for ctest -j (the sanitized build's longest test): `portable` runs that level
+// alone, `vector` every other.
+int main(int argc, char** argv) {
+    const std::string part = argc > 1 ? argv[1] : "";
+    if (!(part.empty() || part == "portable" || part == "vector")) {
+        std::fprintf(stderr, "usage: test_paged_attention [portable|vector]\n");
+        return 2;
+    }
     const CpuIsa best = cpu_isa_supported();
     for (CpuIsa level : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512,
                          CpuIsa::kNeon}) {
         if (!cpu_isa_covers(best, level)) continue;
+        if (!part.empty() && (part == "portable") != (level == CpuIsa::kPortable)) continue;
         set_cpu_isa(level);
         std::printf("  %s kernels\n", paged_attention_cpu_path());
         // Each level its own copy: one that fell back to the portable loops would pass the rest.

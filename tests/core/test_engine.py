@@ -116,10 +116,15 @@ def test_alone_equals_in_a_batch_of_32(llm: LLM, batch_reference) -> None:
     ids=["chunked-prefill", "preemption", "no-prefix-cache", "few-seats"],
 )
 def test_batch_invariance(default_model: ResolvedModel, batch_reference, options) -> None:
+    """12 of the 32 (the 8 longest, so the budget binds and pages run out, and 4 short ones)
+    run under each option and give the tokens they had in the batch of 32."""
     prompts, expected = batch_reference
+    longest = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[:8]
+    picked = [*longest, *(i for i in (0, 1, 5, 17) if i not in longest)]
     llm = make_llm(default_model, **options)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    assert token_lists(llm.generate(prompts, params)) == expected
+    got = token_lists(llm.generate([prompts[i] for i in picked], params))
+    assert got == [expected[i] for i in picked]
     stats = llm.engine.stats()
     assert stats.num_used_pages == 0 and stats.num_running == 0 and stats.num_waiting == 0
     if "num_pages" in options:
