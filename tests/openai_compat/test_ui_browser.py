@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import json
 import re
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -24,6 +23,7 @@ from pagedserve.core.sampling_params import SamplingParams
 from tests.openai_compat.fake_engine import FakeEngine
 from tests.openai_compat.test_disconnect_fake import LiveServer
 from tests.openai_compat.ui_browser import Console, chromium, find_chromium, screenshot
+from tests.reliability.conftest import wait_idle
 
 KEY_NAME = "pagedserve.apiKey"  # the page's sessionStorage entry (static/api.js)
 # Predicates passed to wait_for_function are arrow functions: a bare expression would be
@@ -209,11 +209,10 @@ def test_live_view_follows_a_long_answer_and_stop_aborts_it(page: Page, server: 
     page.click("#stop")
     wait_answer(page)
     assert "stopped" in (page.text_content(".message.assistant .stats") or "")
-    deadline = time.monotonic() + 30
-    while server.metric("vllm:num_requests_running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert server.metric("vllm:num_requests_running") == 0
-    assert server.metric("pagedserve:kv_pages_used") == 0  # the aborted request's pages are free
+    # Running drops when the stream closes (the event loop's count); the pages are freed when
+    # the engine thread applies the abort, a moment later on a loaded machine.
+    busy = wait_idle(server, timeout_s=30)
+    assert not any(busy.values()), busy  # nothing running, the aborted request's pages free
     page.wait_for_selector("#now-running[data-value='0']")
     screenshot(page, "live")  # the charts hold the whole answer, rise and release
     page.click("#clear")  # "New chat"
