@@ -334,8 +334,8 @@ def _ended_by_reason(server: Server) -> tuple[float, float]:
 
 def test_a_client_that_leaves_aborts_its_inputs(eserver: Server) -> None:
     """2048 inputs (the most one request may carry), 64 waiting at most: the client leaves
-    while they run in waves; every one admitted so far ends (done or aborted), the rest never
-    start, and nothing is left running, waiting or holding pages. A fast machine may embed them
+    while they run in waves; the inputs admitted and unfinished are aborted (at least one),
+    the rest never start, and nothing is left running, waiting or holding pages. A fast machine may embed them
     all before it notices the client left: such a try shows nothing and is tried again."""
     inputs = MAX_INPUTS  # the most one request may carry
     body = orjson.dumps({"input": [list(range(3, 3 + MAX_MODEL_LEN))] * inputs})
@@ -345,13 +345,20 @@ def test_a_client_that_leaves_aborts_its_inputs(eserver: Server) -> None:
         if not _post_then_leave_while_running(eserver, body):
             continue
         assert not any(wait_idle(eserver).values())
-        done, aborted = _ended_by_reason(eserver)
-        done, aborted = done - done_before, aborted - aborted_before
+        # wait_idle reads running + waiting as the event loop counts them (0 once the streams
+        # close) and the pages from the engine's snapshot, which lags: inputs admitted just
+        # before the leave may still sit in the engine thread's queue with their aborts. Read
+        # the counters until the aborts land.
+        deadline = time.monotonic() + 10
+        while True:
+            done, aborted = _ended_by_reason(eserver)
+            done, aborted = done - done_before, aborted - aborted_before
+            if aborted or done == inputs or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if done == inputs:
             continue  # it had finished before the server saw the client go
-        # The work stopped with the client. Not asserted: aborted >= 1. One clean-clone run
-        # ended 32 inputs and aborted none (to be explained: see issue 41's note).
-        assert done + aborted < inputs, (done, aborted)
+        assert aborted >= 1 and done + aborted < inputs, (done, aborted)
         left_early += 1
     assert left_early, "no try left before the server had embedded every input"
     assert post(eserver, {"input": "x"}).status_code == 200
