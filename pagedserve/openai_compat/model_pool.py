@@ -149,8 +149,8 @@ class ModelPool(Generic[S]):
         for entry in self.entries:
             if entry.loading is not None and not entry.loading.done():
                 entry.loading.cancel()  # the loading thread cannot be stopped; it dies with us
-            if entry.engine is not None:
-                self._unload(entry, "the server stops")
+            if entry.engine is not None:  # the process ends: no heap to hand back
+                self._unload(entry, "the server stops", reclaim=False)
         await asyncio.gather(*(e.unloading for e in self.entries if e.unloading is not None))
 
     # ---- what routes ask --------------------------------------------------------------------
@@ -299,8 +299,10 @@ class ModelPool(Generic[S]):
         memory = sum(e.spec.memory_bytes for e in held) + entry.spec.memory_bytes
         return not limits.memory_bytes or memory <= limits.memory_bytes
 
-    def _unload(self, entry: _Entry[S], why: str) -> None:
-        """Forget the model's engine now (new requests load it again) and stop it."""
+    def _unload(self, entry: _Entry[S], why: str, reclaim: bool = True) -> None:
+        """Forget the model's engine now (new requests load it again) and stop it; `reclaim`
+        then collects its memory and hands it back to the system (a full gc.collect: ~0.2-1 s
+        in a large process, worth it only when the process goes on)."""
         engine, services = entry.engine, entry.services
         entry.engine, entry.services, entry.status = None, None, "unloaded"
         if services is not None:
@@ -308,7 +310,7 @@ class ModelPool(Generic[S]):
         self._notify()  # a load waiting for room may go on
         if engine is not None:
             logger.info("unloading model %s (%s)", entry.name, why)
-            entry.unloading = asyncio.ensure_future(_stop(engine))
+            entry.unloading = asyncio.ensure_future(_stop(engine, reclaim))
             entry.unloading.add_done_callback(partial(_forget_unloading, entry))
 
     async def _watch_idle(self) -> None:
@@ -335,12 +337,14 @@ def _forget_unloading(entry: _Entry[Any], task: asyncio.Task[None]) -> None:
         entry.unloading = None
 
 
-async def _stop(engine: EngineClient) -> None:
+async def _stop(engine: EngineClient, reclaim: bool) -> None:
     try:
         await engine.shutdown()
     except Exception:
         logger.exception("stopping an engine failed")
     del engine
+    if not reclaim:
+        return
     gc.collect()  # the model's tensors, held in reference cycles of the runner, go now
     _trim_heap()
 
