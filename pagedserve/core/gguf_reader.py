@@ -3,19 +3,22 @@
 GGUFReader parses metadata through thousands of tiny slices of an np.memmap, and every memmap
 slice runs memmap.__array_finalize__ in Python: a 49k-token vocabulary with 49k merges takes
 seconds. Slicing a plain ndarray view of the same mapping gives identical arrays (still backed
-by the mapped file) several times faster. Readers are cached per path so the model loader and the
-tokenizer parse a file once. Torch-free: loading a GGUF vocabulary imports neither torch nor
+by the mapped file) several times faster. Arrays of scalars and of strings (the vocabulary, its
+scores and types, the merges) are walked in one loop each rather than one recursive call per
+element, into the same parts (3 s -> ~0.3 s for the default model). Readers are cached per path
+so the model loader and the tokenizer parse a file once. Torch-free: loading a GGUF vocabulary imports neither torch nor
 the native ops.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 
 class _PlainViewReader(GGUFReader):
@@ -33,6 +36,36 @@ class _PlainViewReader(GGUFReader):
         order = self.byte_order if override_order is None else override_order
         ordered: np.ndarray = arr.view(arr.dtype.newbyteorder(order))
         return ordered
+
+    # Overrides GGUFReader._get_field_parts for arrays of scalars or strings in a file of this
+    # machine's byte order; the parts, data indices and types are GGUFReader's own (one part per
+    # scalar element; a length part and a bytes part per string). Anything else goes to it.
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[Any], list[int], list[Any]]:
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        itype, count, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), orig_offs + 12
+        parts: list[Any] = [raw_itype, alen]
+        types = [GGUFValueType.ARRAY, itype] if count else [GGUFValueType.ARRAY]
+        if itype == GGUFValueType.STRING:
+            plain = self.__dict__["_plain"]  # set by the _get calls above
+            buffer = memoryview(plain)
+            unpack = struct.Struct("<Q").unpack_from
+            for _ in range(count):
+                (size,) = unpack(buffer, offs)
+                parts.append(plain[offs : offs + 8].view(np.uint64))
+                parts.append(plain[offs + 8 : offs + 8 + size])
+                offs += 8 + size
+            return offs - orig_offs, parts, list(range(3, 2 + 2 * count, 2)), types
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if nptype is None:  # arrays of arrays
+            return super()._get_field_parts(orig_offs, raw_type)
+        values = self._get(offs, nptype, count)
+        parts += list(values.reshape(count, 1))
+        return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), types
 
 
 @functools.lru_cache(maxsize=4)
