@@ -16,6 +16,7 @@ from pagedserve.core.ops.cpu_features import (
     forced_cpu_isa,
     runnable_isas,
 )
+from tests.hf_gguf import fast_gguf_parsing
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,11 +67,23 @@ def default_model(default_model_dir: Path) -> ResolvedModel:
 
 @pytest.fixture(scope="session")
 def hf_default_model(default_model: ResolvedModel) -> Any:
-    """The oracle: transformers' own load of the same GGUF, in fp32 (loaded once: ~30 s)."""
+    """The oracle: transformers' own load of the same GGUF, in fp32 (loaded once: ~10 s)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
-    ).eval()
+    with fast_gguf_parsing():
+        model = AutoModelForCausalLM.from_pretrained(
+            default_model.path.parent, gguf_file=default_model.path.name, dtype=torch.float32
+        ).eval()
     model.generation_config.eos_token_id = None  # always generate the full length
     return model
+
+
+@pytest.fixture(scope="session")
+def hf_default_tokenizer(default_model: ResolvedModel) -> Any:
+    """transformers' tokenizer of the same GGUF (its own conversion of the GGUF vocabulary)."""
+    from transformers import AutoTokenizer
+
+    with fast_gguf_parsing():
+        return AutoTokenizer.from_pretrained(
+            default_model.path.parent, gguf_file=default_model.path.name
+        )

@@ -36,10 +36,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def default_pair():
-    path = default_gguf_path()
-    theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return load_chat_template(load_tokenizer(path)), theirs
+def default_pair(hf_default_tokenizer):
+    return load_chat_template(load_tokenizer(default_gguf_path())), hf_default_tokenizer
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)

@@ -19,18 +19,16 @@ from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def _pair(kind: str, tmp: Path) -> tuple[Tokenizer, object]:
-    auto = transformers.AutoTokenizer
-    if kind == "gguf":
-        gguf = default_gguf_path()
-        return load_tokenizer(gguf), auto.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    folder = write_tiny_bpe(tmp / "bpe") if kind == "bpe" else write_tiny_spm(tmp / "spm")
-    return load_tokenizer(folder), auto.from_pretrained(folder)
-
-
 @pytest.fixture(scope="module", params=["gguf", "bpe", "spm"])
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    return _pair(request.param, tmp_path_factory.mktemp(request.param))
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Tokenizer, object]:
+    kind = str(request.param)
+    if kind == "gguf":
+        return load_tokenizer(default_gguf_path()), request.getfixturevalue("hf_default_tokenizer")
+    tmp = tmp_path_factory.mktemp(kind)
+    folder = write_tiny_bpe(tmp / "bpe") if kind == "bpe" else write_tiny_spm(tmp / "spm")
+    return load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.mark.parametrize("text", TRICKY_TEXTS)
