@@ -5,15 +5,24 @@ for the wrong level that executes AVX-512 (or, on a pre-AVX CPU, AVX) kills the 
 set_cpu_isa / PAGEDSERVE_MAX_CPU_ISA on the real CPU would not notice.
 
 - The C++ unit tests (cpp/tests), built natively in a fresh folder as the wheel builds the
-  library (Release, no -march=native), each run under qemu-x86_64 per CPU model: AMD Zen 3
-  (EPYC-Milan) and Intel Haswell (Haswell-v4), both AVX2 + FMA + F16C without AVX-512, must run
-  at level avx2; Nehalem (no AVX) at portable. Each must exit 0, and the level and the paths
-  run are read from the tests' own lines (test_cpu_features' "cpu isa level: X", the kernel
-  tests' path lines), so a vector level that fell back, or one that never ran, fails.
+  library (Release, no -march=native), each run under qemu-x86_64 as AMD Zen 3 (EPYC-Milan) and
+  Intel Haswell (Haswell-v4), both AVX2 + FMA + F16C without AVX-512: they must run at level
+  avx2, and the level and the paths run are read from the tests' own lines (test_cpu_features'
+  "cpu isa level: X", the kernel tests' path lines), so a vector level that fell back, or one
+  that never ran, fails.
 - The installed pagedserve._core from Python, torch included (one interpreter under qemu per
-  model, ~15-30 s): the level, each kernel family's path, and one quantized linear, one dense linear
-  (where the level has it) and paged attention against their references, through the project's
-  torch ops and the kernel tests' own helpers.
+  model, ~15-30 s): the level, each kernel family's path, and every int8 weight type's product
+  (int8 and fp32 activations), one dense linear (where the level has it) and paged attention
+  against their references, through the project's torch ops and the kernel tests' own helpers.
+  Here as EPYC-Milan and as Nehalem (no AVX: level portable).
+
+Each model runs only on a host whose best level is above the model's (runs_natively): emulating
+a level the host runs natively proves nothing the native runs do not. So an AVX2 host (Zen 3)
+runs the Nehalem probe alone. Nehalem gets the probe and not the C++ tests: what qemu adds there
+is a CPU without AVX under the one build, which the probe puts under the wheel's own library
+(every int8 type, attention, the level) without a second build of the library (~70 s) and ~50 s
+of the portable C++ tests under TCG; those tests run natively at level portable everywhere
+(every kernel test forces each level, the sanitized run included).
 
 qemu 7.2's TCG has no AVX-VNNI (CPUID 7.1 EAX bit 4 stays clear even under `-cpu max` or
 `+avx-vnni`), so no model here runs avx2_vnni. Skips, saying why, off x86-64 or without cmake,
@@ -41,6 +50,7 @@ from tests.native.qemu_x86 import (
 
 LEVELS = {"EPYC-Milan": "avx2", "Haswell-v4": "avx2", "Nehalem": "portable"}
 """CPU model -> the ISA level the one build must run at there."""
+CPP_MODELS = ["EPYC-Milan", "Haswell-v4"]
 PYTHON_MODELS = ["EPYC-Milan", "Nehalem"]
 _AVX2 = [
     "cpu isa level: avx2\n",  # test_cpu_features
@@ -49,17 +59,10 @@ _AVX2 = [
     "  avx2 kernels\n",  # ... and at avx2, compared with portable bit for bit
     "  avx2: rows bit-identical in calls of 1 .. 300\n",  # test_linear: the dense AVX2 path
 ]
-_PORTABLE = [
-    "cpu isa level: portable\n",
-    "  portable kernels\n",
-    "  (no vector level on this CPU: only the portable path)\n",  # test_linear_quant
-    "  (no dense linear path at this CPU's level: skipped)\n",  # test_linear, test_linear_f32
-]
+PATH_LINES = {"EPYC-Milan": _AVX2, "Haswell-v4": _AVX2}
 _NO_STACK = "the decoder stack tests skip)\n"  # test_decoder_stack below avx2
-PATH_LINES = {"EPYC-Milan": _AVX2, "Haswell-v4": _AVX2, "Nehalem": [*_PORTABLE, _NO_STACK]}
-_AVX2_ONLY = [line for line in _AVX2 if line not in _PORTABLE]
-ABSENT_LINES = {"EPYC-Milan": [_NO_STACK], "Haswell-v4": [_NO_STACK], "Nehalem": _AVX2_ONLY}
-"""Lines whose presence means a path the level should run was skipped, or one above it ran."""
+ABSENT_LINES = {"EPYC-Milan": [_NO_STACK], "Haswell-v4": [_NO_STACK]}
+"""Lines whose presence means a path the level should run was skipped."""
 TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
 SLOWEST_FIRST = ("test_linear", "test_paged_attention")  # ~13-70 s, ~15-60 s under TCG
 
@@ -91,7 +94,7 @@ def _emulated(models: list[str]) -> list[object]:
     return params
 
 
-@pytest.mark.parametrize("cpu", _emulated(list(LEVELS)))
+@pytest.mark.parametrize("cpu", _emulated(CPP_MODELS))
 def test_cpp_unit_tests_pass_under_qemu_x86_64(build: Path, cpu: str) -> None:
     assert TESTS, "no cpp/tests/test_*.cpp found"
     names = sorted(TESTS, key=lambda name: name not in SLOWEST_FIRST)
@@ -125,16 +128,23 @@ from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported
 from pagedserve.core.ops.linear import native_linear_path
 from pagedserve.core.ops.linear_quant import quant_linear_path
 from tests.core.models.test_linear import make, reference
-from tests.core.ops.test_linear_quant import product, weight
-from tests.quant_blocks import int8_activations
+from pagedserve.core.ops.linear_quant import quant_linear_float_path
+from tests.core.ops.test_linear_quant import float_product, float_tolerance, product, weight
+from tests.quant_blocks import TYPES, int8_activations
 
-m, n, k = 5, 40, 96
-packed, w = weight(Q.Q4_1, n, k, seed=m)
-x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
-got = product(Q.Q4_1, packed, x, n).double().numpy()
-xq = int8_activations(x.numpy())
-bound = 1e-5 * (np.abs(xq) @ np.abs(w.T)) + 1e-7
-assert np.all(np.abs(got - xq @ w.T.astype(np.float64)) <= bound), "quant_linear Q4_1"
+m, n = 5, 40
+for qtype in TYPES:  # every int8 weight type, int8 then fp32 activations
+    k = 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 96
+    packed, w = weight(qtype, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    got = product(qtype, packed, x, n).double().numpy()
+    xq = int8_activations(x.numpy())
+    bound = 1e-5 * (np.abs(xq) @ np.abs(w.T)) + 1e-7
+    assert np.all(np.abs(got - xq @ w.T.astype(np.float64)) <= bound), f"quant_linear {qtype.name}"
+    got = float_product(qtype, packed, x, n).double().numpy()
+    want = x.double().numpy() @ w.T.astype(np.float64)
+    bound = float_tolerance(x.double().numpy(), w) + 1e-30
+    assert np.all(np.abs(got - want) <= bound), f"quant_linear {qtype.name}, fp32 activations"
 for dtype in (torch.float32, torch.bfloat16):  # decodes and a prefill chunk, GQA
     batch = make_batch([1, 1, 7], [5, 40, 23], group=2, head_size=64, dtype=dtype)
     assert_close(run_native(batch), run_reference(batch), dtype)
@@ -147,6 +157,7 @@ if native_linear_path() != "none":
     torch.testing.assert_close(layer(x, out_dtype=torch.float32), want, rtol=1e-4, atol=1e-4)
 print(json.dumps({"supported": cpu_isa_supported(), "active": cpu_isa(),
                   "int8": quant_linear_path(), "dense": native_linear_path(),
+                  "float": quant_linear_float_path(),
                   "attention": cpu_attention_path(), "core": native.core.__file__,
                   "torch": torch.backends.cpu.get_cpu_capability()}))
 """
@@ -163,5 +174,6 @@ def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
     assert run.rc == 0, f"python under {QEMU} -cpu {cpu} {run.status}:\n{run.output}"
     got = json.loads(run.output.strip().splitlines()[-1])
     dense = "none" if level == "portable" else level  # no dense kernel below avx2: torch's
-    want = {"supported": level, "active": level, "int8": level, "attention": level, "dense": dense}
+    want = {"supported": level, "active": level, "int8": level, "float": level,
+            "attention": level, "dense": dense}  # fmt: skip
     assert {key: got[key] for key in want} == want, f"-cpu {cpu} should run at {level}: {got}"
