@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +80,9 @@ def imports_of(path: Path, every_from: bool = False) -> set[str]:
     return names
 
 
+@functools.cache
 def modules() -> dict[str, set[str]]:
+    """Every module of the package and what it imports (parsed once: ~0.6 s; do not mutate)."""
     found = {}
     for path in PACKAGE.rglob("*.py"):
         dotted = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
