@@ -16,29 +16,11 @@ from pagedserve.core.ops.cpu_features import (
     forced_cpu_isa,
     runnable_isas,
 )
-from tests import background
 from tests.hf_gguf import fast_gguf_parsing
 
 
 def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(2)  # CI has 2 cores; more threads only oversubscribe
-    config.addinivalue_line(
-        "markers", "job(job): the test waits for this tests/background.py Job's result"
-    )
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the background jobs (tests/background.py) of the tests that will run."""
-    for item in session.items:
-        if any(mark.name == "skip" or (mark.name == "skipif" and mark.args and mark.args[0] is True)
-               for mark in item.iter_markers()):  # fmt: skip
-            continue
-        for mark in item.iter_markers("job"):
-            mark.args[0].start()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    background.stop_all()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

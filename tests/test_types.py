@@ -1,7 +1,5 @@
 """mypy --strict over the package stays clean (settings in pyproject.toml), and the test fake
-engine type-checks as an EngineClient (tests/openai_compat/fake_engine.py's `as_client`).
-mypy runs as a background job from the end of collection (tests/background.py: 50-75 s from a
-clean checkout, on one core)."""
+engine type-checks as an EngineClient (tests/openai_compat/fake_engine.py's `as_client`)."""
 
 from __future__ import annotations
 
@@ -9,22 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests import background
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mypy() -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "mypy", "--strict", "pagedserve"]
-    return background.run([*command, "tests/openai_compat/fake_engine.py"], cwd=ROOT)
-
-
-MYPY = background.Job("mypy --strict", _mypy)
-
-
-@pytest.mark.job(MYPY)
 def test_mypy_strict_is_clean() -> None:
-    result = MYPY.result()
+    command = [sys.executable, "-m", "mypy", "--strict", "pagedserve"]
+    command.append("tests/openai_compat/fake_engine.py")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

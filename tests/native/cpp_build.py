@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests import background
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_cpp_tests(build: Path, *flags: str, nice: bool = False) -> Path:
-    """Configures cpp/tests into `build` with the given extra CMake flags and builds them (-j2;
-    nice: at the lowest CPU priority, for a background job)."""
+def build_cpp_tests(build: Path, *flags: str) -> Path:
+    """Configures cpp/tests into `build` with the given extra CMake flags and builds them (-j2)."""
     configure = [
         "cmake", "-S", str(ROOT), "-B", str(build),
         "-DPAGEDSERVE_BUILD_TESTS=ON", "-DPAGEDSERVE_BUILD_PYTHON=OFF",
@@ -25,20 +22,14 @@ def build_cpp_tests(build: Path, *flags: str, nice: bool = False) -> Path:
     ]  # fmt: skip
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
-    run_or_fail(configure, nice=nice)
-    run_or_fail(["cmake", "--build", str(build), "-j2"], nice=nice)
+    run_or_fail(configure)
+    run_or_fail(["cmake", "--build", str(build), "-j2"])
     return build
 
 
-def run_or_fail(
-    cmd: list[str], cwd: Path | None = None, nice: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """Runs cmd; a non-zero exit fails the test with its output. nice: at the lowest CPU
-    priority, with a limit that only catches a hang (the tests may hold the CPU for minutes)."""
-    if nice:
-        result = background.run(cmd, cwd=cwd, timeout=1800)
-    else:
-        result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+def run_or_fail(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs cmd; a non-zero exit fails the test with its output."""
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         pytest.fail(
             f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tests import background
-
 QEMU = "qemu-x86_64"
 TIMED_OUT = 124  # as timeout(1) says it
 TCG_WARNING = f"{QEMU}: warning: TCG doesn't support requested feature"
@@ -67,21 +65,15 @@ class Run(NamedTuple):
 
 
 def under_qemu(
-    cpu: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
-    nice: bool = False,
-) -> Run:  # fmt: skip
-    """argv[0] (an ELF: resolve launcher scripts and symlinks first) run on CPU model `cpu`
-    (nice: at the lowest CPU priority, in a background job; `timeout` then only catches a hang,
-    since the tests may hold the CPU for minutes: give it room)."""
+    cpu: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> Run:
+    """argv[0] (an ELF: resolve launcher scripts and symlinks first) run on CPU model `cpu`."""
     start = time.monotonic()
-    cmd = [QEMU, "-cpu", cpu, *argv]
     try:
-        if nice:
-            done = background.run(cmd, cwd=cwd, env=env, timeout=timeout)
-        else:
-            done = subprocess.run(
-                cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-            )
+        done = subprocess.run(
+            [QEMU, "-cpu", cpu, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as e:
         rc, out = TIMED_OUT, f"timed out after {e.timeout} s\n{e.stdout!r}\n{e.stderr!r}"

@@ -16,22 +16,17 @@ NEON kernels, and their bits against portable's); neoverse-n1 does not, since wh
 apart from cortex-a53 (the dot product) is used by the int8 linear alone.
 Skips, saying why, where the cross compiler, qemu-aarch64 or the aarch64 libraries are missing
 (scripts/install.sh test installs them as root on Debian).
-
-The build and each model's runs are background jobs from the end of collection
-(tests/background.py): ~30 s of building, then ~40 s (max), ~25 s (cortex-a53) and ~3 s
-(neoverse-n1) under qemu.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from functools import partial
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests import background
 from tests.native.cpp_build import ROOT, build_cpp_tests
 
 CXX = "aarch64-linux-gnu-g++"
@@ -64,47 +59,29 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
 
 
-def _build() -> Path:
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_cpp_tests(
-        background.folder() / "aarch64",
+        tmp_path_factory.mktemp("aarch64") / "build",
         "-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
-        f"-DCMAKE_CXX_COMPILER={CXX}", "-DCMAKE_BUILD_TYPE=Release", nice=True,
+        f"-DCMAKE_CXX_COMPILER={CXX}", "-DCMAKE_BUILD_TYPE=Release",
     )  # fmt: skip
 
 
-BUILD = background.Job("aarch64 cross build", _build)
-
-
-def _run_all(cpu: str) -> tuple[list[str], str]:
-    """Every test executable under `qemu-aarch64 -cpu cpu`: the failures and the output."""
-    build = BUILD.result()
+@pytest.mark.parametrize("cpu", CPU_MODELS)
+def test_cpp_unit_tests_pass_under_qemu_aarch64(build: Path, cpu: str) -> None:
+    assert TESTS, "no cpp/tests/test_*.cpp found"
     failures, output = [], ""
     for name in TESTS:
         exe = build / name
-        if not exe.is_file():
-            failures.append(f"{name} was not built")
-            continue
+        assert exe.is_file(), f"{name} was not built"
         for args in ATTENTION_RUNS[cpu] if name == "test_paged_attention" else [[]]:
             cmd = [QEMU, "-cpu", cpu, "-L", str(SYSROOT), str(exe), *args]
-            result = background.run(cmd, cwd=build, timeout=1800)  # a hang, not a budget
+            result = subprocess.run(cmd, cwd=build, capture_output=True, text=True, timeout=300)
             output += result.stdout + result.stderr
             if result.returncode != 0:
                 failures.append(f"{name} {' '.join(args)} exited {result.returncode}:\n"
                                 f"{result.stdout}{result.stderr}")  # fmt: skip
-    return failures, output
-
-
-RUNS = {
-    cpu: background.Job(f"qemu-aarch64 -cpu {cpu}", partial(_run_all, cpu)) for cpu in CPU_MODELS
-}
-
-
-@pytest.mark.parametrize(
-    "cpu", [pytest.param(c, marks=pytest.mark.job(RUNS[c])) for c in CPU_MODELS]
-)
-def test_cpp_unit_tests_pass_under_qemu_aarch64(cpu: str) -> None:
-    assert TESTS, "no cpp/tests/test_*.cpp found"
-    failures, output = RUNS[cpu].result()
     assert not failures, f"under {QEMU} -cpu {cpu}:\n" + "\n".join(failures)
     assert f"cpu isa level: {LEVELS[cpu]}\n" in output, f"-cpu {cpu} did not run at {LEVELS[cpu]}"
     missing = [line for line in PATH_LINES[cpu] if line not in output]

@@ -35,16 +35,13 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from tests import background
 from tests.native.cpp_build import ROOT, build_cpp_tests
 from tests.native.qemu_x86 import (
     QEMU,
-    Run,
     python_executable,
     qemu_missing,
     runs_natively,
@@ -88,16 +85,12 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _emulated(models: list[str], jobs: dict[str, background.Job] | None = None) -> list[object]:
-    """The CPU models, each skipped where this CPU runs its level natively (runs_natively),
-    each marked with its background job where it has one."""
+def _emulated(models: list[str]) -> list[object]:
+    """The CPU models, each skipped where this CPU runs its level natively (runs_natively)."""
     params = []
     for cpu in models:
         why = _missing() or runs_natively(LEVELS[cpu])
-        marks = [pytest.mark.skipif(why is not None, reason=str(why))]
-        if jobs is not None:
-            marks.append(pytest.mark.job(jobs[cpu]))
-        params.append(pytest.param(cpu, marks=marks))
+        params.append(pytest.param(cpu, marks=pytest.mark.skipif(why is not None, reason=str(why))))
     return params
 
 
@@ -170,22 +163,13 @@ print(json.dumps({"supported": cpu_isa_supported(), "active": cpu_isa(),
 """
 
 
-def _probe(cpu: str) -> Run:
+@pytest.mark.parametrize("cpu", _emulated(PYTHON_MODELS))
+def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
+    level = LEVELS[cpu]
     env = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_MAX_CPU_ISA"}
     paths = [str(ROOT), str(ROOT / "tests" / "core" / "attention"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    return under_qemu(cpu, [python_executable(), "-c", PROBE], ROOT, env, timeout=1800, nice=True)
-
-
-PROBES = {cpu: background.Job(f"python under qemu -cpu {cpu}", partial(_probe, cpu))
-          for cpu in PYTHON_MODELS}  # fmt: skip
-"""A background job each (tests/background.py), from the end of collection."""
-
-
-@pytest.mark.parametrize("cpu", _emulated(PYTHON_MODELS, PROBES))
-def test_installed_core_and_ops_under_qemu_x86_64(cpu: str) -> None:
-    level = LEVELS[cpu]
-    run = PROBES[cpu].result()
+    run = under_qemu(cpu, [python_executable(), "-c", PROBE], ROOT, env)
     print(f"-cpu {cpu}: python {run.seconds:.1f} s")
     assert run.rc == 0, f"python under {QEMU} -cpu {cpu} {run.status}:\n{run.output}"
     got = json.loads(run.output.strip().splitlines()[-1])
