@@ -1,8 +1,8 @@
-"""transformers' own GGUF loading (the oracle's), in a third of its time.
+"""transformers' own GGUF loading (the oracle's), several times faster.
 
 transformers parses a GGUF with gguf.GGUFReader (twice per model: config, then weights), whose
-metadata parse takes ~8 s on the default model's 49k-token vocabulary, and builds gguf's
-tensor-name map once per tensor (~8 s for 272 tensors). Inside `fast_gguf_parsing()` it gets
+metadata parse takes seconds on the default model's 49k-token vocabulary, and builds gguf's
+tensor-name map once per tensor (seconds again for 272 tensors). Inside `fast_gguf_parsing()` it gets
 pagedserve's shared reader instead, which parses into the same fields and tensors
 (tests/core/test_gguf_reader.py checks that part by part), and a name map built once per
 architecture and layer count. What transformers computes from them (the config, the name mapping,

@@ -5,9 +5,9 @@ slice runs memmap.__array_finalize__ in Python: a 49k-token vocabulary with 49k 
 seconds. Slicing a plain ndarray view of the same mapping gives identical arrays (still backed
 by the mapped file) several times faster. Arrays of scalars and of strings (the vocabulary, its
 scores and types, the merges) are walked in one loop each rather than one recursive call per
-element, into the same parts (3 s -> ~0.3 s for the default model). Readers are cached per path
-so the model loader and the tokenizer parse a file once. Torch-free: loading a GGUF vocabulary imports neither torch nor
-the native ops.
+element, into the same parts (about ten times faster again: bench/RESULTS.md). Readers are
+cached per path so the model loader and the tokenizer parse a file once. Torch-free: loading a
+GGUF vocabulary imports neither torch nor the native ops.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class _PlainViewReader(GGUFReader):
         if itype == GGUFValueType.STRING:
             plain = self.__dict__["_plain"]  # set by the _get calls above
             buffer = memoryview(plain)
-            unpack = struct.Struct("<Q").unpack_from
+            unpack = struct.Struct("=Q").unpack_from  # the file's order is this machine's
             for _ in range(count):
                 (size,) = unpack(buffer, offs)
                 parts.append(plain[offs : offs + 8].view(np.uint64))

@@ -180,7 +180,7 @@ class LlamaForCausalLM(nn.Module):
         check_attention_options(arch, attention)
         self.arch = arch
         # Given its (uninitialized) weight, nn.Embedding skips its random init, which on "meta"
-        # runs through torch._refs and imports torch._dynamo: ~3.5 s of every start-up.
+        # runs through torch._refs and imports torch._dynamo: seconds of every start-up.
         table = torch.empty(arch.vocab_size, arch.hidden_size)
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, _weight=table)
         self.layers = nn.ModuleList(
