@@ -67,7 +67,7 @@ def default_model(default_model_dir: Path) -> ResolvedModel:
 
 @pytest.fixture(scope="session")
 def hf_default_model(default_model: ResolvedModel) -> Any:
-    """The oracle: transformers' own load of the same GGUF, in fp32 (loaded once: ~10 s)."""
+    """The oracle: transformers' own load of the same GGUF, in fp32 (loaded once)."""
     from transformers import AutoModelForCausalLM
 
     with fast_gguf_parsing():

@@ -2,8 +2,8 @@
 
 transformers parses a GGUF with gguf.GGUFReader (twice per model: config, then weights), whose
 metadata parse takes seconds on the default model's 49k-token vocabulary, and builds gguf's
-tensor-name map once per tensor (seconds again for 272 tensors). Inside `fast_gguf_parsing()` it gets
-pagedserve's shared reader instead, which parses into the same fields and tensors
+tensor-name map once per tensor (seconds again for 272 tensors). Inside `fast_gguf_parsing()`
+it gets pagedserve's shared reader instead, which parses into the same fields and tensors
 (tests/core/test_gguf_reader.py checks that part by part), and a name map built once per
 architecture and layer count. What transformers computes from them (the config, the name mapping,
 gguf's dequantization, the tokenizer's conversion) is its own, unchanged.

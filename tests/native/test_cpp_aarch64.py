@@ -10,7 +10,7 @@ neon_i8mm, so neon, neon_dotprod and neon_i8mm all run), with a Neoverse N1 (dot
 i8mm: level neon_dotprod) and with a plain Armv8.0 NEON core (cortex-a53: level neon). The level each model ran at is read from
 test_cpu_features' last line and the paths from the kernel tests' own lines, so the test fails
 if NEON went unused. Release, -j2; every test executable runs on every model, except
-test_paged_attention (~30 s under qemu; the rest take ~3 s together): `max` runs it whole, at
+test_paged_attention (most of each model's time under qemu): `max` runs it whole, at
 portable and forced neon; cortex-a53, which lacks every extension, runs its vector half (the
 NEON kernels, and their bits against portable's); neoverse-n1 does not, since what sets it
 apart from cortex-a53 (the dot product) is used by the int8 linear alone.

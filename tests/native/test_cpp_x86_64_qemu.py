@@ -20,9 +20,9 @@ Each model runs only on a host whose best level is above the model's (runs_nativ
 a level the host runs natively proves nothing the native runs do not. So an AVX2 host (Zen 3)
 runs the Nehalem probe alone. Nehalem gets the probe and not the C++ tests: what qemu adds there
 is a CPU without AVX under the one build, which the probe puts under the wheel's own library
-(every int8 type, attention, the level) without a second build of the library (~70 s) and ~50 s
-of the portable C++ tests under TCG; those tests run natively at level portable everywhere
-(every kernel test forces each level, the sanitized run included).
+(every int8 type, attention, the level) without a second build of the library and the portable
+C++ tests' slow run under TCG; those tests run natively at level portable everywhere (every
+kernel test forces each level, the sanitized run included).
 
 qemu 7.2's TCG has no AVX-VNNI (CPUID 7.1 EAX bit 4 stays clear even under `-cpu max` or
 `+avx-vnni`), so no model here runs avx2_vnni. Skips, saying why, off x86-64 or without cmake,
@@ -126,9 +126,8 @@ from pagedserve.core.ops import native
 from pagedserve.core.attention.ops import cpu_attention_path
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported
 from pagedserve.core.ops.linear import native_linear_path
-from pagedserve.core.ops.linear_quant import quant_linear_path
+from pagedserve.core.ops.linear_quant import quant_linear_float_path, quant_linear_path
 from tests.core.models.test_linear import make, reference
-from pagedserve.core.ops.linear_quant import quant_linear_float_path
 from tests.core.ops.test_linear_quant import float_product, float_tolerance, product, weight
 from tests.quant_blocks import TYPES, int8_activations
 

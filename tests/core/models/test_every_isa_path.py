@@ -77,8 +77,8 @@ def test_default_model_same_tokens_and_logprobs_on_every_level(
     cpu_isa: str, default_model, best_level: tuple[list[list[int]], Scores]
 ) -> None:
     want_tokens, want_scores = best_level
-    # The greedy run decodes on the prompts' full pages that the scoring computed (cached): the
-    # portable level's scalar int8 kernel makes every prefill token count (~40 s without).
+    # The greedy run decodes on the prompts' full pages that the scoring computed (cached), so
+    # the portable level's scalar int8 kernel does not prefill the prompts twice.
     llm = default_llm(str(default_model.path), cpu_isa, prefix_cache=True)
     assert f"isa {cpu_isa} " in llm.engine.model_info.weights  # the level really ran
     got_scores = scores(llm, [p + t for p, t in zip(PROMPTS, want_tokens, strict=True)])
