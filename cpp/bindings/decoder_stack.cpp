@@ -1,4 +1,4 @@
-// pybind11 glue for the bf16 CPU decoder stack (decoder_stack.hpp): pointers as ints, each
+// pybind11 glue for the bf16 / fp32 CPU decoder stack (decoder_stack.hpp): pointers as ints, each
 // layer's weights a named struct (DecoderLayerWeights), the GIL released while a step runs.
 // pagedserve/core/models/decoder_stack/ops.py is the only caller.
 #include <pybind11/pybind11.h>
@@ -26,9 +26,10 @@ void bind_layer_weights(py::module_& m) {
                         Ptr down, std::int64_t sliding_window, float logit_softcap, int qkv_type,
                         int o_type, int gate_up_type, int down_type) {
                 using W = const std::uint16_t;
-                DecoderLayerWeights w{pointer<W>(input_norm), pointer<W>(qkv),
-                                      pointer<W>(qkv_bias),   pointer<W>(o),
-                                      pointer<W>(post_norm),  pointer<W>(gate_up),
+                using V = const void;
+                DecoderLayerWeights w{pointer<V>(input_norm), pointer<W>(qkv),
+                                      pointer<V>(qkv_bias),   pointer<W>(o),
+                                      pointer<V>(post_norm),  pointer<W>(gate_up),
                                       pointer<W>(down)};
                 w.sliding_window = sliding_window;
                 w.logit_softcap = logit_softcap;
@@ -60,12 +61,13 @@ pagedserve::DecoderStack make_stack(std::int64_t hidden_size, std::int64_t num_h
                                     std::int64_t num_kv_heads, std::int64_t head_size,
                                     std::int64_t intermediate_size, float rms_norm_eps,
                                     float scale, std::vector<DecoderLayerWeights> layers,
-                                    bool batch_invariant) {
+                                    bool batch_invariant, bool float32) {
     pagedserve::DecoderShape shape;
     shape.hidden_size = hidden_size, shape.num_heads = num_heads;
     shape.num_kv_heads = num_kv_heads, shape.head_size = head_size;
     shape.intermediate_size = intermediate_size, shape.rms_norm_eps = rms_norm_eps;
     shape.scale = scale, shape.batch_invariant = batch_invariant;
+    shape.dtype = float32 ? pagedserve::DType::kFloat32 : pagedserve::DType::kBFloat16;
     return pagedserve::DecoderStack(shape, std::move(layers));
 }
 
@@ -78,9 +80,9 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
              std::int64_t amx_int8_from_rows, bool amx_tile_order,
              bool quant_float_activations, int kv_quant, bool quant_int16_activations) {
     pagedserve::DecoderStep s;
-    s.hidden = pointer<std::uint16_t>(hidden);
-    s.cos = pointer<const std::uint16_t>(cos);
-    s.signed_sin = pointer<const std::uint16_t>(signed_sin);
+    s.hidden = pointer<void>(hidden);
+    s.cos = pointer<const void>(cos);
+    s.signed_sin = pointer<const void>(signed_sin);
     s.rope_stride = rope_stride;
     for (Ptr p : kv_caches) s.kv_caches.push_back(pointer<void>(p));
     s.num_pages = num_pages, s.page_size = page_size;
@@ -108,7 +110,7 @@ void bind_decoder_stack(py::module_& m) {
         .def(py::init(&make_stack), py::arg("hidden_size"), py::arg("num_heads"),
              py::arg("num_kv_heads"), py::arg("head_size"), py::arg("intermediate_size"),
              py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"),
-             py::arg("batch_invariant") = true)
+             py::arg("batch_invariant") = true, py::arg("float32") = false)
         .def_property_readonly("num_layers", &pagedserve::DecoderStack::num_layers)
         .def("forward", &forward, py::arg("hidden"), py::arg("cos"), py::arg("signed_sin"),
              py::arg("rope_stride"), py::arg("kv_caches"), py::arg("num_pages"),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = ("auto", "none")
-QUANTIZED_ACTIVATIONS = ("int8", "int16", "float")
+QUANTIZED_ACTIVATIONS = ("auto", "int8", "int16", "float")
 CPU_LINEARS = ("auto", "native", "amx", "torch")
 X86_ISAS = ("portable", "avx2", "avx2_vnni", "avx512", "avx512_bf16", "amx")
 """x86-64's ISA levels, lowest first (what each means: pagedserve/core/ops/cpu_features.py)."""
@@ -65,12 +65,14 @@ class ModelConfig:
     Q5_K, Q6_K) on the native int8 kernels of a CPU, dequantizing only types without a kernel;
     none dequantizes every weight to the compute dtype."""
 
-    quantized_activations: str = "int8"
+    quantized_activations: str = "auto"
     """What the weights kept quantized multiply: int8 rounds each activation row to int8 per 32
     features, as llama.cpp does (fastest); int16 rounds it to int16 per 32 features on the same
-    kernels (twice their multiplies; SmolLM2-135M then gives the dequantized model's greedy
-    tokens in fp32); float keeps the activations in fp32 against the weights dequantized in
-    registers (the dequantized model's own products, about 2-3x the linears' time on AVX2)."""
+    kernels (twice their multiplies); float keeps the activations in fp32 against the weights
+    dequantized in registers (the dequantized model's own products, about 2-3x the linears'
+    time on AVX2). auto: int16 for a model under 1B parameters whose every linear stays
+    quantized on the CPU, else int8 (device_policy.resolve_quantized_activations says why).
+    With int16 or float, --dtype auto is float32."""
 
     cpu_linear: str = "auto"
     """Dense bf16/fp32 linear layers on the CPU: native (the packed kernel at every row

@@ -112,18 +112,58 @@ def choose_dtype(name: str, device: torch.device, quantized: bool = False) -> to
     return torch.float32
 
 
+SMALL_MODEL_PARAMETERS = 1_000_000_000
+"""Below this many parameters, --quantized-activations auto is int16 (resolve_quantized_...)."""
+
+
+def resolve_quantized_activations(
+    config: EngineConfig, resolved: ResolvedModel, device: torch.device
+) -> EngineConfig:
+    """--quantized-activations auto made concrete: int16 for a GGUF model under
+    SMALL_MODEL_PARAMETERS whose every linear stays quantized on the CPU, else int8. Why: the
+    default model (SmolLM2-135M, Q4_1) does not survive int8 activations: its greedy tokens
+    part from transformers' fp32 ones on the dequantized weights on 7 of 8 prompts and it
+    answers "What is the capital of France?" with "L'Étoile, la Marseillaise, ..."; with int16
+    (and fp32 storage, choose_model_dtype) it gives them on 8 of 8 (bench/RESULTS.md,
+    bench/engine/default_precision.py). Larger models keep int8, llama.cpp's choice at every
+    size: the 1B line is a choice, not a measurement."""
+    mc = config.model
+    if mc.quantized_activations != "auto":
+        return config
+    small = (
+        device.type == "cpu"
+        and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
+        and gguf_parameters(resolved) < SMALL_MODEL_PARAMETERS
+    )
+    model = replace(mc, quantized_activations="int16" if small else "int8")
+    return replace(config, model=model)
+
+
+def gguf_parameters(resolved: ResolvedModel) -> int:
+    """The GGUF's tensor elements (its parameters)."""
+    _, reader = open_gguf(resolved.path)
+    return sum(int(t.n_elements) for t in reader.tensors)
+
+
 def choose_model_dtype(
     config: EngineConfig, resolved: ResolvedModel, device: torch.device
 ) -> torch.dtype:
     """--dtype for this model: choose_dtype, told whether every linear stays quantized (on a CPU
-    without bf16 dot products, bf16 storage pays from avx2 only then or on the dense kernels)."""
+    without bf16 dot products, bf16 storage pays from avx2 only then or on the dense kernels);
+    float32 where they stay quantized with int16 or float activations (config resolved by
+    resolve_quantized_activations), whose precision bf16 storage between the layers would
+    lose (bench/RESULTS.md: bf16 storage alone parts from fp32 on 3 of 8 prompts)."""
     mc = config.model
+    assert mc.quantized_activations != "auto", "resolve_quantized_activations first"
+    precise = mc.quantized_activations in ("int16", "float")
     quantized = (
         mc.dtype == "auto"
         and device.type == "cpu"
-        and not cpu_has_bf16()
+        and (precise or not cpu_has_bf16())
         and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
     )
+    if quantized and precise:
+        return torch.float32
     return choose_dtype(mc.dtype, device, quantized)
 
 

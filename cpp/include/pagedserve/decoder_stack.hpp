@@ -1,4 +1,4 @@
-// A Llama-family decoder stack run on the CPU in bf16, layer after layer, without returning to
+// A Llama-family decoder stack run on the CPU in bf16 or fp32, layer after layer, without returning to
 // Python between kernels. It calls the same kernels in the same order as models/llama.py's layers
 // do one by one (RMSNorm, packed qkv projection, rotary, cache write, paged attention, o
 // projection + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so its results are
@@ -22,15 +22,20 @@ struct DecoderShape {
     float rms_norm_eps = 0.0f;
     float scale = 0.0f;  // attention's softmax scale
     bool batch_invariant = true;  // AttentionArgs::batch_invariant for every layer
+    // The dtype of the residual stream, the norms' weights, the qkv bias, the rotary tables, the
+    // activations between kernels and an unquantized KV cache: bf16, or fp32 where every
+    // projection is kept quantized (the packed bf16 ones take bf16 rows only).
+    DType dtype = DType::kBFloat16;
 };
 
-// One layer's bf16 weights: norms [hidden_size]; projections packed by pack_linear_weight_bf16.
+// One layer's weights: norms [hidden_size] in the shape's dtype; projections packed by
+// pack_linear_weight_bf16 or kept quantized.
 struct DecoderLayerWeights {
-    const std::uint16_t* input_norm = nullptr;
+    const void* input_norm = nullptr;
     const std::uint16_t* qkv = nullptr;       // [(heads + 2 kv_heads) head_size, hidden_size]
-    const std::uint16_t* qkv_bias = nullptr;  // [(heads + 2 kv_heads) head_size], or null
+    const void* qkv_bias = nullptr;           // [(heads + 2 kv_heads) head_size], or null
     const std::uint16_t* o = nullptr;         // [hidden_size, heads head_size]
-    const std::uint16_t* post_norm = nullptr;
+    const void* post_norm = nullptr;
     const std::uint16_t* gate_up = nullptr;   // gated: pack_gated_weight_bf16 (linear.hpp)
     const std::uint16_t* down = nullptr;      // [hidden_size, intermediate_size]
     // ggml type ids (linear_quant.hpp) of projections kept quantized, whose pointer above then
@@ -43,9 +48,10 @@ struct DecoderLayerWeights {
 
 // One step's tokens and attention metadata, as paged_attention.hpp describes them.
 struct DecoderStep {
-    std::uint16_t* hidden = nullptr;  // [num_tokens, hidden_size] residual stream, in place
-    const std::uint16_t* cos = nullptr;         // [num_tokens, head_size] rows, rope_stride apart
-    const std::uint16_t* signed_sin = nullptr;  // likewise
+    // In the shape's dtype:
+    void* hidden = nullptr;            // [num_tokens, hidden_size] residual stream, in place
+    const void* cos = nullptr;         // [num_tokens, head_size] rows, rope_stride apart
+    const void* signed_sin = nullptr;  // likewise
     std::int64_t rope_stride = 0;
     std::vector<void*> kv_caches;  // per layer [2, num_pages, num_kv_heads, page_size, head_size]
     std::int64_t num_pages = 0;
@@ -74,8 +80,8 @@ class DecoderStack {
 
     // Runs every layer over the step's tokens; step.hidden holds the last layer's output after.
     // Throws std::invalid_argument on bad step arguments (before touching any memory for the
-    // sizes, and from the kernels' own checks of slots and page ids), std::runtime_error on a
-    // CPU without AVX512-BF16.
+    // sizes, and from the kernels' own checks of slots and page ids), std::runtime_error where a
+    // kernel cannot run on this CPU.
     void forward(const DecoderStep& step, int num_threads);
 
     std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
@@ -86,8 +92,9 @@ class DecoderStack {
 
     DecoderShape shape_;
     std::vector<DecoderLayerWeights> layers_;
-    // Activations of one layer, reused: x (normed hidden), qkv, attention output, mlp.
-    std::vector<std::uint16_t> x_, qkv_, attn_, mlp_;
+    // Activations of one layer in the shape's dtype, reused: x (normed hidden), qkv, attention
+    // output, mlp (float elements: room for either dtype, aligned for both).
+    std::vector<float> x_, qkv_, attn_, mlp_;
 };
 
 }  // namespace pagedserve

@@ -3,7 +3,13 @@
 // parts hi = round(q / 255) and lo = q - 255 hi (|hi|, |lo| <= 127), so that every int8 kernel
 // takes them as two int8 rows and sums u * q = 255 (u * hi) + u * lo exactly in int32. A 135M model
 // (SmolLM2) does not survive int8 activations; 2^15 steps per 32 features it does (bench/RESULTS.md).
-// One plain loop at every level: the bytes are the same on every CPU.
+// A plain loop, and from ISA level avx2 (x86) an AVX2 row that gives the same bytes (the same
+// IEEE product and rounding, exact int arithmetic).
+#include "cpu/arch.hpp"
+
+#if PAGEDSERVE_X86  // the AVX2 rows' intrinsics
+#include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +17,7 @@
 #include <cstring>
 
 #include "linear_quant/layout.hpp"
+#include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::quant_detail {
 namespace {
@@ -48,21 +55,102 @@ void quantize_row16(const T* x, std::int64_t k, std::uint8_t* out) {
     }
 }
 
+#if PAGEDSERVE_X86  // the vector row: elsewhere the plain loop alone
+#define PAGEDSERVE_ACT16_TARGET __attribute__((target("avx2,fma")))
+
+template <typename T>
+PAGEDSERVE_ACT16_TARGET __m256 load8(const T* x) {
+    if constexpr (sizeof(T) == 4) {
+        return _mm256_loadu_ps(x);
+    } else {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    }
+}
+
+PAGEDSERVE_ACT16_TARGET inline int sum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// 32 int32 lanes (|v| <= 127) to 32 int8 bytes in order: packs' 128-bit interleave undone.
+PAGEDSERVE_ACT16_TARGET inline void store_bytes(const __m256i (&v)[4], std::int8_t* to) {
+    const __m256i w01 = _mm256_packs_epi32(v[0], v[1]), w23 = _mm256_packs_epi32(v[2], v[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), bytes);
+}
+
+// quantize_row16 with AVX2, op for op: max|x| with the running max second (max_ps then keeps it
+// where |x| is NaN, as std::max does), the same scalar scale and inverse, the product clamped in
+// float before vcvtps2dq rounds it to nearest even (max_ps(NaN, -32512) is -32512, as fmax),
+// hi = sign(q) floor((|q| + 127) / 255) by a multiply-shift (exact for every |q| + 127 <= 32639).
+template <typename T>
+PAGEDSERVE_ACT16_TARGET void quantize_row16_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
+    auto* hi = reinterpret_cast<std::int8_t*>(out);
+    std::int8_t* lo = hi + k;
+    float* d = reinterpret_cast<float*>(out + 2 * k);
+    float* sum32 = d + k / kBlockK;
+    float* sum16 = sum32 + k / kBlockK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 top = _mm256_set1_ps(kInt16Max), bottom = _mm256_set1_ps(-kInt16Max);
+    for (std::int64_t b = 0; b < k / kBlockK; ++b) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+            v[i] = load8(x + kBlockK * b + 8 * i);
+            amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float max_abs = _mm_cvtss_f32(m4);
+        const float scale = max_abs / kInt16Max, inv = max_abs > 0.0f ? kInt16Max / max_abs : 0.0f;
+        __m256i q[4], h[4], l[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m256 p = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
+            q[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(p, bottom), top));
+            const __m256i a = _mm256_add_epi32(_mm256_abs_epi32(q[i]), _mm256_set1_epi32(127));
+            const __m256i floor = _mm256_srli_epi32(_mm256_mullo_epi32(a, _mm256_set1_epi32(32897)), 23);
+            h[i] = _mm256_sign_epi32(floor, q[i]);
+            l[i] = _mm256_sub_epi32(q[i], _mm256_sub_epi32(_mm256_slli_epi32(h[i], 8), h[i]));
+        }
+        store_bytes(h, hi + kBlockK * b);
+        store_bytes(l, lo + kBlockK * b);
+        const int low = sum8(_mm256_add_epi32(q[0], q[1])), high = sum8(_mm256_add_epi32(q[2], q[3]));
+        d[b] = scale;
+        sum16[2 * b] = scale * static_cast<float>(low);
+        sum16[2 * b + 1] = scale * static_cast<float>(high);
+        sum32[b] = scale * static_cast<float>(low + high);
+    }
+}
+#endif  // PAGEDSERVE_X86
+
 template <typename T>
 void quantize_rows16(const T* x, std::int64_t x_stride, std::int64_t m, std::int64_t k,
-                     std::uint8_t* out, int threads) {
+                     std::uint8_t* out, int threads, [[maybe_unused]] bool vector) {
     const std::int64_t row_bytes = activation_row_bytes(k, 2);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::int64_t r = 0; r < m; ++r) quantize_row16(x + r * x_stride, k, out + r * row_bytes);
+    for (std::int64_t r = 0; r < m; ++r) {
+#if PAGEDSERVE_X86  // the vector row exists only there
+        if (vector) {
+            quantize_row16_avx2(x + r * x_stride, k, out + r * row_bytes);
+            continue;
+        }
+#endif
+        quantize_row16(x + r * x_stride, k, out + r * row_bytes);
+    }
 }
 
 }  // namespace
 
 void quantize_activations16(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
-                            std::int64_t k, std::uint8_t* out, int num_threads) {
+                            std::int64_t k, std::uint8_t* out, int num_threads, bool portable) {
     const int threads = m * k < (1 << 18) ? 1 : std::max(1, num_threads);
-    if (float32) return quantize_rows16(static_cast<const float*>(x), x_stride, m, k, out, threads);
-    quantize_rows16(static_cast<const std::uint16_t*>(x), x_stride, m, k, out, threads);
+    const bool vector = !portable && cpu_isa_at_least(CpuIsa::kAvx2);
+    if (float32) return quantize_rows16(static_cast<const float*>(x), x_stride, m, k, out, threads, vector);
+    quantize_rows16(static_cast<const std::uint16_t*>(x), x_stride, m, k, out, threads, vector);
 }
 
 }  // namespace pagedserve::quant_detail

@@ -74,7 +74,7 @@ void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force
     thread_local std::vector<std::uint8_t> acts;  // as quant_linear's int8 rows
     if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
     quant_detail::quantize_activations16(args.x, args.float32, args.x_stride, args.m, args.k,
-                                         acts.data(), num_threads);
+                                         acts.data(), num_threads, force_portable);
 #if PAGEDSERVE_X86  // the AVX2 kernel from level avx2 up
     if (!force_portable && cpu_isa_at_least(CpuIsa::kAvx2))
         return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, num_threads)

@@ -172,9 +172,9 @@ void quantize_activations(const void* x, bool float32, std::int64_t x_stride, st
 
 // The int16 rows (activation_row_bytes(k, 2) each): per 32 features d = max|x| / 32512 and
 // q = round-half-even(x * (32512 / max|x|)), |q| <= 32512 = 255 x 127 + 127, split as
-// hi = round(q / 255), lo = q - 255 hi; the sums as the int8 rows' (d * sum(q)). One plain loop
-// at every level (activations16.cpp): the same bytes everywhere.
+// hi = round(q / 255), lo = q - 255 hi; the sums as the int8 rows' (d * sum(q)). portable: the
+// plain loop even where the AVX2 row runs (activations16.cpp; the same bytes either way).
 void quantize_activations16(const void* x, bool float32, std::int64_t x_stride, std::int64_t m,
-                            std::int64_t k, std::uint8_t* out, int num_threads);
+                            std::int64_t k, std::uint8_t* out, int num_threads, bool portable);
 
 }  // namespace pagedserve::quant_detail

@@ -25,6 +25,7 @@ from pagedserve.core.device_policy import (
     is_batch_invariant,
     kv_budget_bytes,
     load_for_engine,
+    resolve_quantized_activations,
 )
 from pagedserve.core.engine.combinations import refuse_unsupported
 from pagedserve.core.engine.parts import EngineParts
@@ -64,6 +65,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     apply_cpu_isa(mc.cpu_isa)
     resolved = resolve_model(mc.model)
     device = choose_device(mc.device)
+    config = resolve_quantized_activations(config, resolved, device)
+    mc = config.model
     dtype = choose_model_dtype(config, resolved, device)
     tokenizer = load_tokenizer(resolved.path)
     template_path = Path(mc.chat_template) if mc.chat_template else None

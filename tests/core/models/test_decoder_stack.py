@@ -33,10 +33,10 @@ def load(folder: Path, dtype: torch.dtype, attention=None):
     )
 
 
-def hidden_states(model, arch) -> list[torch.Tensor]:
+def hidden_states(model, arch, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
     """Final hidden rows (before the lm_head) of three steps over two requests: both prefill,
-    a decode next to a prefill chunk, then two decodes."""
-    batch = PagedBatch(model, arch, num_reqs=2, page_size=4, dtype=torch.bfloat16)
+    a decode next to a prefill chunk, then two decodes (the KV cache in dtype)."""
+    batch = PagedBatch(model, arch, num_reqs=2, page_size=4, dtype=dtype)
     outputs = []
     real_forward = model.forward
 

@@ -83,21 +83,27 @@ def test_linears_stay_quantized_and_match_the_dequantized_model(
     not native_linear_available(), reason="no native linear kernel below ISA level avx2"
 )
 @pytest.mark.parametrize(("family", "qtype"), [("llama", "Q4_1"), ("qwen2", "Q8_0")])
+@pytest.mark.parametrize(
+    ("dtype", "activations"),
+    [(torch.bfloat16, "int8"), (torch.float32, "int8"), (torch.float32, "int16")],
+)
 def test_native_stack_runs_the_quantized_layers_bit_for_bit(
-    tmp_path: Path, family: str, qtype: str
+    tmp_path: Path, family: str, qtype: str, dtype: torch.dtype, activations: str
 ) -> None:
-    """bf16 with the native attention: the decoder stack calls the quantized kernel for every
-    projection, with the per-layer path's results bit for bit; both near the dequantized model."""
+    """bf16, or fp32 (every projection kept quantized), with the native attention: the decoder
+    stack calls the quantized kernel for every projection, with the per-layer path's results
+    bit for bit; both near the dequantized model."""
     path = tmp_path / "m.gguf"
     write_gguf_model(path, family, qtype=qtype)
-    model, arch = load(path, "auto", torch.bfloat16, NativeAttentionBackend())
-    assert model.stack is not None
-    fused = hidden_states(model, arch)
+    model, arch = load(path, "auto", dtype, NativeAttentionBackend())
+    model.use_quantized_activations(activations)
+    assert model.stack is not None and model.stack.dtype == dtype
+    fused = hidden_states(model, arch, dtype)
     model.stack = None
-    by_layer = hidden_states(model, arch)
+    by_layer = hidden_states(model, arch, dtype)
     for got, want in zip(fused, by_layer, strict=True):
-        assert torch.equal(got, want)
-    dense = hidden_states(*load(path, "none", torch.bfloat16, NativeAttentionBackend()))
+        assert got.dtype == dtype and torch.equal(got, want)
+    dense = hidden_states(*load(path, "none", dtype, NativeAttentionBackend()), dtype)
     for got, want in zip(fused, dense, strict=True):
         assert (got.float() - want.float()).abs().max() <= 0.3 * want.float().std()
 

@@ -64,6 +64,40 @@ def test_a_row_is_bit_identical_in_calls_of_1_7_64_and_300_rows(
             assert torch.equal(run(x[start : start + m]), full[start : start + m]), (m, start)
 
 
+def edge_rows() -> torch.Tensor:
+    """fp32 rows of 32-feature blocks that test the rounding's corners: zeros, exact ties
+    (max 32512: x * inv is x itself), one huge value among small ones, denormals alone (inv
+    overflows to inf), a NaN and an inf inside a block, the largest value negative."""
+    ties = torch.tensor([32512.0] + [i + 0.5 for i in range(-15, 16)])
+    huge = torch.cat([torch.tensor([3e38]), torch.linspace(-1, 1, 31)])
+    tiny = torch.full((32,), 1e-42) * torch.arange(-16, 16)
+    nan = torch.linspace(-2, 2, 32)
+    nan[5] = float("nan")
+    inf = torch.linspace(-2, 2, 32)
+    inf[9] = float("inf")
+    negative = torch.linspace(-7, 3, 32)
+    blocks = [torch.zeros(32), ties, huge, tiny, nan, inf, negative, torch.randn(32) * 100]
+    return torch.stack([torch.cat(blocks[i:] + blocks[:i]) for i in range(len(blocks))])
+
+
+@pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
+def test_the_vector_rows_round_corner_cases_as_the_plain_loop(cpu_isa: str) -> None:
+    """The int16 rows at this level (AVX2 from level avx2 on x86) against the plain loop's,
+    through the product (fp32 logits; a NaN in x clamps, as the loop's fmax does)."""
+    x = edge_rows()
+    m, k = x.shape
+    packed, _ = weight(Q.Q8_0, 64, k)
+    outs = []
+    for portable in (False, True):
+        out = torch.empty(m, 64)
+        core.quant_linear(int(Q.Q8_0), x.data_ptr(), k, True, packed.data_ptr(), 0, 0, 0,
+                          out.data_ptr(), 64, True, m, 64, k, 0, 1, portable, False, 0, False,
+                          True)  # fmt: skip
+        outs.append(out)
+    assert torch.equal(outs[0].isnan(), outs[1].isnan())
+    assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
+
+
 @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_the_int16_path_follows_the_isa_level(cpu_isa: str) -> None:
     """The AVX2 kernel (its AVX-VNNI copy at avx2_vnni) from level avx2 up on x86, AVX-512

@@ -1,5 +1,5 @@
-"""The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, CPU; the KV
-cache in bf16 or int8).
+"""The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, or fp32 with
+every projection kept quantized; CPU; the KV cache in the stack's dtype or int8).
 
     stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
@@ -42,17 +42,21 @@ class StackShape:
     """The attention's softmax scale."""
     batch_invariant: bool = True
     """The attention backend's batch_invariant, for every layer's attention."""
+    float32: bool = False
+    """The residual stream, norms, rotary tables, activations and an unquantized KV cache are
+    fp32 (every projection kept quantized), else bf16."""
 
 
 class NativeDecoderStack:
     def __init__(
         self, shape: StackShape, layers: Sequence[_core.DecoderLayerWeights], owner: object
     ) -> None:
-        """`layers`: each layer's bf16 weights, named (data pointers; qkv_bias 0: none; projections
+        """`layers`: each layer's weights, named (data pointers; qkv_bias 0: none; projections
         packed by ops/linear.py). owner keeps every weight they point at alive with the stack."""
         self._owner, self._num_layers = owner, len(layers)
         self.hidden_size, self.head_size = shape.hidden_size, shape.head_size
         self.num_kv_heads, self.batch_invariant = shape.num_kv_heads, shape.batch_invariant
+        self.dtype = torch.float32 if shape.float32 else torch.bfloat16
         self.amx_from_rows = 0
         """Steps of at least this many tokens run the bf16 projections on AMX tiles (0: never;
         ops/linear.py's packed_linear)."""
@@ -69,9 +73,9 @@ class NativeDecoderStack:
 
     def __call__(
         self,
-        hidden: torch.Tensor,  # [n, hidden_size] bf16, the residual stream: updated in place
-        cos: torch.Tensor,  # [n, 1, head_size] bf16
-        signed_sin: torch.Tensor,  # [n, 1, head_size] bf16
+        hidden: torch.Tensor,  # [n, hidden_size] self.dtype, the residual stream: in place
+        cos: torch.Tensor,  # [n, 1, head_size] self.dtype
+        signed_sin: torch.Tensor,  # [n, 1, head_size] self.dtype
         kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, row]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
@@ -115,16 +119,16 @@ class NativeDecoderStack:
     ) -> None:
         """Once per step, what the per-layer wrappers check once per call (the kernels check
         slots, page ids and lengths themselves)."""
-        n = hidden.shape[0]
-        require(hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu"
+        n, own = hidden.shape[0], self.dtype
+        require(hidden.dtype == own and hidden.device.type == "cpu"
                  and hidden.shape == (n, self.hidden_size) and hidden.is_contiguous(),
-                 "hidden must be a contiguous [{}, {}] bfloat16 CPU tensor, got {} {}", n,
-                 self.hidden_size, hidden.dtype, tuple(hidden.shape))  # fmt: skip
+                 "hidden must be a contiguous [{}, {}] {} CPU tensor, got {} {}", n,
+                 self.hidden_size, own, hidden.dtype, tuple(hidden.shape))  # fmt: skip
         for name, table in (("cos", cos), ("signed_sin", signed_sin)):
-            require(table.dtype == torch.bfloat16 and table.device.type == "cpu"
+            require(table.dtype == own and table.device.type == "cpu"
                      and table.shape[0] == n and table.numel() == n * self.head_size
                      and table.stride(-1) == 1 and table.stride(0) >= self.head_size,
-                     "{} must be [{}, 1, {}] bfloat16 rows", name, n, self.head_size)  # fmt: skip
+                     "{} must be [{}, 1, {}] {} rows", name, n, self.head_size, own)  # fmt: skip
         require(len(kv_caches) == self._num_layers, "{} kv caches for {} layers",
                  len(kv_caches), self._num_layers)  # fmt: skip
         shape, dtype = kv_caches[0].shape, kv_caches[0].dtype
@@ -135,10 +139,10 @@ class NativeDecoderStack:
                  row_size, tuple(shape))  # fmt: skip
         for cache in kv_caches:
             require(cache.shape == shape and cache.dtype == dtype
-                     and dtype in (torch.bfloat16, torch.int8)
+                     and dtype in (own, torch.int8)
                      and cache.device.type == "cpu" and cache.is_contiguous(),
-                     "every kv cache must be a contiguous {} bfloat16 or int8 CPU tensor",
-                     tuple(shape))  # fmt: skip
+                     "every kv cache must be a contiguous {} {} or int8 CPU tensor",
+                     tuple(shape), own)  # fmt: skip
         page_table, cpu = meta.page_table, hidden.device
         require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
         num_reqs = page_table.shape[0]

@@ -3,11 +3,12 @@
     stack = DecoderStack.build(model.layers)       # None where it does not apply
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
 
-It applies where every piece of a layer runs natively anyway: bfloat16 on an x86-64 CPU from
-ISA level avx2 (all projections packed, or kept quantized as one GGUF type each, which the stack
-runs on the same quantized kernel: models/linear/quantized.py), an attention backend whose kernels the stack calls
-(`native_decoder_stack`), eager mode (traced code keeps the per-layer ops). Everything else,
-float32 and so the transformers oracle included, runs the layers one by one as before.
+It applies where every piece of a layer runs natively anyway: on an x86-64 CPU from ISA level
+avx2, bfloat16 with all projections packed or kept quantized as one GGUF type each (which the
+stack runs on the same quantized kernel: models/linear/quantized.py), or float32 with every
+projection kept quantized; an attention backend whose kernels the stack calls
+(`native_decoder_stack`); eager mode (traced code keeps the per-layer ops). Everything else,
+dense float32 and so the transformers oracle included, runs the layers one by one as before.
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ class StackableLayer(Protocol):
 class DecoderStack(NativeDecoderStack):
     @classmethod
     def build(cls, layers: Sequence[StackableLayer]) -> DecoderStack | None:
-        """A stack over these LlamaDecoderLayers, or None unless every layer is bf16 on the CPU
-        with packed projections and an attention backend the native stack can stand in for."""
+        """A stack over these LlamaDecoderLayers, or None unless every layer is bf16 (fp32 with
+        every projection kept quantized) on the CPU with packed projections and an attention
+        backend the native stack can stand in for."""
         if not layers or not all(_applies(layer) for layer in layers):
             return None
         first = layers[0]
+        if any(layer.input_layernorm.dtype != first.input_layernorm.dtype for layer in layers):
+            return None
         shape = StackShape(
             hidden_size=first.input_layernorm.shape[0],
             num_heads=first.num_heads,
@@ -78,6 +82,7 @@ class DecoderStack(NativeDecoderStack):
             rms_norm_eps=first.eps,
             scale=first.scale,
             batch_invariant=first.attention.batch_invariant,
+            float32=first.input_layernorm.dtype == torch.float32,
         )
         return cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
 
@@ -91,6 +96,10 @@ def _applies(layer: StackableLayer) -> bool:
         return False
     projections = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
     attention, bias = layer.attention, layer.qkv_proj.bias
+    dtype = layer.input_layernorm.dtype
+    quantized = all(isinstance(p, QuantizedLinear | QuantizedGateUpLinear) for p in projections)
+    if not (dtype == torch.bfloat16 or (dtype == torch.float32 and quantized)):
+        return False
     return (
         all(_stackable(p) for p in projections)
         and layer.o_proj.bias is None
@@ -98,10 +107,10 @@ def _applies(layer: StackableLayer) -> bool:
         and mlp.down_proj.bias is None
         and attention.native_decoder_stack
         and all(
-            w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.is_contiguous()
+            w.dtype == dtype and w.device.type == "cpu" and w.is_contiguous()
             for w in (layer.input_layernorm, layer.post_attention_layernorm)
         )
-        and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous()))
+        and (bias is None or (bias.dtype == dtype and bias.is_contiguous()))
     )
 
 
