@@ -56,17 +56,24 @@ def test_greedy_tokens_equal_transformers(llm: LLM, hf_greedy: list[list[int]]) 
         assert got == want, prompt
 
 
-@pytest.mark.parametrize("activations", ["float", "int16"])
+@pytest.mark.parametrize("activations", ["float", "int16", "auto"])
 def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
     default_model: ResolvedModel, hf_greedy: list[list[int]], activations: str
 ) -> None:
     """--quantized-activations float or int16 (issue 42 item 5): the Q4_1 blocks stay packed,
     the activations stay fp32 (or int16 per 32 features), so the greedy tokens are the
     dequantized model's: transformers' fp32 tokens, and the default model's first question
-    answered right (int8 activations answer it "L'Étoile, la Marseillaise, ...")."""
-    llm = make_llm(default_model, quantization="auto", quantized_activations=activations)
+    answered right (int8 activations answer it "L'Étoile, la Marseillaise, ..."). auto, with
+    --dtype auto, is the default: int16 and float32 for this model."""
+    dtype = "auto" if activations == "auto" else "float32"
+    llm = make_llm(default_model, quantization="auto", quantized_activations=activations,
+                   dtype=dtype)  # fmt: skip
     try:
-        assert llm.engine.model_runner.model.quantization  # the blocks were kept
+        model = llm.engine.model_runner.model
+        assert model.quantization  # the blocks were kept
+        assert model.quantized_activations == ("int16" if activations == "auto" else activations)
+        assert model.rope_cos.dtype == torch.float32
+        assert model.stack is not None  # every layer in one native call, in fp32
         test_greedy_tokens_equal_transformers(llm, hf_greedy)
         chat = [{"role": "user", "content": "What is the capital of France?"}]
         answer = llm.chat(chat, SamplingParams(temperature=0, max_tokens=12))

@@ -123,22 +123,26 @@ def test_window_families_match_transformers_on_every_level(
 
 
 @pytest.mark.parametrize(
-    ("level", "quantization", "want"),
+    ("level", "quantization", "activations", "want"),
     [
-        ("portable", "auto", "float32"),
-        ("avx2", "auto", "bfloat16"),
-        ("avx2", "none", "bfloat16"),
-        ("portable", "none", "float32"),
+        ("portable", "auto", "int8", "float32"),
+        ("avx2", "auto", "int8", "bfloat16"),
+        ("avx2", "auto", "auto", "float32"),  # the default model: int16, so float32
+        ("avx2", "none", "auto", "bfloat16"),
+        ("portable", "none", "auto", "float32"),
     ],
 )
 def test_auto_dtype_below_avx512_bf16(
-    default_model: ResolvedModel, level: str, quantization: str, want: str
+    default_model: ResolvedModel, level: str, quantization: str, activations: str, want: str
 ) -> None:
     """--dtype auto without AVX512-BF16: from level avx2 bf16 storage, for weights kept quantized
-    and dense ones alike (their kernels widen it and compute in fp32); float32 below it, where
-    the dense linears run torch's matmul (its bf16 one is slow there)."""
+    with int8 activations and dense ones alike (their kernels widen it and compute in fp32);
+    float32 below it, where the dense linears run torch's matmul (its bf16 one is slow there),
+    and for weights kept quantized with int16 activations (the default model's: their precision
+    would be lost in bf16 storage)."""
     if level not in runnable_isas():
         pytest.skip(f"this CPU runs ISA levels up to {cpu_isa_supported()}, not {level}")
     with forced_cpu_isa(level):  # LLM(cpu_isa=...) sets the process-wide level: restored after
-        llm = LLM(str(default_model.path), cpu_isa=level, quantization=quantization, num_pages=16)
+        llm = LLM(str(default_model.path), cpu_isa=level, quantization=quantization,
+                  quantized_activations=activations, num_pages=16)  # fmt: skip
     assert llm.engine.model_info.dtype == want
