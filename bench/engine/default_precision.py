@@ -137,7 +137,9 @@ def main() -> None:
     first = next(iter(llms.values()))
     short = first.tokenizer.encode("Tell me a story about a robot.")
     batch = [first.tokenizer.encode(f"Story {i}: once upon a time") for i in range(32)]
-    words = " ".join(f"The {i}th entry of the log says the engine kept its pages." for i in range(90))
+    words = " ".join(
+        f"The {i}th entry of the log says the engine kept its pages." for i in range(90)
+    )
     long = first.tokenizer.encode(words)[:1000]
     figures: dict[str, dict[str, list[float]]] = {
         c: {"c1": [], "c32": [], "prefill": []} for c in llms
@@ -150,7 +152,9 @@ def main() -> None:
     print(f"load average after timing {os.getloadavg()}")
     truth = oracle(first)
     base = next(iter(llms))
-    print("| config | c1 tok/s | c32 tok/s | prefill 1k s | c1 vs first | c32 vs first | agreement |")
+    print(
+        "| config | c1 tok/s | c32 tok/s | prefill 1k s | c1 vs first | c32 vs first | agreement |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     for c, llm in llms.items():
         med = {k: statistics.median(v) if v else float("nan") for k, v in figures[c].items()}
