@@ -142,7 +142,8 @@ def test_batch_invariance(default_model: ResolvedModel, batch_reference, options
 def test_bfloat16_prompts_longer_than_the_token_budget_complete(
     default_model: ResolvedModel, quantization: str
 ) -> None:
-    """bf16 (what dtype="auto" picks on this CPU): steps whose prefill chunks all end mid-prompt
+    """bf16 (what dtype="auto" picks from level avx2 for dense weights, and for quantized ones
+    with int8 activations): steps whose prefill chunks all end mid-prompt
     sample nothing, and their empty logits product must not fail the request (it did: the
     native linear kernel refused the null pointer of torch's empty tensor); likewise on the
     quantized kernel (the default --quantization auto)."""
