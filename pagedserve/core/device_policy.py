@@ -44,7 +44,7 @@ from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_isa_supported, isa_at_least, set_cpu_isa
 from pagedserve.core.ops.linear import amx_available, native_linear_available
-from pagedserve.core.ops.linear_quant import quant_linear_path
+from pagedserve.core.ops.linear_quant import quant_linear_path_for
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +65,15 @@ def cpu_has_bf16() -> bool:
     return isa_at_least("avx512_bf16")
 
 
-def cpu_kernels(deterministic: bool, quantized: bool, dtype: torch.dtype) -> str:
-    """The start-up line's CPU kernels, e.g. "cpu kernels: isa avx2 (attention avx2, int8
-    linear avx2)" (the int8 path only for weights kept quantized), and what --deterministic
-    means at that level."""
+def cpu_kernels(
+    deterministic: bool, quantized: bool, dtype: torch.dtype, activations: str = "int8"
+) -> str:
+    """The start-up line's CPU kernels, e.g. "cpu kernels: isa avx2 (attention avx2, int16
+    linear avx2)" (the quantized kernel's path with these activations, only for weights kept
+    quantized), and what --deterministic means at that level."""
     attention = cpu_attention_path()
-    int8 = f", int8 linear {quant_linear_path()}" if quantized else ""
-    text = f"cpu kernels: isa {cpu_isa()} (attention {attention}{int8})"
+    linear = f", {activations} linear {quant_linear_path_for(activations)}" if quantized else ""
+    text = f"cpu kernels: isa {cpu_isa()} (attention {attention}{linear})"
     if deterministic:  # attention/kernels.hpp: every level rounds alike, but for vdpbf16ps
         text += "; deterministic: attention scores alike in any batch"
         if dtype == torch.float32 or attention != "avx512_bf16":
@@ -203,8 +205,10 @@ def pack_for_dispatch(
     model.pack_weights(keep_unpacked=dispatch.keeps_weights)
     kept = model.route_linears(dispatch.torch_from)
     layers = model.decoder_layers()
+    # AMX-INT8 tiles take int8 activation rows only: int16 and float ones never reach them.
+    int8 = bool(model.quantization) and mc.quantized_activations == "int8"
     int8_from, int8_note = quantized_amx_choice(
-        list(layers[0].modules()) if layers and model.quantization else [],
+        list(layers[0].modules()) if layers and int8 else [],
         calibration_rows(config.scheduler.max_num_batched_tokens),
         dtype,
     )
@@ -251,7 +255,9 @@ def load_for_engine(
     weights = model.quantization or str(dtype).removeprefix("torch.")
     weights += f"; {linears}" if linears else ""
     if device.type == "cpu":
-        weights += f"; {cpu_kernels(mc.deterministic, bool(model.quantization), dtype)}"
+        quantized = bool(model.quantization)
+        kernels = cpu_kernels(mc.deterministic, quantized, dtype, model.quantized_activations)
+        weights += f"; {kernels}"
     return model, arch, weights
 
 

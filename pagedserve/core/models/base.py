@@ -36,6 +36,8 @@ class CausalLM(Protocol):
     """This rank's shape (a tensor-parallel shard's heads and features)."""
     quantization: str
     """What runs the linears kept quantized ("" when none is)."""
+    quantized_activations: str
+    """What they take x as: int8, int16 or float (use_quantized_activations)."""
     has_lm_head: bool
     """False for an embedding backbone without lm_head.weight: it cannot generate."""
 

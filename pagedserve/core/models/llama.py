@@ -35,6 +35,7 @@ from pagedserve.core.models.linear.dense import GateUpLinear, Linear, PackableLi
 from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
 from pagedserve.core.ops import layer_ops
+from pagedserve.core.ops.linear_quant import quant_linear_path_for
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, signed_sin), each [n, 1, head_size]
 
@@ -256,6 +257,12 @@ class LlamaForCausalLM(nn.Module):
         if self.stack is not None:
             self.stack.quant_float_activations = kind == "float"
             self.stack.quant_int16_activations = kind == "int16"
+        # The summary names the kernel's path, which the activations choose (int16 rows run the
+        # AVX2 kernel on AVX-512 levels too).
+        was = f"(native {quant_linear_path_for(self.quantized_activations)})"
+        self.quantization = self.quantization.replace(
+            was, f"(native {quant_linear_path_for(kind)})"
+        )
         self.quantized_activations = kind
 
     def dense_projections(self) -> list[PackableLinear]:

@@ -62,6 +62,14 @@ def quant_linear_int16_path() -> str:
     return str(_core.quant_linear_int16_path())
 
 
+def quant_linear_path_for(activations: str) -> str:
+    """The path the quantized kernel runs at the active ISA level with `activations` (int8,
+    int16 or float rows: models/linear/quantized.py's ACTIVATIONS)."""
+    paths = {"int8": quant_linear_path, "int16": quant_linear_int16_path,
+             "float": quant_linear_float_path}  # fmt: skip
+    return paths[activations]()
+
+
 def quant_amx_available() -> bool:
     """quant_linear's amx_from_rows takes effect: the CPU has AMX-INT8 tiles Linux granted (or
     _core.linear_amx_emulation is on: tests). Same bits as the VNNI path at any threshold."""

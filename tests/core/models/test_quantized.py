@@ -29,6 +29,7 @@ from pagedserve.core.models.linear.quantized import (
 from pagedserve.core.models.loader_gguf import open_gguf
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
+from pagedserve.core.ops.linear_quant import quant_linear_path, quant_linear_path_for
 from tests.core.models.paged_driver import PagedBatch
 from tests.core.models.test_decoder_stack import hidden_states
 from tests.quant_blocks import dequantized, gguf_rows, int8_activations
@@ -203,6 +204,20 @@ def test_activations_are_a_layer_attribute_each_forward_passes_on(kind: str) -> 
                                atol=1e-5 if kind == "float" else 1e-3)  # fmt: skip
     with pytest.raises(ValueError, match="activations must be one of"):
         layer.use_activations("int4")
+
+
+@pytest.mark.parametrize("kind", ["int16", "float", "int8"])
+def test_the_summary_names_the_path_the_activations_run(tmp_path: Path, kind: str) -> None:
+    """model.quantization (the start-up line's and /v1/models' "weights") names the kernel path
+    that runs: int16 rows take the AVX2 kernel on AVX-512 levels too, float rows their own."""
+    path = tmp_path / "m.gguf"
+    write_gguf_model(path, "llama", qtype="Q4_1")
+    model, _ = load(path, "auto")
+    assert f"kept quantized (native {quant_linear_path()})" in model.quantization
+    model.use_quantized_activations(kind)
+    assert f"kept quantized (native {quant_linear_path_for(kind)})" in model.quantization
+    model.use_quantized_activations("int8")
+    assert f"kept quantized (native {quant_linear_path()})" in model.quantization
 
 
 @pytest.mark.parametrize(("kind", "tol"), [("float", 1e-4), ("int16", 1e-3)])
