@@ -115,7 +115,7 @@ def choose_dtype(name: str, device: torch.device, quantized: bool = False) -> to
 
 
 SMALL_MODEL_PARAMETERS = 1_000_000_000
-"""Below this many parameters, --quantized-activations auto is int16 (resolve_quantized_...)."""
+"""Below this many parameters --quantized-activations auto is int16: resolve_quantized_activations."""
 
 
 def resolve_quantized_activations(
