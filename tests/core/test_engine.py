@@ -16,6 +16,8 @@ PROMPTS = [
     "List three colors:\n1.",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+CHATS = ["Write a haiku about the sea.", "Give me three tips for sleeping better."]
+CHAT_TOKENS = 32
 
 
 def make_llm(model: ResolvedModel, **kwargs: object) -> LLM:
@@ -50,6 +52,31 @@ def hf_greedy(llm: LLM, hf_default_model) -> list[list[int]]:
     return tokens
 
 
+def chat_prompts(llm: LLM) -> list[list[int]]:
+    """CHATS as the server renders them (the model's template: a system prompt, <|im_end|>)."""
+    template = llm.engine.chat_template
+    assert template is not None
+    rendered = [template.render([{"role": "user", "content": c}], add_generation_prompt=True)
+                for c in CHATS]  # fmt: skip
+    return [llm.tokenizer.encode(r, add_special_tokens=False) for r in rendered]
+
+
+@pytest.fixture(scope="module")
+def hf_chat_greedy(llm: LLM, hf_default_model) -> list[list[int]]:
+    """transformers' fp32 greedy tokens for the chat prompts (CHAT_TOKENS each). The prompts
+    hold <|im_end|>, SmolLM2's pad token too: generate() masks pad tokens unless given a mask."""
+    tokens = []
+    for prompt in chat_prompts(llm):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = hf_default_model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                max_new_tokens=CHAT_TOKENS, min_new_tokens=CHAT_TOKENS, eos_token_id=None,
+            )  # fmt: skip
+        tokens.append(out[0, ids.shape[1] :].tolist())
+    return tokens
+
+
 def test_greedy_tokens_equal_transformers(llm: LLM, hf_greedy: list[list[int]]) -> None:
     ours = token_lists(llm.generate(PROMPTS, GREEDY))
     for prompt, got, want in zip(PROMPTS, ours, hf_greedy, strict=True):
@@ -58,12 +85,16 @@ def test_greedy_tokens_equal_transformers(llm: LLM, hf_greedy: list[list[int]]) 
 
 @pytest.mark.parametrize("activations", ["float", "int16", "auto"])
 def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
-    default_model: ResolvedModel, hf_greedy: list[list[int]], activations: str
+    default_model: ResolvedModel,
+    hf_greedy: list[list[int]],
+    hf_chat_greedy: list[list[int]],
+    activations: str,
 ) -> None:
     """--quantized-activations float or int16 (issue 42 item 5): the Q4_1 blocks stay packed,
     the activations stay fp32 (or int16 per 32 features), so the greedy tokens are the
     dequantized model's: transformers' fp32 tokens, and the default model's first question
-    answered right (int8 activations answer it "L'Étoile, la Marseillaise, ..."). auto, with
+    answered right (int8 activations answer it "L'Étoile, la Marseillaise, ..."), and two chat
+    prompts' tokens transformers' too. auto, with
     --dtype auto, is the default: int16 and float32 for this model."""
     dtype = "auto" if activations == "auto" else "float32"
     llm = make_llm(default_model, quantization="auto", quantized_activations=activations,
@@ -75,6 +106,9 @@ def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
         assert model.rope_cos.dtype == torch.float32
         assert model.stack is not None  # every layer in one native call, in fp32
         test_greedy_tokens_equal_transformers(llm, hf_greedy)
+        chats = llm.generate(chat_prompts(llm), SamplingParams(
+            temperature=0, max_tokens=CHAT_TOKENS, ignore_eos=True))  # fmt: skip
+        assert token_lists(chats) == hf_chat_greedy
         chat = [{"role": "user", "content": "What is the capital of France?"}]
         answer = llm.chat(chat, SamplingParams(temperature=0, max_tokens=12))
         assert "Paris" in answer.outputs[0].text, answer.outputs[0].text
