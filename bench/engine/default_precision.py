@@ -21,11 +21,11 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from bench.engine.quantized import tokens_per_s
 from pagedserve.core.engine.llm import LLM
 from pagedserve.core.models.resolve import DEFAULT_CACHE_DIR, fetch_default_model
 from pagedserve.core.ops.cpu_features import cpu_model
@@ -85,14 +85,6 @@ def oracle(llm: LLM) -> Oracle:
         top2 = [s[0].topk(2).values for s in out.scores]
         result.gaps.append([float(v[0] - v[1]) for v in top2])
     return result
-
-
-def tokens_per_s(llm: LLM, prompts: Sequence[list[int]], max_tokens: int) -> float:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    outs = llm.generate(list(prompts), params)
-    elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
 def prefill_s(llm: LLM, prompt: list[int]) -> float:
