@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "linear_quant/layout.hpp"
+#include "linear_quant/rows_avx2.hpp"
 #include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::quant_detail {
@@ -85,29 +86,10 @@ PAGEDSERVE_ACT_TARGET void quantize_row_avx512(const T* x, std::int64_t k, std::
     }
 }
 
-#define PAGEDSERVE_ACT_AVX2_TARGET __attribute__((target("avx2,fma")))
-
-template <typename T>
-PAGEDSERVE_ACT_AVX2_TARGET __m256 load8(const T* x) {
-    if constexpr (sizeof(T) == 4) {
-        return _mm256_loadu_ps(x);
-    } else {
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-    }
-}
-
-PAGEDSERVE_ACT_AVX2_TARGET inline int sum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 // quantize_row with AVX2, as the AVX-512 one: an exact max reduction, the same scalar scale and
 // inverse, vcvtps2dq's round-to-nearest-even, exact int sums.
 template <typename T>
-PAGEDSERVE_ACT_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
+PAGEDSERVE_ROWS_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
     auto* q = reinterpret_cast<std::int8_t*>(out);
     float* d = reinterpret_cast<float*>(out + k);
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -124,11 +106,7 @@ PAGEDSERVE_ACT_AVX2_TARGET void quantize_row_avx2(const T* x, std::int64_t k, st
         const float scale = max_abs / 127.0f, inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
         __m256i qi[4];
         for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-        // |q| <= 127: pack dwords -> words -> bytes, then undo packs' 128-bit lane interleave.
-        const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);
-        const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
-                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + kBlockK * b), bytes);
+        store_bytes(qi, q + kBlockK * b);  // |q| <= 127
         store_sums(scale, sum8(_mm256_add_epi32(qi[0], qi[1])), sum8(_mm256_add_epi32(qi[2], qi[3])),
                    b, d, d + k / kBlockK, d + 2 * (k / kBlockK));
     }

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "linear_quant/layout.hpp"
+#include "linear_quant/rows_avx2.hpp"
 #include "pagedserve/cpu_features.hpp"
 
 namespace pagedserve::quant_detail {
@@ -56,39 +57,12 @@ void quantize_row16(const T* x, std::int64_t k, std::uint8_t* out) {
 }
 
 #if PAGEDSERVE_X86  // the vector row: elsewhere the plain loop alone
-#define PAGEDSERVE_ACT16_TARGET __attribute__((target("avx2,fma")))
-
-template <typename T>
-PAGEDSERVE_ACT16_TARGET __m256 load8(const T* x) {
-    if constexpr (sizeof(T) == 4) {
-        return _mm256_loadu_ps(x);
-    } else {
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-    }
-}
-
-PAGEDSERVE_ACT16_TARGET inline int sum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-// 32 int32 lanes (|v| <= 127) to 32 int8 bytes in order: packs' 128-bit interleave undone.
-PAGEDSERVE_ACT16_TARGET inline void store_bytes(const __m256i (&v)[4], std::int8_t* to) {
-    const __m256i w01 = _mm256_packs_epi32(v[0], v[1]), w23 = _mm256_packs_epi32(v[2], v[3]);
-    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
-                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), bytes);
-}
-
 // quantize_row16 with AVX2, op for op: max|x| with the running max second (max_ps then keeps it
 // where |x| is NaN, as std::max does), the same scalar scale and inverse, the product clamped in
 // float before vcvtps2dq rounds it to nearest even (max_ps(NaN, -32512) is -32512, as fmax),
 // hi = sign(q) floor((|q| + 127) / 255) by a multiply-shift (exact for every |q| + 127 <= 32639).
 template <typename T>
-PAGEDSERVE_ACT16_TARGET void quantize_row16_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
+PAGEDSERVE_ROWS_AVX2_TARGET void quantize_row16_avx2(const T* x, std::int64_t k, std::uint8_t* out) {
     auto* hi = reinterpret_cast<std::int8_t*>(out);
     std::int8_t* lo = hi + k;
     float* d = reinterpret_cast<float*>(out + 2 * k);
