@@ -73,12 +73,12 @@ DecoderStack::DecoderStack(const DecoderShape& shape, std::vector<DecoderLayerWe
     for (const DecoderLayerWeights& w : layers_) {
         check(w.input_norm && w.qkv && w.o && w.post_norm && w.gate_up && w.down,
               "DecoderStack: a layer is missing a weight");
-        for (int type : {w.qkv_type, w.o_type, w.gate_up_type, w.down_type})
+        for (int type : {w.qkv_type, w.o_type, w.gate_up_type, w.down_type}) {
             check(type == 0 || quant_type_supported(type),
                   "DecoderStack: a projection's quantized type has no kernel");
-        for (int type : {w.qkv_type, w.o_type, w.gate_up_type, w.down_type})
             check(type != 0 || s.dtype == DType::kBFloat16,
                   "DecoderStack: float32 needs every projection kept quantized");
+        }
         check(w.sliding_window >= 0 && w.logit_softcap >= 0.0f,
               "DecoderStack: a layer's sliding_window and logit_softcap must be >= 0");
     }
