@@ -31,6 +31,7 @@ from pagedserve.core.engine.combinations import refuse_unsupported
 from pagedserve.core.engine.parts import EngineParts
 from pagedserve.core.executor.launcher import TensorParallel, start_tensor_parallel
 from pagedserve.core.executor.worker import share_num_pages
+from pagedserve.core.lora.gguf import LoraBase
 from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
@@ -87,7 +88,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     runner = _model_runner(config, loaded, tokenizer, dtype, device, tp, pooler)
     if config.lora.enabled:
         targets = loaded.model.enable_lora(config.lora.max_loras, config.lora.max_lora_rank)
-        runner.lora = LoraRegistry.start(config.lora, targets)
+        arch = loaded.arch  # what a GGUF adapter is checked and read against
+        base = LoraBase(arch.architecture, arch.num_heads, arch.num_kv_heads)
+        runner.lora = LoraRegistry.start(config.lora, targets, base)
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     # Adapter rows take torch's batched matmuls (core/lora/weights.py): not claimed invariant.

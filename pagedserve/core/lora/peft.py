@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,22 @@ class AdapterWeights:
     def target_modules(self) -> set[str]:
         return {name for _, name in self.modules}
 
+    def add(
+        self,
+        key: tuple[int, str],
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scaling: Callable[[int], float],
+    ) -> None:
+        """Record (layer, module)'s A [r, in] and B [out, r] (LoRAError when they are not),
+        scaled by scaling(r)."""
+        r = a.shape[0] if a.dim() else 0
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != r:
+            raise LoRAError(f"layer {key[0]} {key[1]}: lora_A {tuple(a.shape)} and lora_B "
+                            f"{tuple(b.shape)} are not [r, in] and [out, r]")  # fmt: skip
+        self.modules[key] = (a, b, scaling(r))
+        self.rank = max(self.rank, r)
+
 
 def read_peft(path: str | Path) -> AdapterWeights:
     """The adapter in a PEFT folder; LoRAError naming what is missing, unparsable or unsupported."""
@@ -65,15 +82,9 @@ def read_peft(path: str | Path) -> AdapterWeights:
     for key, pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
             raise LoRAError(f"layer {key[0]} {key[1]}: lora_A and lora_B must both be present")
-        a, b = pair["A"].float(), pair["B"].float()
-        r = a.shape[0]
-        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != r:
-            raise LoRAError(f"layer {key[0]} {key[1]}: lora_A {tuple(a.shape)} and lora_B "
-                            f"{tuple(b.shape)} are not [r, in] and [out, r]")  # fmt: skip
         # rank_pattern may give a module its own r (the tensors say which); alpha stays global.
-        scaling = alpha / (math.sqrt(r) if rslora else r)
-        adapter.modules[key] = (a, b, scaling)
-        adapter.rank = max(adapter.rank, r)
+        adapter.add(key, pair["A"].float(), pair["B"].float(),
+                    lambda r: alpha / (math.sqrt(r) if rslora else r))  # fmt: skip
     if not adapter.modules:
         raise LoRAError(f"{folder}: the adapter holds no LoRA weights")
     return adapter

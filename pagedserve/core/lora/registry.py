@@ -1,7 +1,8 @@
 """The loaded adapters: names, slots in the layers' stacks, and who uses them.
 
-    registry = LoraRegistry(targets, max_loras=4, max_rank=16)
-    request = registry.load("sql", "/adapters/sql")     read, check, write into a free slot
+    registry = LoraRegistry(targets, base, max_loras=4, max_rank=16)
+    request = registry.load("sql", "/adapters/sql")     read (a PEFT folder or a GGUF LoRA
+                                                        file), check, write into a free slot
     slot = registry.acquire(request)                    a sequence starts using it
     registry.release(slot)                              ... and is done
     registry.unload("sql")                              new requests no longer find it; its slot
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedserve.core.config import LoRAConfig
+from pagedserve.core.lora.gguf import LoraBase, read_gguf_lora
 from pagedserve.core.lora.peft import AdapterWeights, read_peft
 from pagedserve.core.lora.weights import LoraWeights
 from pagedserve.core.lora_request import LoRAError, LoRANotFoundError, LoRARequest
@@ -36,9 +38,14 @@ class LoraTarget:
 
 class LoraRegistry:
     def __init__(
-        self, targets: dict[tuple[int, str], LoraTarget], *, max_loras: int, max_rank: int
+        self,
+        targets: dict[tuple[int, str], LoraTarget],
+        base: LoraBase,
+        *,
+        max_loras: int,
+        max_rank: int,
     ) -> None:
-        self.targets, self.max_loras, self.max_rank = targets, max_loras, max_rank
+        self.targets, self.base, self.max_loras, self.max_rank = targets, base, max_loras, max_rank
         self._free = list(range(max_loras - 1, -1, -1))  # slot 0 handed out first
         self._loaded: dict[str, LoRARequest] = {}
         self._snapshot: tuple[LoRARequest, ...] = ()  # read by other threads: swapped whole
@@ -48,9 +55,11 @@ class LoraRegistry:
         self._next_id = 1
 
     @classmethod
-    def start(cls, config: LoRAConfig, targets: dict[tuple[int, str], LoraTarget]) -> LoraRegistry:
+    def start(
+        cls, config: LoRAConfig, targets: dict[tuple[int, str], LoraTarget], base: LoraBase
+    ) -> LoraRegistry:
         """The registry over the model's adapter stacks, with --lora-modules loaded."""
-        registry = cls(targets, max_loras=config.max_loras, max_rank=config.max_lora_rank)
+        registry = cls(targets, base, max_loras=config.max_loras, max_rank=config.max_lora_rank)
         for name, path in config.lora_modules:
             registry.load(name, path)
         logger.info("LoRA: %d adapter slots of rank <= %d, %.1f MiB of adapter weights",
@@ -84,7 +93,7 @@ class LoraRegistry:
         if not self._free:
             raise LoRAError(f"all {self.max_loras} adapter slots (--max-loras) are in use; "
                             "unload an adapter first")  # fmt: skip
-        adapter = read_peft(Path(path))
+        adapter = read_adapter(path, self.base)
         self.check(adapter)
         slot = self._free.pop()
         for key, (a, b, scaling) in adapter.modules.items():
@@ -147,3 +156,13 @@ class LoraRegistry:
         for weights in self._stacks():
             weights.clear_slot(slot)
         self._free.append(slot)
+
+
+def read_adapter(path: str, base: LoraBase) -> AdapterWeights:
+    """The adapter at `path`: a PEFT folder, or a `.gguf` file from llama.cpp's converter."""
+    where = Path(path)
+    if where.is_dir():
+        return read_peft(where)
+    if where.suffix.lower() == ".gguf":
+        return read_gguf_lora(where, base)
+    raise LoRAError(f"lora_path {path!r} is neither a folder (a PEFT adapter's) nor a .gguf file")
