@@ -1,7 +1,7 @@
 """LoRA adapters behind a real `pagedserve serve` process, with the OpenAI SDK: --lora-modules,
 a request picking its adapter by `model`, /v1/models' adapter cards (parent: the base model),
-vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, and their 400s / 404s (the server
-keeps serving after each)."""
+vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (a PEFT folder or a GGUF LoRA file),
+and their 400s / 404s (the server keeps serving after each)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 
 from bench.common.server import API_KEY, Server, start_server, stop_server
 from bench.common.tiny_lora import ATTENTION, MLP, write_peft_adapter
-from bench.common.tiny_models import make_hf_model
+from bench.common.tiny_models import make_hf_model, write_gguf_llama
 from bench.common.tiny_tokenizers import write_tiny_bpe
+from tests.core.lora.gguf_lora import converted, gguf_from_peft, write_gguf_lora
 
 pytest.importorskip("peft")
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -45,6 +46,11 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = json.loads((paths["saves"] / "adapter_config.json").read_text())
     config["modules_to_save"] = ["lm_head"]
     (paths["saves"] / "adapter_config.json").write_text(json.dumps(config))
+    paths["attn.gguf"] = gguf_from_peft(paths["attn"], root / "attn.gguf", alpha=16.0)
+    paths["model.gguf"] = root / "model.gguf"  # a model, not an adapter
+    write_gguf_llama(paths["model.gguf"], seed=1)
+    tensors = converted(paths["attn"], "qwen2", num_heads=4, num_kv_heads=2)
+    paths["qwen2.gguf"] = write_gguf_lora(root / "qwen2.gguf", tensors, arch="qwen2")
     return paths
 
 
@@ -112,7 +118,13 @@ def test_load_use_and_unload_at_run_time(
 
 @pytest.mark.parametrize(
     ("name", "names_in_error"),
-    [("rank32", "max-lora-rank"), ("broken", "safetensors"), ("saves", "modules_to_save")],
+    [
+        ("rank32", "max-lora-rank"),
+        ("broken", "safetensors"),
+        ("saves", "modules_to_save"),
+        ("model.gguf", "not a LoRA adapter"),
+        ("qwen2.gguf", "general.architecture is 'qwen2'"),
+    ],
 )
 def test_a_bad_adapter_is_a_400_naming_why_and_the_server_keeps_serving(
     client: openai.OpenAI, server: Server, adapters: dict[str, Path], name: str,
@@ -124,6 +136,16 @@ def test_a_bad_adapter_is_a_400_naming_why_and_the_server_keeps_serving(
     assert names_in_error in response.json()["error"]["message"]
     assert name not in {m.id for m in client.models.list().data}
     assert complete(client, "attn").choices[0].text
+
+
+def test_a_gguf_file_of_an_adapter_answers_as_its_peft_folder(
+    client: openai.OpenAI, server: Server, adapters: dict[str, Path]
+) -> None:
+    body = {"lora_name": "attn-gguf", "lora_path": str(adapters["attn.gguf"])}
+    loaded = post(server, "/v1/load_lora_adapter", body)
+    assert loaded.status_code == 200, loaded.text
+    assert complete(client, "attn-gguf").choices[0].text == complete(client, "attn").choices[0].text
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "attn-gguf"}).status_code == 200
 
 
 def test_a_missing_folder_and_a_taken_name_are_400s(
