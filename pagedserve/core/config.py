@@ -373,7 +373,8 @@ class LoRAConfig:
     max_lora_rank: int = 16
     """The largest adapter rank accepted; the adapter weights' memory grows with it."""
     lora_modules: tuple[tuple[str, str], ...] = ()
-    """Adapters loaded at start-up: (name, PEFT folder) pairs."""
+    """Adapters loaded at start-up: (name, path) pairs, each path a PEFT folder or a GGUF LoRA
+    file (llama.cpp's convert_lora_to_gguf.py)."""
 
     def __post_init__(self) -> None:
         for name in ("max_loras", "max_lora_rank"):
