@@ -2,7 +2,8 @@
 AdapterWeights (f32 exactly; f16, bf16, q8_0 within their rounding), transformers + PEFT's
 greedy tokens alone and in a batch mixing GGUF and PEFT adapters and the base, on an HF base and
 on a Q8_0 GGUF base kept quantized; each refusal a LoRAError naming it, the engine unchanged;
-llama.cpp's own converter, where it is unpacked, read into the PEFT folder's weights."""
+llama.cpp's own converter, where it is unpacked, read into the PEFT folder's weights (the other
+families' files too, marked slow: `pytest -m slow tests/core/lora/test_lora_gguf.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.common.tiny_models import write_gguf_llama
+from bench.common.tiny_lora import ATTENTION, MLP, write_peft_adapter
+from bench.common.tiny_models import make_hf_model, write_gguf_llama
+from bench.common.tiny_tokenizers import write_tiny_spm
 from pagedserve import LLM
 from pagedserve.core.lora.gguf import LLAMA_CPP_ARCHITECTURES, LoraBase, read_gguf_lora
 from pagedserve.core.lora.peft import AdapterWeights, read_peft
@@ -174,20 +177,49 @@ def test_every_family_names_its_llama_cpp_architecture() -> None:
         assert LLAMA_CPP_ARCHITECTURES[family] == gguf_arch, family
 
 
-@pytest.mark.skipif(
+NEEDS_CONVERTER = pytest.mark.skipif(
     not CONVERTERS,
     reason="llama.cpp's converter is not unpacked: run bench/serving/build_llama_cpp.sh",
 )
+
+
+def convert(base: Path, adapter: Path, out: Path) -> Path:
+    """convert_lora_to_gguf.py --base <HF folder> --outtype f32 (about 10 s: it imports
+    transformers), run with its own gguf-py."""
+    env = {**os.environ, "PYTHONPATH": str(CONVERTERS[-1].parent / "gguf-py")}
+    cmd = [sys.executable, str(CONVERTERS[-1]), "--base", str(base), "--outtype", "f32",
+           "--outfile", str(out), str(adapter)]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@NEEDS_CONVERTER
 def test_llama_cpp_converter_output_reads_as_the_peft_folder(
     model: tuple[Path, dict[str, Path]], tmp_path: Path
 ) -> None:
-    """convert_lora_to_gguf.py --base <HF folder> --outtype f32 (about 10 s: it imports
-    transformers), run with its own gguf-py."""
     folder, adapters = model
-    out = tmp_path / "all.gguf"
-    env = {**os.environ, "PYTHONPATH": str(CONVERTERS[-1].parent / "gguf-py")}
-    cmd = [sys.executable, str(CONVERTERS[-1]), "--base", str(folder), "--outtype", "f32",
-           "--outfile", str(out), str(adapters["all"])]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = convert(folder, adapters["all"], tmp_path / "all.gguf")
     assert_same(read_gguf_lora(out, TINY), read_peft(adapters["all"]))
+
+
+@pytest.mark.slow
+@NEEDS_CONVERTER
+@pytest.mark.parametrize(
+    "family",
+    ["mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text"],
+)
+def test_llama_cpp_converter_output_of_the_other_families(tmp_path: Path, family: str) -> None:
+    """Each family's file names its llama.cpp architecture (LLAMA_CPP_ARCHITECTURES) and reads
+    as the PEFT folder (MoE families: attention only, adapters take no experts)."""
+    folder = tmp_path / "hf"
+    write_tiny_spm(folder)
+    source = make_hf_model(family, seed=5, vocab_size=500)
+    source.save_pretrained(folder)
+    moe = family in ("mixtral", "qwen2_moe", "qwen3_moe")
+    targets = ATTENTION if moe else ATTENTION + MLP
+    adapter = write_peft_adapter(source, tmp_path / "peft", r=8, targets=targets, seed=2)
+    out = convert(folder, adapter, tmp_path / "adapter.gguf")
+    config = source.config
+    base = LoraBase(family, config.num_attention_heads, config.num_key_value_heads)
+    assert_same(read_gguf_lora(out, base), read_peft(adapter))
