@@ -13,6 +13,7 @@ GGUF vocabulary imports neither torch nor the native ops.
 from __future__ import annotations
 
 import functools
+import mmap
 import struct
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,12 @@ def gguf_reader(path: Path | str) -> GGUFReader:
     resolved = Path(path).resolve()
     stat = resolved.stat()
     return _cached(resolved, stat.st_mtime_ns, stat.st_size)
+
+
+def release_mapped_pages(path: Path | str) -> None:
+    """Unmap from this process the pages of the file at path that it has read (they stay in the
+    page cache, and a later read maps them back). A loaded model's weights are copies (packed,
+    or dequantized), so otherwise the file would count in the process's RSS beside them."""
+    memory = getattr(gguf_reader(path).data, "_mmap", None)  # np.memmap's own mapping
+    if isinstance(memory, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        memory.madvise(mmap.MADV_DONTNEED)

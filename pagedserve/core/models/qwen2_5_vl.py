@@ -61,7 +61,7 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
         merged = self.visual(torch.cat(pixels).to(weight.device), grids)
         unit = self.visual.config.spatial_merge_size**2
         sizes = [t * h * w // unit for t, h, w in grids]
-        return list(merged.to(self.embed_tokens.weight.dtype).split(sizes))
+        return list(merged.to(self.norm.dtype).split(sizes))
 
     def _mropes(self, positions3: torch.Tensor) -> list[Rope]:
         """Rotary rows of (temporal, height, width) positions [3, n], column by column."""

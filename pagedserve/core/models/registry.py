@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from pagedserve.core.attention.base import AttentionBackend
 from pagedserve.core.distributed.group import TPGroup
+from pagedserve.core.gguf_reader import release_mapped_pages
 from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
@@ -247,4 +248,6 @@ def load_model(
     model.requires_grad_(False)
     if pack:
         model.pack_weights()
+    if resolved.format == "gguf":
+        release_mapped_pages(resolved.path)  # every weight is a copy by now
     return model.eval(), arch

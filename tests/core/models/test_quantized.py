@@ -27,6 +27,7 @@ from pagedserve.core.models.linear.quantized import (
     plan_quantized,
 )
 from pagedserve.core.models.loader_gguf import open_gguf
+from pagedserve.core.models.quantized_embedding import QuantizedEmbedding
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.ops.linear import native_linear_available
 from pagedserve.core.ops.linear_quant import quant_linear_path, quant_linear_path_for
@@ -69,7 +70,9 @@ def test_linears_stay_quantized_and_match_the_dequantized_model(
         assert isinstance(layer.mlp.gate_up_proj, QuantizedGateUpLinear)
     assert isinstance(model.lm_head, QuantizedLinear)
     assert model.quantization.startswith(f"{qtype} x ") and "kept quantized" in model.quantization
-    assert model.embed_tokens.weight.dtype == torch.float32  # the lookup stays dequantized
+    # Kept in its blocks: the LM head reads them (tied) or is a tensor of its own.
+    assert isinstance(model.embed_tokens, QuantizedEmbedding)
+    assert model.embed_tokens.ggml_type.name == qtype
     if family == "qwen2":
         assert layer.qkv_proj.bias is not None and layer.qkv_proj.bias.abs().sum() > 0
     want = logits(*load(path, "none"))

@@ -10,8 +10,9 @@ ops/linear_quant.py: the blocks are repacked once, straight from the memory-mapp
 table concatenates q/k/v, undoes llama.cpp's rotary row order and interleaves gate/up rows by
 16), and never dequantized. Fused parts of different types (a Q4_K_M file's Q6_K attn_v) run
 as consecutive column segments. Other quantized types are dequantized as before, and the
-start-up log names them. The tied embedding keeps a dequantized copy for the lookup while the
-output projection reads the quantized rows.
+start-up log names them. A quantized token embedding stays in its blocks too where no dense
+table is needed (the LM head is kept quantized, or is a tensor of its own): its lookups
+dequantize the rows they read (models/quantized_embedding.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import deinterleave_gated, gated_activation
 from pagedserve.core.models.loader_gguf import PERMUTED_ARCHITECTURES, unpermute_rotary
+from pagedserve.core.models.quantized_embedding import QuantizedEmbedding
 from pagedserve.core.ops.linear_quant import (
     QUANT_TYPES,
     pack_quant_weight,
@@ -204,6 +206,10 @@ class QuantizedPlan:
     dense: list[str] = field(default_factory=list)
     """Module paths left to the dense linears: a type without a kernel, gate and up of two
     types, tensors under other names (a fused qkv), MLPs no kernel covers (experts, GeGLU)."""
+    dtype: torch.dtype = torch.float32
+    """The model's dtype: what the quantized embedding's lookups return."""
+    embedding: KeptTensor | None = None
+    """token_embd kept in its blocks for the lookups (QuantizedEmbedding), or None: dense."""
 
     @property
     def every_linear_kept(self) -> bool:
@@ -212,9 +218,12 @@ class QuantizedPlan:
 
     @property
     def kept(self) -> frozenset[str]:
-        """GGUF tensors the loader must not dequantize (the tied embedding still is)."""
+        """GGUF tensors the loader must not dequantize (a tied embedding kept dense still is)."""
         parts = [p for ps in (*self.linears.values(), *self.gated.values()) for p in ps]
-        return frozenset(p.name for p in parts if p.name != "token_embd.weight")
+        names = {p.name for p in parts if p.name != "token_embd.weight"}
+        if self.embedding is not None:
+            names.add(self.embedding.name)
+        return frozenset(names)
 
     @property
     def keeps_lm_head(self) -> bool:
@@ -244,6 +253,11 @@ class QuantizedPlan:
             rows = gated_row_table(gate.row_addresses(), up.row_addresses(), width)
             packed = pack_quant_weight(gate.ggml_type, rows, gate.k)
             _replace(model, path, QuantizedGateUpLinear(gate.k, width, gate.ggml_type, packed))
+        if self.embedding is not None:  # a copy: the mapped file is let go after loading
+            blocks = torch.from_numpy(np.array(self.embedding.data, dtype=np.uint8))
+            model.embed_tokens = QuantizedEmbedding(
+                blocks, self.embedding.ggml_type, self.embedding.k, self.dtype
+            )
 
 
 def _segments(parts: list[KeptTensor]) -> list[Segment]:
@@ -312,7 +326,7 @@ def plan_quantized(
 ) -> QuantizedPlan:
     """The layers whose GGUF tensors all have a kernel (CPU, bf16 or fp32 activations);
     quiet: no log of what is dequantized (a look ahead, as --dtype auto's)."""
-    plan = QuantizedPlan()
+    plan = QuantizedPlan(dtype=dtype)
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         logger.info("quantization auto: kernels are CPU bf16/fp32 only; dequantizing to %s", dtype)
         return plan
@@ -343,6 +357,13 @@ def plan_quantized(
             plan.gated[path] = parts
         else:
             plan.dense.append(path)
+    embedding = tensors.get("token_embd.weight")
+    if (
+        embedding is not None
+        and GGMLQuantizationType(embedding.tensor_type) not in _PLAIN
+        and (plan.keeps_lm_head or head == "output.weight")  # no dense tied head needs it
+    ):
+        plan.embedding = _kept(embedding, arch, 0)
     if plan.fallback and not quiet:
         logger.warning("quantization auto: no kernel for %s; those weights are dequantized",
                        ", ".join(sorted(plan.fallback)))  # fmt: skip
