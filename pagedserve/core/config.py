@@ -7,7 +7,7 @@ Bad values raise ValueError naming the field. This module imports only the stdli
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -325,7 +325,8 @@ class KVEventsConfig:
     max_queue_size: int = 100_000
     """Batches waiting for the publisher thread before the engine drops new ones."""
     topic: str = ""
-    """The first frame of every published message."""
+    """The first frame of every published message; `{model}` in it becomes the model's name
+    (llm-d's `kv@POD_IP@{model}`)."""
 
     def __post_init__(self) -> None:
         if self.publisher not in KV_EVENTS_PUBLISHERS:
@@ -340,6 +341,20 @@ class KVEventsConfig:
     @property
     def enabled(self) -> bool:
         return self.enable_kv_cache_events and self.publisher != "null"
+
+    def for_model(self, index: int, name: str) -> KVEventsConfig:
+        """The config of a several-model server's index-th model (its place in /v1/models):
+        `{model}` in the topic becomes its name, and each address it binds (the PUB endpoint
+        when it binds, the replay endpoint) moves by the index as vLLM moves a data-parallel
+        rank's: a tcp port + index (a `*` port stays: the system picks one), an ipc or inproc
+        name + `_index`."""
+        replay = self.replay_endpoint
+        return replace(
+            self,
+            topic=self.topic.replace("{model}", name),
+            endpoint=_offset(self.endpoint, index) if binds(self.endpoint) else self.endpoint,
+            replay_endpoint=_offset(replay, index) if replay is not None else None,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> KVEventsConfig:
@@ -360,6 +375,55 @@ class KVEventsConfig:
                 what = {bool: "true or false", int: "an integer"}.get(kind, "a string")
                 raise ValueError(f"kv_events_config.{key} must be {what}")
         return cls(**raw)
+
+
+def binds(endpoint: str) -> bool:
+    """vLLM's rule for the PUB endpoint: bind a wildcard, ipc:// or inproc:// address, connect
+    to any other (a router's SUB that binds)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def _offset(endpoint: str, index: int) -> str:
+    if index == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_{index}"
+    base, _, port = endpoint.rpartition(":")
+    if port == "*":
+        return endpoint
+    if not base.startswith("tcp://") or not port.isdigit():
+        raise ValueError(f"kv_events_config: cannot give each model its own port in {endpoint!r}")
+    if int(port) + index > 65535:
+        raise ValueError(f"kv_events_config: model {index}'s port {int(port) + index} > 65535")
+    return f"{base}:{int(port) + index}"
+
+
+def check_kv_events_addresses(models: list[tuple[str, KVEventsConfig]]) -> None:
+    """ValueError naming the two models when two engines would bind one address (a tcp port,
+    an ipc or inproc name), or publish to one router's address under one topic."""
+    owners: dict[str, str] = {}
+    for name, config in models:
+        if not config.enabled:
+            continue
+        bound = [config.endpoint] if binds(config.endpoint) else []
+        bound += [config.replay_endpoint] if config.replay_endpoint is not None else []
+        uses = [f"bind {_address_key(a)}" for a in bound if not a.endswith(":*")]
+        if not binds(config.endpoint):
+            uses.append(f"publish to {config.endpoint} under the topic {config.topic!r} (put "
+                        "{model} in kv_events_config.topic)")  # fmt: skip
+        for use in uses:
+            if use in owners:
+                raise ValueError(
+                    f"kv_events_config: models {owners[use]!r} and {name!r} would both {use}"
+                )
+            owners[use] = name
+
+
+def _address_key(address: str) -> str:
+    """A bound address by what two binds share: a tcp port on any host (`*` takes them all)."""
+    if address.startswith("tcp://"):
+        return f"tcp port {address.rpartition(':')[2]}"
+    return address
 
 
 @dataclass(frozen=True)

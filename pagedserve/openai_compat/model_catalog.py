@@ -27,6 +27,7 @@ from pagedserve.core.config import (
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    check_kv_events_addresses,
 )
 
 GIB = 1 << 30
@@ -93,7 +94,21 @@ def read_catalog(models: ModelsConfig, base: EngineConfig) -> list[CatalogModel]
         raise ValueError(f"no model found in {where} (HF folders with config.json, .gguf files)")
     slots = models.max_loaded_models or len(overrides)
     kv_share = base.cache.kv_cache_memory / slots
-    return [_model(name, values, base, kv_share) for name, values in overrides.items()]
+    catalog = [_model(name, values, base, kv_share) for name, values in overrides.items()]
+    return _kv_events_per_model(catalog)
+
+
+def _kv_events_per_model(catalog: list[CatalogModel]) -> list[CatalogModel]:
+    """Each model's KV events apart (KVEventsConfig.for_model: by its place in the catalog, as
+    /v1/models lists it); ValueError when two would still share a socket."""
+    if not any(m.engine.kv_events.enabled for m in catalog):
+        return catalog
+    catalog = [
+        replace(m, engine=replace(m.engine, kv_events=m.engine.kv_events.for_model(i, m.name)))
+        for i, m in enumerate(catalog)
+    ]
+    check_kv_events_addresses([(m.name, m.engine.kv_events) for m in catalog])
+    return catalog
 
 
 def scan_dir(folder: str) -> list[tuple[str, Path]]:

@@ -1,13 +1,17 @@
 """KV events (--kv-events-config): a real ZeroMQ subscriber, written as a router's would be
 (llm-d's and Dynamo's decode vLLM's msgpack arrays), rebuilds the replica's cached-prefix index
 from the events and must hold exactly the allocator's cache after every step of a storm of
-requests in a small KV cache (evictions and preemptions), and again from the replay socket."""
+requests in a small KV cache (evictions and preemptions), and again from the replay socket.
+Stored pages name their LoRA adapter (the native allocator's salted hashes, read back), and a
+several-model server gives each model its own sockets or refuses to start."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -15,14 +19,17 @@ import numpy as np
 import pytest
 import zmq
 
+from pagedserve import _core as core
+from pagedserve import cli
 from pagedserve.core.config import (
     CacheConfig,
     EngineConfig,
     KVEventsConfig,
     ModelConfig,
     SchedulerConfig,
+    check_kv_events_addresses,
 )
-from pagedserve.core.engine.kv_events import to_events
+from pagedserve.core.engine.kv_events import PageAdapters, page_hash, to_events
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.sampling_params import SamplingParams
@@ -238,3 +245,98 @@ def test_records_become_vllm_events() -> None:
         ["BlockRemoved", [10, 11], "CPU"],
         ["BlockStored", [12], 2**64 - 1, [4, 5], 2, None, "CPU", None],
     ]
+
+
+def test_the_python_page_hash_is_the_allocators() -> None:
+    """page_hash (how the events find a first page's adapter) = the native chained hash."""
+    allocator = core.PageAllocator(4, 4, True)
+    allocator.kv_events.enabled = True
+    rows = [[1, 2, 3, 4], [5, -6, 7, 2**31 - 1], [0, 0, 0, 0]]
+    pages = allocator.allocate(3)
+    assert pages is not None
+    parent = -1
+    for page, row in zip(pages, rows, strict=True):
+        generation = allocator.generation(parent) if parent >= 0 else 0
+        allocator.register_page(page, parent, generation, np.array(row, dtype=np.int32), 9)
+        parent = page
+    _, hashes, _, _, _ = allocator.kv_events.drain(4)
+    expected, h = [], 9
+    for row in rows:
+        h = page_hash(h, row)
+        expected.append(h)
+    assert hashes.tolist() == expected
+
+
+def test_stored_pages_name_their_adapter() -> None:
+    """The same tokens cached for the base and for adapter 5: two roots, each BlockStored with
+    its adapter's lora_id and lora_name (None for the base); a child inherits its parent's."""
+    allocator = core.PageAllocator(4, 2, True)
+    allocator.kv_events.enabled = True
+    adapters = PageAdapters()
+    adapters.note(5, "attn")
+    pages = allocator.allocate(4)
+    assert pages is not None
+    first, second = np.array([7, 8], dtype=np.int32), np.array([9, 10], dtype=np.int32)
+    for salt, (root, child) in ((5, pages[:2]), (0, pages[2:])):
+        allocator.register_page(root, -1, 0, first, salt)
+        allocator.register_page(child, root, allocator.generation(root), second, salt)
+    records = KvEventRecords(*allocator.kv_events.drain(2))
+    events = to_events(records, 2, "CPU", adapters)
+    assert [(e[0], len(e[1]), e[5], e[7]) for e in events] == [
+        ("BlockStored", 2, 5, "attn"),
+        ("BlockStored", 2, None, None),
+    ]
+    assert events[0][1][0] != events[1][1][0] and events[0][3] == events[1][3] == [7, 8, 9, 10]
+    # Evicted, then the adapter's chain stored again in a later batch: still named.
+    for page in pages:
+        allocator.release(page)
+    fresh = allocator.allocate(4)
+    assert fresh is not None
+    removed = to_events(KvEventRecords(*allocator.kv_events.drain(2)), 2, "CPU", adapters)
+    assert [e[0] for e in removed] == ["BlockRemoved"] and len(removed[0][1]) == 4
+    allocator.register_page(fresh[0], -1, 0, first, 5)
+    again = to_events(KvEventRecords(*allocator.kv_events.drain(2)), 2, "CPU", adapters)
+    allocator.register_page(fresh[1], fresh[0], allocator.generation(fresh[0]), second, 5)
+    child = to_events(KvEventRecords(*allocator.kv_events.drain(2)), 2, "CPU", adapters)
+    assert again[0][5:] == child[0][5:] == [5, "CPU", "attn"]
+    assert child[0][2] == again[0][1][0]
+
+
+def test_each_model_of_a_pool_gets_its_own_sockets() -> None:
+    """vLLM's data-parallel rule per model (its place in the catalog): bound tcp ports + index,
+    ipc / inproc names + _index, a * port left to the system; `{model}` in the topic."""
+    config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                            endpoint="tcp://*:5557", replay_endpoint="ipc:///tmp/kv-replay",
+                            topic="kv@10.0.0.1@{model}")  # fmt: skip
+    second = config.for_model(1, "qwen")
+    assert (second.endpoint, second.replay_endpoint, second.topic) == (
+        "tcp://*:5558", "ipc:///tmp/kv-replay_1", "kv@10.0.0.1@qwen")  # fmt: skip
+    assert config.for_model(0, "smol").endpoint == "tcp://*:5557"
+    wildcard = replace(config, endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    assert wildcard.for_model(3, "x").endpoint == "tcp://127.0.0.1:*"
+    connects = replace(config, endpoint="tcp://router:5557")  # a router's SUB binds
+    assert connects.for_model(2, "x").endpoint == "tcp://router:5557"
+    check_kv_events_addresses([(n, connects.for_model(i, n)) for i, n in enumerate("abc")])
+    with pytest.raises(ValueError, match="model 2's port 65537"):
+        replace(config, endpoint="tcp://*:65535").for_model(2, "x")
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ({"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"},
+         "models 'a' and 'b' would both bind tcp port 5558"),
+        ({"endpoint": "tcp://127.0.0.1:5557"},
+         "models 'a' and 'b' would both publish to tcp://127.0.0.1:5557 under the topic ''"),
+    ],
+)  # fmt: skip
+def test_two_models_on_one_socket_are_refused_at_start_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], events: dict[str, str], message: str
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.gguf").write_bytes(b"")
+    flags = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", **events})
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--models-dir", str(tmp_path), "--kv-events-config", flags])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

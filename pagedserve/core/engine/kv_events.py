@@ -1,16 +1,20 @@
 """KV events for prefix-aware routers (llm-d, NVIDIA Dynamo), on vLLM's wire format.
 
-The page allocator logs each page hash that enters or leaves its prefix cache (native, no
-Python per page); the engine drains the log once per step into one batch, and a publisher
-thread, the only owner of the ZeroMQ sockets, sends it, so a step never waits on the network.
+The page allocator logs each page hash that enters or leaves its prefix cache (native); the
+engine drains the log once per step into one batch (the records become events in one pass,
+which also follows each page's adapter), and a publisher thread, the only owner of the ZeroMQ
+sockets, sends it, so a step never waits on the network.
 
 The wire (vLLM's `--kv-events-config` publisher, msgpack arrays as msgspec's array_like
-structs encode them):
+structs encode them: vLLM's positional form, which routers that also read its newer named-field
+form still decode):
 - PUB, one message per batch: [topic, sequence number (8 bytes, big-endian), payload];
 - payload: [ts, [event, ...], data_parallel_rank] with events
   ["BlockStored", block_hashes, parent_block_hash | nil, token_ids, block_size, lora_id | nil,
   medium, lora_name | nil], ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"];
-  one BlockStored carries a chain of pages (each page's parent is the one before it);
+  one BlockStored carries a chain of pages (each page's parent is the one before it) of one
+  adapter: lora_id is its `LoRARequest.lora_int_id` (the salt of its pages' hashes: the cache
+  never shares pages across adapters), lora_name its name, both nil for the base model;
 - ROUTER (replay): a request [identity, "", start (8 bytes, big-endian)] is answered with
   [identity, "", seq, payload] for every kept batch from start on, then [identity, "", -1, ""].
 Sequence number 0 is an AllBlocksCleared: whatever a subscriber held for this replica is gone.
@@ -23,9 +27,10 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
-from pagedserve.core.config import EngineConfig, KVEventsConfig
+from pagedserve.core.config import EngineConfig, KVEventsConfig, binds
 from pagedserve.core.sched.scheduler import KvEventRecords, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -35,9 +40,72 @@ _POLL_S = 0.05  # how long the thread waits for a batch before it looks at repla
 _CLOSE_LINGER_MS = 500  # at shutdown, how long the last batches may take to leave
 
 
-def to_events(records: KvEventRecords, page_size: int, medium: str) -> list[list[Any]]:
+def page_hash(parent_hash: int, token_ids: list[int]) -> int:
+    """The page allocator's chained page hash (`hash_page` in cpp/src/page_allocator.cpp), in
+    Python: a first page's hash is page_hash(salt, its tokens), so the events can tell which
+    adapter's salt a stored root page carries (the log records no salt)."""
+    h = _finalize((parent_hash + _GOLDEN) & _MASK64)
+    for token in token_ids:
+        h = ((h ^ (token & 0xFFFFFFFF)) * _GOLDEN) & _MASK64
+        h ^= h >> 29
+    return _finalize(h)
+
+
+def _finalize(h: int) -> int:  # splitmix64's finalizer, as the C++ one
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & _MASK64
+    return h ^ (h >> 31)
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+class PageAdapters:
+    """Which adapter each cached page belongs to, so BlockStored names it (vLLM's lora_id and
+    lora_name; None for the base). The engine thread's: a request's adapter is noted when it is
+    added; a stored page inherits its parent's adapter, and a first page is the one whose id
+    (its cache salt) hashes to the page's hash."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        """Adapter id (the cache salt) -> name, for every adapter a request has run with."""
+        self._salts: dict[int, int | None] = {}  # cached page hash -> its salt (None: unknown)
+        self._warned = False
+
+    def note(self, lora_int_id: int, lora_name: str) -> None:
+        self.names[lora_int_id] = lora_name
+
+    def stored(self, page: int, parent: int | None, token_ids: list[int]) -> int | None:
+        """The salt of a page entering the cache (0: the base), remembered until it leaves."""
+        if parent is not None:
+            salt = self._salts.get(parent)
+        else:
+            salt = next((s for s in (0, *self.names) if page_hash(s, token_ids) == page), None)
+        if salt is None and not self._warned:
+            self._warned = True
+            logger.warning("KV events: a stored page's adapter is unknown; sent as the base's")
+        self._salts[page] = salt
+        return salt
+
+    def removed(self, page: int) -> None:
+        self._salts.pop(page, None)
+
+    def lora(self, salt: int | None) -> tuple[int | None, str | None]:
+        """(lora_id, lora_name) of a salt: (None, None) for the base."""
+        if not salt:
+            return None, None
+        return salt, self.names.get(salt)
+
+
+def to_events(
+    records: KvEventRecords, page_size: int, medium: str, adapters: PageAdapters | None = None
+) -> list[list[Any]]:
     """The records as vLLM's events: runs of removals in one BlockRemoved, chains of stores
-    (each page the child of the one before) in one BlockStored."""
+    (each page the child of the one before, of one adapter) in one BlockStored."""
+    adapters = adapters if adapters is not None else PageAdapters()
     events: list[list[Any]] = []
     kinds, hashes = records.kinds.tolist(), records.hashes.tolist()
     parents, has_parent = records.parent_hashes.tolist(), records.has_parent.tolist()
@@ -46,6 +114,7 @@ def to_events(records: KvEventRecords, page_size: int, medium: str) -> list[list
     for i, kind in enumerate(kinds):
         last = events[-1] if events else None
         if kind == KvEventRecords.REMOVED:
+            adapters.removed(hashes[i])
             if last is not None and last[0] == "BlockRemoved":
                 last[1].append(hashes[i])
             else:
@@ -54,11 +123,15 @@ def to_events(records: KvEventRecords, page_size: int, medium: str) -> list[list
         parent = parents[i] if has_parent[i] else None
         row = tokens[stored]
         stored += 1
-        if last is not None and last[0] == "BlockStored" and parent == last[1][-1]:
+        lora_id, lora_name = adapters.lora(adapters.stored(hashes[i], parent, row))
+        if (last is not None and last[0] == "BlockStored" and parent == last[1][-1]
+                and last[5] == lora_id):  # fmt: skip
             last[1].append(hashes[i])
             last[3].extend(row)
         else:
-            events.append(["BlockStored", [hashes[i]], parent, row, page_size, None, medium, None])
+            events.append(
+                ["BlockStored", [hashes[i]], parent, row, page_size, lora_id, medium, lora_name]
+            )
     return events
 
 
@@ -73,6 +146,8 @@ class KvEventPublisher:
         self.config = config
         self.page_size = page_size
         self.medium = medium
+        self.adapters = PageAdapters()
+        """The adapter of each cached page (the engine thread's; `note_adapter` as requests come)."""
         self._queue: queue.Queue[list[list[Any]] | None] = queue.Queue(config.max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=config.buffer_steps
@@ -97,7 +172,11 @@ class KvEventPublisher:
     def publish_records(self, records: KvEventRecords | None) -> None:
         """The engine thread, once per step: the step's records as one batch (none: nothing)."""
         if records is not None:
-            self.publish(to_events(records, self.page_size, self.medium))
+            self.publish(to_events(records, self.page_size, self.medium, self.adapters))
+
+    def note_adapter(self, lora_int_id: int, lora_name: str) -> None:
+        """The engine thread, as a request runs with an adapter: its pages will carry its id."""
+        self.adapters.note(lora_int_id, lora_name)
 
     def publish(self, events: list[list[Any]]) -> None:
         try:
@@ -171,8 +250,9 @@ class KvEventPublisher:
 
 
 def _bind_or_connect(sock: Any, endpoint: str, zmq: Any) -> str:
-    """vLLM's rule: bind a wildcard, ipc:// or inproc:// address, connect to any other."""
-    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+    """vLLM's rule (`config.binds`): bind a wildcard, ipc:// or inproc:// address, connect to
+    any other."""
+    if binds(endpoint):
         sock.bind(endpoint)
         return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     sock.connect(endpoint)
@@ -186,12 +266,19 @@ def _close(linger_ms: int, *sockets: Any) -> None:
 
 
 def start_kv_events(
-    config: EngineConfig, scheduler: Scheduler, device: str
+    config: EngineConfig, scheduler: Scheduler, device: str, model_name: str
 ) -> KvEventPublisher | None:
     """The publisher of the prefix cache's changes, when --kv-events-config turns it on (the
-    scheduler's allocator then logs them); None when off."""
+    scheduler's allocator then logs them); None when off. `{model}` left in the topic (a
+    single-model server's) becomes `model_name`."""
     if not config.kv_events.enabled:
         return None
     scheduler.enable_kv_events()
     medium = "GPU" if device.startswith("cuda") else "CPU"
-    return KvEventPublisher(config.kv_events, config.cache.page_size, medium)
+    events = replace(config.kv_events, topic=config.kv_events.topic.replace("{model}", model_name))
+    publisher = KvEventPublisher(events, config.cache.page_size, medium)
+    replay = f"; replay at {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
+    logger.info("KV events of %s: %s %s, topic %r%s", model_name,
+                "bound at" if binds(events.endpoint) else "sent to", publisher.endpoint,
+                events.topic, replay)  # fmt: skip
+    return publisher

@@ -74,7 +74,9 @@ class LLMEngine:
         self.pooler = parts.pooler
         """How embedding requests pool; None: the model serves none."""
         self.can_generate = parts.can_generate
-        self.kv_events = start_kv_events(config, self.scheduler, self.model_info.device)
+        self.kv_events = start_kv_events(
+            config, self.scheduler, self.model_info.device, self.model_info.name
+        )
         """The KV events publisher for routers (--kv-events-config); None: off."""
         self.image_processor = parts.image_processor
         """How the model takes images (None: a text-only model)."""
@@ -197,6 +199,8 @@ class LLMEngine:
         except BaseException:
             self.model_runner.release(seq.seq_id)
             raise
+        if lora is not None and self.kv_events is not None:  # its pages' events name it
+            self.kv_events.note_adapter(lora.lora_int_id, lora.lora_name)
         if request.multimodal is not None:
             num_prompt = len(request.prompt_token_ids)
             self.model_runner.add_images(seq.seq_id, request.multimodal, num_prompt)
