@@ -117,8 +117,9 @@ def _subscribe(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return sub
 
 
-def _replay(ctx: zmq.Context, endpoint: str, start: int) -> list[tuple[int, bytes]]:
-    dealer = ctx.socket(zmq.DEALER)
+def replay_batches(endpoint: str, start: int) -> list[tuple[int, bytes]]:
+    """What a replay socket resends from `start` on: (seq, payload) until its end marker."""
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.connect(endpoint)
     try:
         dealer.send_multipart([b"", start.to_bytes(8, "big")])
@@ -143,14 +144,14 @@ def _catch_up(sub: zmq.Socket, state: Subscriber, ctx: zmq.Context, engine: LLME
     assert publisher is not None
     while state.next_seq < publisher.num_queued:
         if not sub.poll(200):
-            for seq, payload in _replay(ctx, str(publisher.replay_endpoint), state.next_seq):
+            for seq, payload in replay_batches(str(publisher.replay_endpoint), state.next_seq):
                 state.apply(seq, payload)
             continue
         topic, seq_bytes, payload = sub.recv_multipart()
         assert topic == TOPIC
         seq = int.from_bytes(seq_bytes, "big")
         if seq > state.next_seq:
-            for old, old_payload in _replay(ctx, str(publisher.replay_endpoint), state.next_seq):
+            for old, old_payload in replay_batches(str(publisher.replay_endpoint), state.next_seq):
                 if old < seq:
                     state.apply(old, old_payload)
         state.apply(seq, payload)
@@ -213,21 +214,21 @@ def test_the_replay_socket_resends_from_a_sequence_number(engine: LLMEngine) -> 
     deadline = time.monotonic() + 5
     while publisher.num_published < publisher.num_queued and time.monotonic() < deadline:
         time.sleep(0.01)
-    everything = _replay(ctx, str(publisher.replay_endpoint), 0)
+    everything = replay_batches(str(publisher.replay_endpoint), 0)
     assert [seq for seq, _ in everything] == list(range(publisher.num_published))
     state = Subscriber()
     for seq, payload in everything:
         state.apply(seq, payload)
     assert set(state.blocks) == set(engine.scheduler.cached_page_hashes())
     assert msgpack.unpackb(everything[0][1])[1] == [["AllBlocksCleared"]]
-    tail = _replay(ctx, str(publisher.replay_endpoint), 2)
+    tail = replay_batches(str(publisher.replay_endpoint), 2)
     assert tail == everything[2:]
     # A malformed request is ignored; the socket still answers the next one.
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(str(publisher.replay_endpoint))
     dealer.send_multipart([b"", b"\x01"])
     dealer.close(linger=1000)
-    assert _replay(ctx, str(publisher.replay_endpoint), publisher.num_published) == []
+    assert replay_batches(str(publisher.replay_endpoint), publisher.num_published) == []
 
 
 def test_records_become_vllm_events() -> None:

@@ -82,6 +82,8 @@ class PageAdapters:
         """The salt of a page entering the cache (0: the base), remembered until it leaves."""
         if parent is not None:
             salt = self._salts.get(parent)
+        elif not self.names:  # no adapter has run: every page is the base's (no hashing)
+            salt = 0
         else:
             salt = next((s for s in (0, *self.names) if page_hash(s, token_ids) == page), None)
         if salt is None and not self._warned:
@@ -147,7 +149,7 @@ class KvEventPublisher:
         self.page_size = page_size
         self.medium = medium
         self.adapters = PageAdapters()
-        """The adapter of each cached page (the engine thread's; `note_adapter` as requests come)."""
+        """Each cached page's adapter (the engine thread's; `note_adapter` as requests come)."""
         self._queue: queue.Queue[list[list[Any]] | None] = queue.Queue(config.max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=config.buffer_steps
