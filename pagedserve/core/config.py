@@ -398,34 +398,6 @@ def _offset(endpoint: str, index: int) -> str:
     return f"{base}:{int(port) + index}"
 
 
-def check_kv_events_addresses(models: list[tuple[str, KVEventsConfig]]) -> None:
-    """ValueError naming the two models when two engines would bind one address (a tcp port,
-    an ipc or inproc name), or publish to one router's address under one topic."""
-    owners: dict[str, str] = {}
-    for name, config in models:
-        if not config.enabled:
-            continue
-        bound = [config.endpoint] if binds(config.endpoint) else []
-        bound += [config.replay_endpoint] if config.replay_endpoint is not None else []
-        uses = [f"bind {_address_key(a)}" for a in bound if not a.endswith(":*")]
-        if not binds(config.endpoint):
-            uses.append(f"publish to {config.endpoint} under the topic {config.topic!r} (put "
-                        "{model} in kv_events_config.topic)")  # fmt: skip
-        for use in uses:
-            if use in owners:
-                raise ValueError(
-                    f"kv_events_config: models {owners[use]!r} and {name!r} would both {use}"
-                )
-            owners[use] = name
-
-
-def _address_key(address: str) -> str:
-    """A bound address by what two binds share: a tcp port on any host (`*` takes them all)."""
-    if address.startswith("tcp://"):
-        return f"tcp port {address.rpartition(':')[2]}"
-    return address
-
-
 @dataclass(frozen=True)
 class LoRAConfig:
     enable_lora: bool = False

@@ -27,13 +27,13 @@ from pagedserve.core.config import (
     KVEventsConfig,
     ModelConfig,
     SchedulerConfig,
-    check_kv_events_addresses,
 )
 from pagedserve.core.engine.kv_events import PageAdapters, page_hash, to_events
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.sampling_params import SamplingParams
 from pagedserve.core.sched.scheduler import KvEventRecords
+from pagedserve.openai_compat.model_catalog import check_kv_events_addresses
 
 PAGE_SIZE = 16
 TOPIC = b"kv@replica-0"
