@@ -119,7 +119,7 @@ class EngineClient(Protocol):
         """The LoRA adapters loaded now (none when the engine serves none)."""
 
     async def load_lora(self, name: str, path: str) -> LoRARequest:
-        """Load a PEFT adapter; LoRAError naming what is wrong (and nothing changes)."""
+        """Load a LoRA adapter (a PEFT folder or a GGUF LoRA file); LoRAError naming what is wrong (and nothing changes)."""
 
     async def unload_lora(self, name: str) -> None:
         """Forget an adapter (running requests finish with it); LoRANotFoundError if none

@@ -131,7 +131,7 @@ class AsyncEngine:
         return self.engine.list_loras()
 
     async def load_lora(self, name: str, path: str) -> LoRARequest:
-        """Load the PEFT adapter at `path` as `name`, between two steps; LoRAError naming
+        """Load the LoRA adapter (PEFT folder or GGUF file) at `path` as `name`, between two steps; LoRAError naming
         what is wrong (the engine keeps serving)."""
         request: LoRARequest = await self._on_engine_thread(
             lambda: self.engine.add_lora(name, path)

@@ -138,7 +138,7 @@ class LLMEngine:
         self._requests[request_id] = request
 
     def add_lora(self, name: str, path: str) -> LoRARequest:
-        """Load the PEFT adapter at `path` as `name` (between steps: the engine thread's call);
+        """Load the LoRA adapter (PEFT folder or GGUF file) at `path` as `name` (between steps: the engine thread's call);
         LoRAError naming what is wrong, and nothing changes."""
         return self._loras().load(name, path)
 

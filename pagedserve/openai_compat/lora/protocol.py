@@ -11,7 +11,8 @@ from pagedserve.openai_compat.common.protocol import Text, _Strict
 class LoadLoRAAdapterRequest(_Strict):
     lora_name: Text = Field(min_length=1)
     lora_path: Text = Field(min_length=1)
-    """A PEFT folder on the server's disk (adapter_config.json + adapter_model.safetensors)."""
+    """On the server's disk: a PEFT folder (adapter_config.json + adapter_model.safetensors)
+    or a GGUF LoRA file (llama.cpp's convert_lora_to_gguf.py)."""
     model: str | None = None
     """The base model (only needed when the server offers several)."""
 
