@@ -309,9 +309,12 @@ class KvQuant:
       none
 
       int8
+
+      fp16
     """
 
     __members__: typing.ClassVar[dict[str, KvQuant]]
+    fp16: typing.ClassVar[KvQuant]
     int8: typing.ClassVar[KvQuant]
     none: typing.ClassVar[KvQuant]
     @typing.overload

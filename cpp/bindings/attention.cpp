@@ -22,7 +22,10 @@ void bind_views(py::module_& m) {
         .value("float32", DType::kFloat32)
         .value("bfloat16", DType::kBFloat16)
         .value("float16", DType::kFloat16);
-    py::enum_<KvQuant>(m, "KvQuant").value("none", KvQuant::kNone).value("int8", KvQuant::kInt8);
+    py::enum_<KvQuant>(m, "KvQuant")
+        .value("none", KvQuant::kNone)
+        .value("int8", KvQuant::kInt8)
+        .value("fp16", KvQuant::kFp16);
     py::class_<KvCacheView> cache(m, "KvCacheView");
     cache.def(py::init<>())
         .def_readwrite("num_pages", &KvCacheView::num_pages)

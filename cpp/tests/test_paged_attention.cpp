@@ -48,6 +48,7 @@ struct Batch {
     std::vector<std::int32_t> page_table, qsl;
     std::vector<Bf16> cache16, query16, out16;
     std::vector<std::int8_t> cache8;  // non-empty: the kernel reads this int8 cache (to_int8)
+    std::vector<Half> cache_half;     // non-empty: the kernel reads this fp16 cache (to_fp16)
 };
 
 // Rounds v to bf16 in place and returns the bf16 copy.
@@ -132,6 +133,14 @@ void to_int8(Batch& b) {
         quantize_row(&b.cache[r * d], d, &b.cache8[r * (d + kKvScaleBytes)]);
 }
 
+// Gives b an fp16 cache (b.cache_half) and sets b.cache to its widened values (NaN stays NaN).
+void to_fp16(Batch& b) {
+    const std::int64_t n = static_cast<std::int64_t>(b.cache.size());
+    b.cache_half.resize(n);
+    store_row(b.cache.data(), b.cache_half.data(), n);
+    load_row(b.cache_half.data(), b.cache.data(), n);
+}
+
 AttentionArgs args_for(Batch& b, float scale) {
     const bool bf16 = b.c.dtype == DType::kBFloat16;
     AttentionArgs a;
@@ -144,6 +153,7 @@ AttentionArgs args_for(Batch& b, float scale) {
     void* cache = bf16 ? static_cast<void*>(b.cache16.data()) : b.cache.data();
     a.cache = {cache, b.num_pages, b.c.num_kv_heads, b.c.page_size, b.c.head_size};
     if (!b.cache8.empty()) a.cache.data = b.cache8.data(), a.cache.quant = KvQuant::kInt8;
+    if (!b.cache_half.empty()) a.cache.data = b.cache_half.data(), a.cache.quant = KvQuant::kFp16;
     a.page_table = b.page_table.data();
     a.page_table_stride = b.max_pages;
     a.seq_lens = b.c.seq_lens.data();
@@ -215,9 +225,10 @@ double error_ratio(const Batch& b, float scale, double atol, double rtol) {
 }
 
 void check_case(const Case& c, std::mt19937& rng, double atol, double rtol, const char* what,
-                bool int8 = false) {
+                KvQuant stored = KvQuant::kNone) {
     Batch b = make_batch(c, rng);
-    if (int8) to_int8(b);
+    if (stored == KvQuant::kInt8) to_int8(b);
+    if (stored == KvQuant::kFp16) to_fp16(b);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
     run_kernel(b, scale, 2);
     const double err = error_ratio(b, scale, atol, rtol);
@@ -287,23 +298,52 @@ void test_window_and_softcap_match_naive() {
     }
 }
 
-// An int8 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the values the
-// naive loop sees, so the fp32 and bf16 tolerances hold as they are; windows and soft caps too.
-void test_int8_cache_matches_naive() {
-    std::mt19937 rng(17);
+// An int8 or fp16 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the
+// values the naive loop sees (to_int8, to_fp16), so the fp32 and bf16 tolerances hold as they
+// are; windows and soft caps too.
+void test_stored_cache_matches_naive(KvQuant stored) {
+    std::mt19937 rng(stored == KvQuant::kInt8 ? 17 : 23);
     const std::vector<std::int32_t> q_lens = {1, 1, 37, 20, 1}, seq_lens = {17, 130, 100, 20, 1};
+    const char* exact = stored == KvQuant::kInt8 ? "int8 cache matches the naive loop"
+                                                 : "fp16 cache matches the naive loop";
+    const char* fast = stored == KvQuant::kInt8 ? "int8 cache, fast decode scoring"
+                                                : "fp16 cache, fast decode scoring";
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
         for (const std::int64_t head_size : {64, 128, 96}) {
             for (const std::int64_t window : {0, 5, 40}) {
                 Case c{2, 3, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
                 c.logit_softcap = window == 5 ? 0.3f : 0.0f;
                 const double rtol = dtype == DType::kBFloat16 ? 1e-2 : 0.0;
-                check_case(c, rng, 1e-4, rtol, "int8 cache matches the naive loop", true);
+                check_case(c, rng, 1e-4, rtol, exact, stored);
                 c.batch_invariant = false;
-                check_case(c, rng, 1e-4, rtol, "int8 cache, fast decode scoring", true);
+                check_case(c, rng, 1e-4, rtol, fast, stored);
             }
         }
     }
+}
+
+// The rows and slots of a cache-write test.
+struct CacheShape {
+    std::int64_t kv_heads, d, pages, page_size;
+    const std::int64_t* slots;
+    std::int64_t tokens;
+};
+
+// Writes the tokens' rows of k and v (rounded to bf16 in place for a bf16 case) into a cache of
+// Stored elements through reshape_and_cache_cpu; returns the cache's view.
+template <typename Stored>
+KvCacheView write_rows(std::vector<Stored>& cache, KvQuant quant, DType dtype, std::vector<float>& k,
+                       std::vector<float>& v, const CacheShape& s) {
+    std::vector<Bf16> k16, v16;
+    const bool bf16 = dtype == DType::kBFloat16;
+    if (bf16) k16 = to_bf16(k), v16 = to_bf16(v);
+    CacheWriteArgs a;
+    a.key = {bf16 ? static_cast<const void*>(k16.data()) : k.data(), s.kv_heads * s.d, s.d};
+    a.value = {bf16 ? static_cast<const void*>(v16.data()) : v.data(), s.kv_heads * s.d, s.d};
+    a.cache = {cache.data(), s.pages, s.kv_heads, s.page_size, s.d, quant};
+    a.slot_mapping = s.slots, a.num_tokens = s.tokens, a.dtype = dtype;
+    reshape_and_cache_cpu(a, 2);
+    return a.cache;
 }
 
 // The cache write quantizes fp32 and bf16 rows exactly as quantize_row does (the same bytes),
@@ -319,33 +359,97 @@ void test_int8_cache_write() {
     const std::int64_t slots[tokens] = {9, 2, -1};
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
         std::vector<float> k = key, v = value;
-        std::vector<Bf16> k16, v16;
-        if (dtype == DType::kBFloat16) k16 = to_bf16(k), v16 = to_bf16(v);
         std::vector<std::int8_t> cache(2 * pages * kv_heads * page_size * row, 7);
-        CacheWriteArgs a;
-        const bool bf16 = dtype == DType::kBFloat16;
-        a.key = {bf16 ? static_cast<const void*>(k16.data()) : k.data(), kv_heads * d, d};
-        a.value = {bf16 ? static_cast<const void*>(v16.data()) : v.data(), kv_heads * d, d};
-        a.cache = {cache.data(), pages, kv_heads, page_size, d, KvQuant::kInt8};
-        a.slot_mapping = slots, a.num_tokens = tokens, a.dtype = dtype;
-        reshape_and_cache_cpu(a, 2);
+        const CacheShape shape{kv_heads, d, pages, page_size, slots, tokens};
+        const KvCacheView view = write_rows(cache, KvQuant::kInt8, dtype, k, v, shape);
         bool same = true;
         for (std::int64_t t = 0; t < 2; ++t) {
             for (std::int64_t h = 0; h < kv_heads; ++h) {
-                const std::int64_t at = (slots[t] / page_size) * a.cache.page_stride() +
-                                        h * a.cache.head_stride() + (slots[t] % page_size) * row;
+                const std::int64_t at = (slots[t] / page_size) * view.page_stride() +
+                                        h * view.head_stride() + (slots[t] % page_size) * row;
                 std::int8_t want[2][d + kKvScaleBytes];
                 quantize_row(&k[(t * kv_heads + h) * d], d, want[0]);
                 quantize_row(&v[(t * kv_heads + h) * d], d, want[1]);
                 same = same && std::memcmp(&cache[at], want[0], row) == 0 &&
-                       std::memcmp(&cache[a.cache.kv_stride() + at], want[1], row) == 0;
+                       std::memcmp(&cache[view.kv_stride() + at], want[1], row) == 0;
             }
         }
         expect(same, "the int8 cache write quantizes as the layout says");
         float zero_scale = -1.0f;
         std::memcpy(&zero_scale, &cache[2 * row + d], sizeof(float));  // slot 2, head 0
         expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero row has scale 0");
-        expect(cache[a.cache.page_stride() * 0 + 3 * row] == 7, "no slot, no write");
+        expect(cache[view.page_stride() * 0 + 3 * row] == 7, "no slot, no write");
+    }
+}
+
+// rows.hpp's binary16 conversions: every half widens and rounds back to itself (NaNs to a NaN),
+// and a float rounds to the nearest half, ties to the even one, past 65504 to inf at 65520.
+void test_half_conversions() {
+    bool round_trips = true;
+    for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+        const float f = half_to_float(static_cast<std::uint16_t>(h));
+        const std::uint16_t back = float_to_half(f);
+        round_trips = round_trips && (std::isnan(f) ? std::isnan(half_to_float(back)) : back == h);
+    }
+    expect(round_trips, "every half widens and rounds back to itself");
+    expect(half_to_float(0x0001) == 0x1p-24f && half_to_float(0x3c00) == 1.0f &&
+               half_to_float(0xc000) == -2.0f && half_to_float(0x7bff) == 65504.0f,
+           "halves widen to their values");
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<std::uint32_t> bits(0u, 0x477fffffu);  // |f| below 65536
+    bool nearest = true;
+    for (int i = 0; i < 200000; ++i) {
+        std::uint32_t u = bits(rng) | (i % 2 ? 0x80000000u : 0u);
+        float f;
+        std::memcpy(&f, &u, sizeof(f));
+        const std::uint16_t h = float_to_half(f);
+        const double x = std::fabs(static_cast<double>(f)), got = std::fabs(half_to_float(h));
+        if (std::isinf(got)) {
+            nearest = nearest && x >= 65520.0;
+            continue;
+        }
+        const std::uint16_t mag = h & 0x7fffu;  // neighbours: one step down and up
+        const double below = mag ? half_to_float(static_cast<std::uint16_t>(mag - 1)) : -1.0;
+        const double above = mag < 0x7bffu ? half_to_float(static_cast<std::uint16_t>(mag + 1)) : 65520.0;
+        const double err = std::fabs(x - got);
+        const bool tie = err == std::fabs(x - below) || err == std::fabs(x - above);
+        nearest = nearest && err <= std::fabs(x - below) && err <= std::fabs(x - above) &&
+                  (!tie || (mag & 1u) == 0) && ((h & 0x8000u) != 0) == std::signbit(f);
+    }
+    expect(nearest, "floats round to the nearest half, ties to even");
+    expect(float_to_half(65519.0f) == 0x7bff && float_to_half(65520.0f) == 0x7c00 &&
+               float_to_half(-1e9f) == 0xfc00 && float_to_half(0x1p-25f) == 0 &&
+               float_to_half(3 * 0x1p-25f) == 2 && float_to_half(1.0f + 0x1p-11f) == 0x3c00,
+           "overflow, subnormal and tie corners");
+}
+
+// The cache write rounds fp32 and bf16 rows to fp16 as float_to_half does; slot -1 writes nothing.
+void test_fp16_cache_write() {
+    const std::int64_t kv_heads = 2, d = 64, page_size = 4, pages = 3, tokens = 3;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal(0.0f, 300.0f);
+    std::vector<float> key(tokens * kv_heads * d), value(key.size());
+    for (std::size_t i = 0; i < key.size(); ++i) key[i] = normal(rng), value[i] = normal(rng);
+    const std::int64_t slots[tokens] = {9, 2, -1};
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        std::vector<float> k = key, v = value;
+        std::vector<Half> cache(2 * pages * kv_heads * page_size * d, Half{0x7777});
+        const CacheShape shape{kv_heads, d, pages, page_size, slots, tokens};
+        const KvCacheView view = write_rows(cache, KvQuant::kFp16, dtype, k, v, shape);
+        bool same = true;
+        for (std::int64_t t = 0; t < 2; ++t) {
+            for (std::int64_t h = 0; h < kv_heads; ++h) {
+                const std::int64_t at = (slots[t] / page_size) * view.page_stride() +
+                                        h * view.head_stride() + (slots[t] % page_size) * d;
+                for (std::int64_t i = 0; i < d; ++i) {
+                    same = same && cache[at + i].bits == float_to_half(k[(t * kv_heads + h) * d + i]);
+                    same = same && cache[view.kv_stride() + at + i].bits ==
+                                       float_to_half(v[(t * kv_heads + h) * d + i]);
+                }
+            }
+        }
+        expect(same, "the fp16 cache write rounds each value");
+        expect(cache[3 * d].bits == 0x7777, "no slot, no write");
     }
 }
 
@@ -461,11 +565,14 @@ int main(int argc, char** argv) {
         test_attention_matches_naive_bf16();
         test_window_and_softcap_match_naive();
         test_cache_write_round_trip();
-        test_int8_cache_matches_naive();
+        test_stored_cache_matches_naive(KvQuant::kInt8);
         test_int8_cache_write();
+        test_stored_cache_matches_naive(KvQuant::kFp16);
+        test_fp16_cache_write();
         test_bad_inputs_throw();
         if (level != CpuIsa::kPortable) test_level_equals_portable();
     }
+    test_half_conversions();
 #if defined(__aarch64__)
     expect(cpu_isa_covers(best, CpuIsa::kNeon), "every aarch64 CPU runs the neon kernels");
 #endif

@@ -147,9 +147,12 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     """Reuse the KV pages of prompt prefixes seen before."""
     kv_cache_dtype: str = "auto"
-    """How the KV cache stores keys and values: auto (the model's dtype), bf16, fp16 or fp32
-    (each only where it is the model's dtype), or int8 (CPU: a scale per token and KV head;
-    half the bytes of bf16, so twice the pages at a fixed kv_cache_memory)."""
+    """How the KV cache stores keys and values: auto (the model's dtype; fp16 where --dtype auto
+    picks float32 for int16 or float activations: device_policy.resolve_kv_cache_dtype), bf16
+    or fp32 (each only where it is the model's dtype), fp16 (the model's dtype, or on the CPU
+    under a float32 or bf16 model: rounded as written, widened exactly as read), or int8 (CPU:
+    a scale per token and KV head; half the bytes of bf16, so twice the pages at a fixed
+    kv_cache_memory)."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:

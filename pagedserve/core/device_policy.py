@@ -150,23 +150,48 @@ def gguf_parameters(resolved: ResolvedModel) -> int:
 def choose_model_dtype(
     config: EngineConfig, resolved: ResolvedModel, device: torch.device
 ) -> torch.dtype:
-    """--dtype for this model: choose_dtype, told whether every linear stays quantized (on a CPU
-    without bf16 dot products, bf16 storage pays from avx2 only then or on the dense kernels);
-    float32 where they stay quantized with int16 or float activations (config resolved by
-    resolve_quantized_activations), whose precision bf16 storage between the layers would
-    lose (bench/RESULTS.md: bf16 storage alone parts from fp32 on 3 of 8 prompts)."""
+    """--dtype for this model: float32 on the precise quantized path (precise_quantized), whose
+    precision bf16 storage between the layers would lose (bench/RESULTS.md: bf16 storage alone
+    parts from fp32 on 3 of 8 prompts); else choose_dtype, told whether every linear stays
+    quantized (on a CPU without bf16 dot products, bf16 storage pays from avx2 only then or on
+    the dense kernels)."""
+    if precise_quantized(config, resolved, device):
+        return torch.float32
     mc = config.model
-    assert mc.quantized_activations != "auto", "resolve_quantized_activations first"
-    precise = mc.quantized_activations in ("int16", "float")
     quantized = (
         mc.dtype == "auto"
         and device.type == "cpu"
-        and (precise or not cpu_has_bf16())
+        and not cpu_has_bf16()
         and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
     )
-    if quantized and precise:
-        return torch.float32
     return choose_dtype(mc.dtype, device, quantized)
+
+
+def precise_quantized(config: EngineConfig, resolved: ResolvedModel, device: torch.device) -> bool:
+    """--dtype auto on a CPU model whose every linear stays quantized and multiplies int16 or
+    float activations (config resolved by resolve_quantized_activations): the default model's
+    path, float32 between the layers and fp16 KV pages."""
+    mc = config.model
+    assert mc.quantized_activations != "auto", "resolve_quantized_activations first"
+    return (
+        mc.dtype == "auto"
+        and device.type == "cpu"
+        and mc.quantized_activations in ("int16", "float")
+        and every_linear_quantized(resolved, mc, config.parallel.tensor_parallel_size > 1)
+    )
+
+
+def resolve_kv_cache_dtype(
+    config: EngineConfig, resolved: ResolvedModel, device: torch.device
+) -> EngineConfig:
+    """--kv-cache-dtype auto made concrete: fp16 on the precise quantized path (its float32
+    model would otherwise store float32 pages), else auto (the model's dtype). fp16 pages keep
+    the default model's greedy tokens equal to transformers' fp32 ones on 8 of 8 prompts, where
+    bf16 pages part on 1 and int8 ones on 3 (bench/RESULTS.md), at half float32's bytes: the
+    pages a --kv-cache-memory holds double, and decode attention reads half as much."""
+    if config.cache.kv_cache_dtype != "auto" or not precise_quantized(config, resolved, device):
+        return config
+    return replace(config, cache=replace(config.cache, kv_cache_dtype="fp16"))
 
 
 def every_linear_quantized(resolved: ResolvedModel, mc: ModelConfig, tensor_parallel: bool) -> bool:

@@ -95,7 +95,8 @@ def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
     dequantized model's: transformers' fp32 tokens, and the default model's first question
     answered right (int8 activations answer it "L'Étoile, la Marseillaise, ..."), and two chat
     prompts' tokens transformers' too. auto, with
-    --dtype auto, is the default: int16 and float32 for this model."""
+    --dtype auto, is the default: int16 and float32 for this model, with fp16 KV pages
+    (--kv-cache-dtype auto); the others keep float32 pages."""
     dtype = "auto" if activations == "auto" else "float32"
     llm = make_llm(default_model, quantization="auto", quantized_activations=activations,
                    dtype=dtype)  # fmt: skip
@@ -105,6 +106,8 @@ def test_quantized_weights_with_float_or_int16_activations_equal_transformers(
         assert model.quantized_activations == ("int16" if activations == "auto" else activations)
         assert model.rope_cos.dtype == torch.float32
         assert model.stack is not None  # every layer in one native call, in fp32
+        kv = llm.engine.model_runner.kv_caches[0].dtype
+        assert kv == (torch.float16 if activations == "auto" else torch.float32)
         test_greedy_tokens_equal_transformers(llm, hf_greedy)
         chats = llm.generate(chat_prompts(llm), SamplingParams(
             temperature=0, max_tokens=CHAT_TOKENS, ignore_eos=True))  # fmt: skip

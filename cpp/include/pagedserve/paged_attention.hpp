@@ -11,7 +11,9 @@
 // followed by their float32 scale (native byte order), so row_size = head_size + 4 bytes:
 // x ~= q * scale, scale = max|x| / 127 over the row (0 for an all-zero row), q = round-to-even
 // of x / scale, in [-127, 127]. Quantized as the rows are written (reshape_and_cache), widened
-// back to fp32 as the kernels load them.
+// back to fp32 as the kernels load them. An fp16 cache under fp32 or bf16 activations
+// (--kv-cache-dtype fp16, KvQuant::kFp16; CPU only) stores IEEE binary16 values, row_size =
+// head_size: rounded to nearest even as written, widened exactly as loaded.
 //
 // Token slot s lives in page s / page_size at offset s % page_size; slot -1 means "skip".
 #pragma once
@@ -38,9 +40,9 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 inline std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
-// How the KV cache stores keys and values: in the activations' dtype, or as int8 rows with a
-// float32 scale per token and KV head (the layout above).
-enum class KvQuant : int { kNone = 0, kInt8 = 1 };
+// How the KV cache stores keys and values: in the activations' dtype, as int8 rows with a
+// float32 scale per token and KV head, or as fp16 values (the layout above).
+enum class KvQuant : int { kNone = 0, kInt8 = 1, kFp16 = 2 };
 
 // Bytes of the scale after each 8-bit row.
 inline constexpr std::int64_t kKvScaleBytes = 4;
@@ -54,8 +56,9 @@ struct KvCacheView {
     KvQuant quant = KvQuant::kNone;
 
     // Storage elements per token row: head_size, or head_size int8 values + their scale's bytes.
+    // (Elements are the cache's own: 2 bytes for an fp16 cache, whatever the activations.)
     PAGEDSERVE_HOST_DEVICE std::int64_t row_size() const {
-        return quant == KvQuant::kNone ? head_size : head_size + kKvScaleBytes;
+        return quant == KvQuant::kInt8 ? head_size + kKvScaleBytes : head_size;
     }
     // Element offsets into the contiguous layout above (bytes for an 8-bit cache).
     PAGEDSERVE_HOST_DEVICE std::int64_t page_stride() const {

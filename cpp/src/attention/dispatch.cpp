@@ -24,6 +24,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention/levels.hpp"
@@ -40,7 +41,8 @@ void check(bool ok, const std::string& message) {
 }
 
 void check_quant(const KvCacheView& c) {
-    check(c.quant == KvQuant::kNone || c.quant == KvQuant::kInt8, "unknown KV cache quantization");
+    check(c.quant == KvQuant::kNone || c.quant == KvQuant::kInt8 || c.quant == KvQuant::kFp16,
+          "unknown KV cache quantization");
 }
 
 void validate(const AttentionArgs& a) {
@@ -120,10 +122,29 @@ void quantize_row(const T* src, std::int8_t* dst, std::int64_t head_size, float*
     std::memcpy(dst + head_size, &scale, sizeof(scale));
 }
 
+// One token's row of one KV head into an fp16 cache: rounded to nearest even (reference.py's
+// rows.to(torch.float16), to the bit).
 template <typename T>
-void quantize_rows(const CacheWriteArgs& args, int threads) {
+void half_row(const T* src, Half* dst, std::int64_t head_size, float* row) {
+    load_row(src, row, head_size);
+    store_row(row, dst, head_size);
+}
+
+// One row into a cache of Stored elements: quantize_row (int8) or half_row (fp16).
+template <typename Stored, typename T>
+void store_converted(const T* src, Stored* dst, std::int64_t head_size, float* row) {
+    if constexpr (std::is_same_v<Stored, Half>) {
+        half_row(src, dst, head_size, row);
+    } else {
+        quantize_row(src, dst, head_size, row);
+    }
+}
+
+// Every token's K and V rows of every KV head, T rows, into a cache of Stored elements.
+template <typename Stored, typename T>
+void write_converted(const CacheWriteArgs& args, int threads) {
     const KvCacheView& c = args.cache;
-    auto* cache = static_cast<std::int8_t*>(c.data);
+    auto* cache = static_cast<Stored*>(c.data);
     const auto* key = static_cast<const T*>(args.key.data);
     const auto* value = static_cast<const T*>(args.value.data);
 #pragma omp parallel num_threads(threads)
@@ -136,13 +157,24 @@ void quantize_rows(const CacheWriteArgs& args, int threads) {
             const std::int64_t base = (slot / c.page_size) * c.page_stride() +
                                       (slot % c.page_size) * c.row_size();
             for (std::int64_t h = 0; h < c.num_kv_heads; ++h) {
-                std::int8_t* dst = cache + base + h * c.head_stride();
-                quantize_row(key + t * args.key.token_stride + h * args.key.head_stride, dst,
-                             c.head_size, row.data());
-                quantize_row(value + t * args.value.token_stride + h * args.value.head_stride,
-                             dst + c.kv_stride(), c.head_size, row.data());
+                Stored* dst = cache + base + h * c.head_stride();
+                store_converted(key + t * args.key.token_stride + h * args.key.head_stride, dst,
+                                c.head_size, row.data());
+                store_converted(value + t * args.value.token_stride + h * args.value.head_stride,
+                                dst + c.kv_stride(), c.head_size, row.data());
             }
         }
+    }
+}
+
+// The cache write of an int8 or fp16 cache (`what`), from float32 or bfloat16 rows.
+template <typename Stored>
+void write_converted(const CacheWriteArgs& args, int threads, const char* what) {
+    switch (args.dtype) {
+        case DType::kFloat32: return write_converted<Stored, float>(args, threads);
+        case DType::kBFloat16: return write_converted<Stored, Bf16>(args, threads);
+        default:
+            throw std::invalid_argument(std::string(what) + " KV caches take float32 or bfloat16 rows");
     }
 }
 
@@ -158,13 +190,8 @@ void reshape_and_cache_cpu(const CacheWriteArgs& args, int num_threads) {
     }
     // Parallel only when there is enough to copy; a decode step writes a handful of rows.
     const int threads = args.num_tokens >= 256 ? std::max(1, num_threads) : 1;
-    if (c.quant == KvQuant::kInt8) {
-        switch (args.dtype) {
-            case DType::kFloat32: return quantize_rows<float>(args, threads);
-            case DType::kBFloat16: return quantize_rows<Bf16>(args, threads);
-            default: throw std::invalid_argument("int8 KV caches take float32 or bfloat16 rows");
-        }
-    }
+    if (c.quant == KvQuant::kInt8) return write_converted<std::int8_t>(args, threads, "int8");
+    if (c.quant == KvQuant::kFp16) return write_converted<Half>(args, threads, "fp16");
     const std::size_t elt = dtype_size(args.dtype);
     const std::size_t row_bytes = c.head_size * elt;
     auto* cache = static_cast<char*>(c.data);

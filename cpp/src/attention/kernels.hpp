@@ -230,12 +230,26 @@ void dequantize_rows(const std::int8_t* tile, std::int64_t np, std::int64_t row_
     }
 }
 
-// Points at (fp32) or converts (bf16, int8) the pages of keys [key0, key0 + block_keys) below
+// Widens n fp16 values to fp32, exactly: F16C from level avx2 up, NEON's conversion from level
+// neon, else rows.hpp's half_to_float (the same values).
+void widen_halves(const Half* src, float* dst, std::int64_t n) {
+    std::int64_t i = 0;
+#if PAGEDSERVE_ISA_AVX2 || PAGEDSERVE_ISA_AVX512
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#elif PAGEDSERVE_ISA_NEON
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(&src[i].bits))));
+#endif
+    for (; i < n; ++i) dst[i] = half_to_float(src[i].bits);
+}
+
+// Points at (fp32) or converts (bf16, int8, fp16) the pages of keys [key0, key0 + block_keys) below
 // num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
 // transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
 // (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen. An
-// int8 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from there
-// takes the fp32 path. Returns the number of keys in the block.
+// int8 or fp16 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from
+// there takes the fp32 path. Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                         std::int64_t num_keys, std::int64_t d_len, bool raw_values, Scratch& sc) {
@@ -249,6 +263,17 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
                                 page_offset<std::int8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
             dequantize_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
             dequantize_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
+            sc.k_pages[p] = sc.k.data() + n * d_len;
+            sc.v_pages[p] = sc.v.data() + n * d_len;
+            transpose_page(sc.k_pages[p], np, d_len, n, sc);
+            n += np;
+            continue;
+        }
+        if (c.quant == KvQuant::kFp16) {
+            const Half* halves = static_cast<const Half*>(c.data) +
+                                 page_offset<Half>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+            widen_halves(halves, sc.k.data() + n * d_len, np * d_len);
+            widen_halves(halves + c.kv_stride(), sc.v.data() + n * d_len, np * d_len);
             sc.k_pages[p] = sc.k.data() + n * d_len;
             sc.v_pages[p] = sc.v.data() + n * d_len;
             transpose_page(sc.k_pages[p], np, d_len, n, sc);

@@ -41,21 +41,25 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache tensors' dtype for --kv-cache-dtype `name`: the model's dtype (auto, or the
-    same dtype named), or int8 on the CPU. A clear ValueError for the rest: the kernels read
-    caches in the activations' dtype or in int8."""
+    same dtype named), or on the CPU int8, or fp16 under a float32 or bfloat16 model. A clear
+    ValueError for the rest: the kernels read caches in the activations' dtype, in int8 or
+    (CPU) in fp16."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"
         )
     dtype = KV_CACHE_DTYPES[name] or model_dtype
-    if dtype == torch.int8 and device.type != "cpu":
+    if dtype == model_dtype:
+        return dtype
+    if dtype in (torch.int8, torch.float16) and device.type != "cpu":
         raise ValueError(
-            f"kv_cache_dtype int8 runs on the CPU kernels only; on {device.type} use auto"
+            f"kv_cache_dtype {name} under a {str(model_dtype).removeprefix('torch.')} model "
+            f"runs on the CPU kernels only; on {device.type} use auto"
         )
-    if dtype not in (torch.int8, model_dtype):
+    if dtype not in (torch.int8, torch.float16):
         raise ValueError(
             f"kv_cache_dtype {name} differs from the model's dtype "
-            f"{str(model_dtype).removeprefix('torch.')}: use auto, int8 or the model's dtype"
+            f"{str(model_dtype).removeprefix('torch.')}: use auto, int8, fp16 or the model's dtype"
         )
     return dtype
 

@@ -13,9 +13,9 @@ sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sl
 logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
 (Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off). batch_invariant=False lets
 the CPU kernel score a decode step's few query vectors by a faster per-key dot that rounds
-differently from a prefill chunk's scoring (issue 16; CUDA ignores it). An int8 kv_cache (CPU
-only; the layout in attention/base.py) takes float32 or bfloat16 rows: reshape_and_cache
-quantizes them, paged_attention widens them back.
+differently from a prefill chunk's scoring (issue 16; CUDA ignores it). An int8 or a float16
+kv_cache on the CPU (the layout in attention/base.py) takes float32 or bfloat16 rows:
+reshape_and_cache quantizes or rounds them, paged_attention widens them back.
 
 Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
 straight by eager code.
@@ -43,7 +43,7 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
     require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
     require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
-    allowed = (*CPU_DTYPES, torch.int8) if device == "cpu" else tuple(DTYPES)
+    allowed = (*CPU_DTYPES, torch.int8, torch.float16) if device == "cpu" else tuple(DTYPES)
     require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
     require(kv_cache.dtype != torch.int8 or shape[4] > KV_SCALE_BYTES,
@@ -55,13 +55,14 @@ def _check_rows(
     name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None, like: torch.Tensor
 ) -> None:
     """t: [num_tokens, heads, head_size], last dim contiguous, on kv_cache's device, in its dtype
-    (an int8 cache: in like's, float32 or bfloat16)."""
+    (an int8 or CPU float16 cache: in like's, float32 or bfloat16)."""
     head_size = kv_head_size(kv_cache)
-    if kv_cache.dtype != torch.int8:
+    if kv_quant(kv_cache) == _core.KvQuant.none:
         check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=head_size)
         return
-    require(like.dtype in CPU_DTYPES, "{} dtype {} is not supported with an int8 kv_cache "
-             "(supported: {})", name, like.dtype, CPU_DTYPES)  # fmt: skip
+    stored = "an int8" if kv_cache.dtype == torch.int8 else "a float16"
+    require(like.dtype in CPU_DTYPES, "{} dtype {} is not supported with {} kv_cache "
+             "(supported: {})", name, like.dtype, stored, CPU_DTYPES)  # fmt: skip
     require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
              kv_cache.device)  # fmt: skip
     check_rows(name, t, like, "the other rows", heads=heads, head_size=head_size)
@@ -137,12 +138,23 @@ def page_table_stride(page_table: torch.Tensor) -> int:
     return page_table.stride(0) if rows > 1 else width
 
 
+def kv_quant(kv_cache: torch.Tensor) -> _core.KvQuant:
+    """How the kernels read kv_cache: in the activations' dtype (none), as int8 rows with
+    their scales, or as float16 under float32 or bfloat16 activations (a CPU cache; float16
+    activations, CUDA's, keep a float16 cache as it is)."""
+    if kv_cache.dtype == torch.int8:
+        return _core.KvQuant.int8
+    if kv_cache.dtype == torch.float16 and kv_cache.device.type == "cpu":
+        return _core.KvQuant.fp16
+    return _core.KvQuant.none
+
+
 def _cache_view(kv_cache: torch.Tensor) -> _core.KvCacheView:
     view = _core.KvCacheView()
     view.data = kv_cache.data_ptr()
     view.num_pages, view.num_kv_heads, view.page_size = kv_cache.shape[1:4]
     view.head_size = kv_head_size(kv_cache)
-    view.quant = _core.KvQuant.int8 if kv_cache.dtype == torch.int8 else _core.KvQuant.none
+    view.quant = kv_quant(kv_cache)
     return view
 
 

@@ -25,6 +25,7 @@ from pagedserve.core.device_policy import (
     is_batch_invariant,
     kv_budget_bytes,
     load_for_engine,
+    resolve_kv_cache_dtype,
     resolve_quantized_activations,
 )
 from pagedserve.core.engine.combinations import refuse_unsupported
@@ -67,6 +68,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     resolved = resolve_model(mc.model)
     device = choose_device(mc.device)
     config = resolve_quantized_activations(config, resolved, device)
+    config = resolve_kv_cache_dtype(config, resolved, device)
     mc = config.model
     dtype = choose_model_dtype(config, resolved, device)
     tokenizer = load_tokenizer(resolved.path)

@@ -74,24 +74,34 @@ SHAPES = [(64, 3, 0, 0.0), (128, 4, 24, 0.0), (48, 2, 0, 5.0), (64, 1, 24, 5.0)]
 def test_every_cpu_isa_level_matches_reference(
     cpu_isa: str, head_size: int, group: int, window: int, softcap: float
 ) -> None:
+    """Every level widens the same int8 rows to the same floats, then takes the fp32 path's
+    arithmetic: the reference within the usual tolerance, and the portable loops' bits
+    (avx512_bf16 and amx included)."""
+    levels_match_reference(int8_batch, cpu_isa, head_size, group, window, softcap)
+
+
+def levels_match_reference(
+    make, cpu_isa: str, head_size: int, group: int, window: int, softcap: float
+) -> None:
+    """make(q_lens, seq_lens, dtype=, head_size=, group=, seed=): a batch over a stored cache
+    (int8 or fp16); the kernels at cpu_isa match the reference over it, and give the portable
+    loops' bits."""
     for i, dtype in enumerate((torch.float32, torch.bfloat16)):
         for q_lens, seq_lens in (MIXED, DECODE, EDGES):
-            b = int8_batch(q_lens, seq_lens, dtype=dtype, head_size=head_size, group=group,
-                           seed=i)  # fmt: skip
+            b = make(q_lens, seq_lens, dtype=dtype, head_size=head_size, group=group, seed=i)
             m = b.meta
             want = reference.paged_attention_reference(
                 b.query, b.kv_cache, m.page_table, m.seq_lens, m.query_start_loc, b.scale,
                 window, softcap,
             )  # fmt: skip
+            got = run(b, window, softcap)
+            assert got.dtype == dtype
             tol = TOLERANCE[dtype]
-            torch.testing.assert_close(run(b, window, softcap).float(), want.float(), atol=tol,
-                                       rtol=tol)  # fmt: skip
-            # Every level widens the same int8 rows to the same floats, then takes the fp32
-            # path's arithmetic: the portable loops' bits (avx512_bf16 and amx included).
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
             if cpu_isa != "portable":
                 with forced_cpu_isa("portable"):
                     portable = run(b, window, softcap)
-                assert torch.equal(run(b, window, softcap), portable)
+                assert torch.equal(got, portable)
 
 
 @pytest.mark.parametrize(("head_size", "group"), [(64, 3), (128, 1)])

@@ -69,7 +69,7 @@ def attention_call(b, **changes) -> None:
         (lambda b: {"seq_lens": b.meta.seq_lens[:1]}, "seq_lens must have shape"),
         (lambda b: {"query": b.query[:, :3]}, "multiple of kv_cache heads"),
         (lambda b: {"query": b.query.double()}, "query dtype"),
-        (lambda b: {"kv_cache": b.kv_cache.half()}, "not supported on cpu"),
+        (lambda b: {"kv_cache": b.kv_cache.double()}, "not supported on cpu"),
         (lambda b: {"kv_cache": b.kv_cache.transpose(3, 4)}, "kv_cache must be contiguous"),
         (lambda b: {"out": torch.empty_like(b.query)[:1]}, "out shape"),
         (lambda b: {"max_seq_len": 5}, "max_seq_len"),

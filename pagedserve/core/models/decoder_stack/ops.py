@@ -1,5 +1,5 @@
 """The whole decoder stack in one native call: pagedserve._core.DecoderStack (bf16, or fp32 with
-every projection kept quantized; CPU; the KV cache in the stack's dtype or int8).
+every projection kept quantized; CPU; the KV cache in the stack's dtype, int8 or float16).
 
     stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
     hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pagedserve.core.attention.base import AttentionMetadata, kv_row_size
-from pagedserve.core.attention.ops import check_index, page_table_stride
+from pagedserve.core.attention.ops import check_index, kv_quant, page_table_stride
 from pagedserve.core.ops import native
 from pagedserve.core.ops.native import require
 
@@ -105,7 +105,7 @@ class NativeDecoderStack:
             amx_tile_order=self.amx_tile_order,
             quant_float_activations=self.quant_float_activations,
             quant_int16_activations=self.quant_int16_activations,
-            kv_quant=int(_core.KvQuant.int8 if kv_caches[0].dtype == torch.int8 else 0),
+            kv_quant=int(kv_quant(kv_caches[0])),
         )
         return hidden
 
@@ -139,9 +139,9 @@ class NativeDecoderStack:
                  row_size, tuple(shape))  # fmt: skip
         for cache in kv_caches:
             require(cache.shape == shape and cache.dtype == dtype
-                     and dtype in (own, torch.int8)
+                     and dtype in (own, torch.int8, torch.float16)
                      and cache.device.type == "cpu" and cache.is_contiguous(),
-                     "every kv cache must be a contiguous {} {} or int8 CPU tensor",
+                     "every kv cache must be a contiguous {} {}, int8 or float16 CPU tensor",
                      tuple(shape), own)  # fmt: skip
         page_table, cpu = meta.page_table, hidden.device
         require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))
