@@ -10,10 +10,12 @@ neon_i8mm, so neon, neon_dotprod and neon_i8mm all run), with a Neoverse N1 (dot
 i8mm: level neon_dotprod) and with a plain Armv8.0 NEON core (cortex-a53: level neon). The level each model ran at is read from
 test_cpu_features' last line and the paths from the kernel tests' own lines, so the test fails
 if NEON went unused. Release, -j2; every test executable runs on every model, except
-test_paged_attention (most of each model's time under qemu): `max` runs it whole, at
-portable and forced neon; cortex-a53, which lacks every extension, runs its vector half (the
-NEON kernels, and their bits against portable's); neoverse-n1 does not, since what sets it
-apart from cortex-a53 (the dot product) is used by the int8 linear alone.
+test_paged_attention (most of each model's time under qemu), whose halves run once each:
+`max` runs its portable half (the portable kernels built for aarch64), cortex-a53, which lacks
+every extension, its vector half (the NEON kernels, and their bits against portable's). The
+vector half runs the same instructions on `max` (attention has one ARM level, neon, and the
+build targets plain Armv8-a), so the stricter CPU alone runs it; neoverse-n1 runs neither,
+since what sets it apart from cortex-a53 (the dot product) is used by the int8 linear alone.
 Skips, saying why, where the cross compiler, qemu-aarch64 or the aarch64 libraries are missing
 (scripts/install.sh test installs them as root on Debian).
 """
@@ -36,13 +38,13 @@ SYSROOT = Path(os.environ.get("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu"))
 CPU_MODELS = ["max", "neoverse-n1", "cortex-a53"]  # everything; dotprod, no i8mm; plain NEON
 # The ISA level each model must run at, and the lines the kernel tests print for the paths run.
 LEVELS = {"max": "neon_i8mm", "neoverse-n1": "neon_dotprod", "cortex-a53": "neon"}
-_NEON, _DOTPROD = ["neon: neon path", "neon kernels"], ["neon_dotprod: neon-dotprod path"]
+_NEON, _DOTPROD = ["neon: neon path"], ["neon_dotprod: neon-dotprod path"]
 PATH_LINES = {
     "max": [*_NEON, *_DOTPROD, "neon_i8mm: neon-i8mm path", "portable kernels"],
-    "neoverse-n1": ["neon: neon path", *_DOTPROD],
-    "cortex-a53": _NEON,
+    "neoverse-n1": [*_NEON, *_DOTPROD],
+    "cortex-a53": [*_NEON, "neon kernels"],
 }
-ATTENTION_RUNS = {"max": [[]], "neoverse-n1": [], "cortex-a53": [["vector"]]}
+ATTENTION_RUNS = {"max": [["portable"]], "neoverse-n1": [], "cortex-a53": [["vector"]]}
 """The argument lists test_paged_attention runs with on each model (none: not run there)."""
 TESTS = sorted(p.stem for p in (ROOT / "cpp" / "tests").glob("test_*.cpp"))
 
