@@ -3,6 +3,9 @@ the same greedy tokens whatever the batch, the chunking, the preemptions or the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -38,13 +41,26 @@ def token_lists(outputs: list) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """The oracle's batch-1 decode on one torch thread: dozens of tiny ops per token, each
+    waiting at a two-thread barrier that a busy 2-core machine makes slow (64 tokens took
+    17-23 s on two threads, 6.4-6.9 s on one, the same tokens)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def hf_greedy(llm: LLM, hf_default_model) -> list[list[int]]:
     """transformers' fp32 greedy tokens for PROMPTS (64 each), computed once."""
     tokens = []
     for prompt in PROMPTS:
         ids = torch.tensor([llm.tokenizer.encode(prompt)])
-        with torch.no_grad():
+        with torch.no_grad(), one_thread():
             out = hf_default_model.generate(
                 ids, do_sample=False, max_new_tokens=64, min_new_tokens=64, eos_token_id=None
             )
@@ -68,7 +84,7 @@ def hf_chat_greedy(llm: LLM, hf_default_model) -> list[list[int]]:
     tokens = []
     for prompt in chat_prompts(llm):
         ids = torch.tensor([prompt])
-        with torch.no_grad():
+        with torch.no_grad(), one_thread():
             out = hf_default_model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=False,
                 max_new_tokens=CHAT_TOKENS, min_new_tokens=CHAT_TOKENS, eos_token_id=None,
