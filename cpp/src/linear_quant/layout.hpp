@@ -18,6 +18,7 @@
 #pragma once
 
 #include "cpu/arch.hpp"
+#include "pagedserve/rows.hpp"  // half_to_float
 
 #if PAGEDSERVE_X86  // the AVX-512 kernels' view of the scales
 #include <immintrin.h>
@@ -48,21 +49,6 @@ struct Format {
         return quant_bytes() + (which * groups() + g) * kTileN * scale_bytes();
     }
 };
-
-// IEEE binary16 bits -> float, exactly (subnormals included).
-inline float half_to_float(std::uint16_t h) {
-    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-    const std::uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (exp == 0) {  // zero or subnormal: mant * 2^-24
-        const float f = std::ldexp(static_cast<float>(mant), -24);
-        return sign ? -f : f;
-    }
-    const std::uint32_t bits =
-        exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-}
 
 #if PAGEDSERVE_X86  // AVX-512 registers: the VNNI and AMX-INT8 paths only
 // The AVX-512 kernels' view of a group's scales: half tile h's 16 scales and 16 mins as fp32.
