@@ -112,6 +112,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ModelConfig, "cpu_isa", {"choices": list(CPU_ISAS)}),
     (ModelConfig, "device", {}),
     (ModelConfig, "chat_template", {}),
+    (ModelConfig, "mmproj", {"metavar": "FILE"}),
     (ModelConfig, "attention_backend", {}),
     (ModelConfig, "seed", {"type": int}),
     (ModelConfig, "deterministic", {"action": argparse.BooleanOptionalAction}),

@@ -61,15 +61,14 @@ def write_tiny_qwen2_5_vl(
     text = dict(
         vocab_size=tokenizer.get_vocab_size(), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, rms_norm_eps=1e-6,
+        max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        **(text_shape or {}),
-    )  # fmt: skip
+    ) | (text_shape or {})  # fmt: skip
     vision = dict(
         depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-        fullatt_block_indexes=[1], **(vision_shape or {}),
-    )  # fmt: skip
+        fullatt_block_indexes=[1],
+    ) | (vision_shape or {})  # fmt: skip
     config = Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],

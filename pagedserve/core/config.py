@@ -29,6 +29,11 @@ class ModelConfig:
     model: str = ""
     """Model to serve: a local .gguf file, an HF-style folder, or a hub id. Empty: the bundled
     SmolLM2-135M-Instruct."""
+    mmproj: str | None = None
+    """llama.cpp's multimodal projector GGUF (what its converter writes with --mmproj) for a
+    GGUF language model: the vision tower and its image preprocessing are read from it
+    (Qwen2.5-VL's, projector type qwen2.5vl_merger, with a qwen2vl language model). An HF
+    folder carries its own tower and takes none."""
     dtype: str = "auto"
     """Weights and activations dtype: auto, float32, bfloat16 or float16. auto picks bfloat16 on
     CUDA, on CPUs with AVX-512 BF16 (ISA level avx512_bf16 and up) and, from level avx2, for a

@@ -37,9 +37,8 @@ from pagedserve.core.lora.registry import LoraRegistry
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.pooling_config import resolve_pooler
-from pagedserve.core.models.registry import read_arch
+from pagedserve.core.models.registry import image_processor_for, read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
-from pagedserve.core.multimodal.processor import load_image_processor
 from pagedserve.core.pooling_params import PoolerConfig
 from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sched.kv_cache import KVCacheLayout, resolve_max_model_len, size_kv_cache
@@ -65,7 +64,7 @@ class _Loaded:  # the model on its device, with what start-up decided around it
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     mc = config.model
     apply_cpu_isa(mc.cpu_isa)
-    resolved = resolve_model(mc.model)
+    resolved = resolve_model(mc.model, mmproj=mc.mmproj)
     device = choose_device(mc.device)
     config = resolve_quantized_activations(config, resolved, device)
     config = resolve_kv_cache_dtype(config, resolved, device)
@@ -78,7 +77,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     shape = read_arch(resolved)
     pooler = resolve_pooler(mc.task, resolved, shape.hidden_size, mc.matryoshka, tokenizer)
     refuse_unsupported(config, resolved, shape, pooler)
-    image_processor = load_image_processor(resolved.path) if shape.vision else None
+    image_processor = image_processor_for(resolved, shape) if shape.vision else None
     tp = start_tensor_parallel(config, resolved, dtype, device)
     device = tp.group.device if tp is not None else device  # a GPU per rank: this rank's
     try:

@@ -38,5 +38,3 @@ def refuse_unsupported(
             raise ValueError(f"{name} serves task generate, not {pooler.task}")
         if draft:
             raise ValueError(f"{name} does not take speculative_method draft")
-        if resolved.format != "hf":
-            raise ValueError(f"{name} loads from an HF folder")

@@ -99,6 +99,19 @@ def _phi3(meta: Meta) -> dict[str, Any]:
     return {"sliding_window": _window(meta)}
 
 
+def _qwen2vl(meta: Meta) -> dict[str, Any]:
+    """Qwen2-VL's multimodal rotary: [temporal, height, width, 0] frequency pairs (llama.cpp
+    requires the key). Text alone rotates every section by the one position, as plain rope."""
+    sections = meta.get("rope.dimension_sections")
+    if not isinstance(sections, list) or len(sections) != 4:
+        raise ValueError(f"GGUF key 'qwen2vl.rope.dimension_sections' must list 4 sections, "
+                         f"got {sections!r}")  # fmt: skip
+    if sections[3]:
+        raise ValueError(f"GGUF key 'qwen2vl.rope.dimension_sections' {sections}: a fourth "
+                         "section is not supported")  # fmt: skip
+    return {"mrope_section": tuple(int(s) for s in sections[:3])}
+
+
 def _none(meta: Meta) -> dict[str, Any]:
     return {}
 
@@ -108,6 +121,7 @@ GGUF_FIELDS: dict[str, tuple[Callable[[Meta], dict[str, Any]], frozenset[str]]] 
     "llama": (_none, _MOE_KEYS),
     "qwen2": (_none, frozenset()),
     "qwen3": (_none, frozenset()),
+    "qwen2vl": (_qwen2vl, frozenset({"rope.dimension_sections"})),
     "qwen2moe": (_none, _MOE_KEYS),
     "qwen3moe": (_none, _MOE_KEYS),
     "gemma2": (_gemma2, _GEMMA2_KEYS),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from pagedserve.core.gguf_reader import gguf_reader
@@ -31,6 +31,7 @@ GGUF_ARCHITECTURES = {
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen2vl": "qwen2",  # Qwen2(.5)-VL's language model: text alone, or qwen2_5_vl with --mmproj
     "qwen2moe": "qwen2_moe",
     "qwen3moe": "qwen3_moe",
     "gemma2": "gemma2",
@@ -115,8 +116,8 @@ def _longrope(reader: GGUFReader, arch: str, long: Any) -> dict[str, Any]:
         )
     return {
         "rope_type": "longrope",
-        "long_factor": _to_numpy(long).tolist(),
-        "short_factor": _to_numpy(short).tolist(),
+        "long_factor": to_numpy(long).tolist(),
+        "short_factor": to_numpy(short).tolist(),
         "original_max_position_embeddings": int(original),
         "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
         "attention_factor": _field(reader, f"{arch}.rope.scaling.attn_factor"),
@@ -137,7 +138,7 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
         raise ValueError(f"GGUF rope scaling type {scaling_type!r} is not supported")
     freqs = _tensor(reader, "rope_freqs.weight")
     if freqs is not None:
-        return {"rope_type": "freq_factors", "factors": _to_numpy(freqs).tolist()}
+        return {"rope_type": "freq_factors", "factors": to_numpy(freqs).tolist()}
     return None
 
 
@@ -200,14 +201,27 @@ def arch_from_gguf(reader: GGUFReader) -> ArchConfig:
 
 
 def _metadata(reader: GGUFReader, arch: str) -> dict[str, Any]:
-    """The file's `{arch}.*` keys, without the prefix."""
+    """The file's `{arch}.*` keys, without the prefix (an array key as a list)."""
     prefix = f"{arch}."
     return {
-        k.removeprefix(prefix): _field(reader, k) for k in reader.fields if k.startswith(prefix)
+        k.removeprefix(prefix): _array(reader, k) if _is_array(reader, k) else _field(reader, k)
+        for k in reader.fields
+        if k.startswith(prefix)
     }
 
 
-def _to_numpy(tensor: Any) -> np.ndarray:
+def _is_array(reader: GGUFReader, key: str) -> bool:
+    field = reader.fields[key]
+    return bool(field.types) and field.types[0] == GGUFValueType.ARRAY
+
+
+def _array(reader: GGUFReader, key: str) -> list[Any]:
+    """An array key's values (numbers or strings)."""
+    values = reader.fields[key].contents()
+    return list(values) if isinstance(values, list) else [values]
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
     """Dequantize one GGUF tensor to a float32 array in torch's [out, in] order."""
     qtype = GGMLQuantizationType(tensor.tensor_type)
     if qtype not in SUPPORTED_TYPES:
@@ -262,7 +276,7 @@ def iter_gguf_weights(
         if not names or tensor.name in skip:
             continue
         # F32 tensors are read-only views of the mapped file: copy those, not the fresh ones.
-        weight = torch.from_numpy(np.require(_to_numpy(tensor), requirements=["C", "W"]))
+        weight = torch.from_numpy(np.require(to_numpy(tensor), requirements=["C", "W"]))
         if len(names) > 1:  # [num_experts, out, in]
             yield from zip(names, weight.unbind(0), strict=True)
             continue

@@ -7,6 +7,7 @@ assigns them into a model built on the meta device, so weights are never initial
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator
 
@@ -21,9 +22,17 @@ from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
 from pagedserve.core.models.linear.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.llama import LlamaForCausalLM
+from pagedserve.core.models.mmproj_gguf import (
+    count_mmproj_weights,
+    iter_mmproj_weights,
+    mmproj_image_processor,
+    read_mmproj,
+    with_vision,
+)
 from pagedserve.core.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import parallelize, shard_arch, shard_weight
+from pagedserve.core.multimodal.processor import ImageProcessor, load_image_processor
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in FAMILIES}
 MODEL_CLASSES["qwen2_5_vl"] = Qwen2_5_VLForConditionalGeneration
@@ -161,7 +170,13 @@ def _open_weights(
         arch, reader = loader_gguf.open_gguf(resolved.path)
         skip = quantized.kept if quantized is not None else frozenset()
         weights = loader_gguf.iter_gguf_weights(reader, arch, skip)
-        return arch, weights, loader_gguf.count_gguf_weights(reader, arch.num_experts, skip)
+        count = loader_gguf.count_gguf_weights(reader, arch.num_experts, skip)
+        if resolved.mmproj is None:
+            return arch, weights, count
+        mmproj = read_mmproj(resolved.mmproj)  # the vision tower: llama.cpp's second file
+        arch = with_vision(arch, reader, resolved.path, mmproj)
+        tower = iter_mmproj_weights(mmproj)
+        return arch, itertools.chain(weights, tower), count + count_mmproj_weights(mmproj)
     if resolved.format == "hf":
         arch = loader_safetensors.read_arch(resolved.path)
         files = loader_safetensors.safetensors_files(resolved.path)
@@ -173,6 +188,15 @@ def _open_weights(
 def read_arch(resolved: ResolvedModel) -> ArchConfig:
     """The model's shape, without reading its weights."""
     return _open_weights(resolved)[0]
+
+
+def image_processor_for(resolved: ResolvedModel, arch: ArchConfig) -> ImageProcessor:
+    """The image processor of a model that takes images: an HF folder's files, or a GGUF
+    model's projector (`--mmproj`) metadata."""
+    if resolved.mmproj is None:
+        return load_image_processor(resolved.path)
+    assert arch.vision is not None, "read_arch joined the projector's tower"
+    return mmproj_image_processor(read_mmproj(resolved.mmproj), arch.vision.image_token_id)
 
 
 def load_model(
@@ -250,4 +274,6 @@ def load_model(
         model.pack_weights()
     if resolved.format == "gguf":
         release_mapped_pages(resolved.path)  # every weight is a copy by now
+    if resolved.mmproj is not None:
+        release_mapped_pages(resolved.mmproj)
     return model.eval(), arch

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from filelock import FileLock
@@ -32,11 +32,30 @@ class ResolvedModel:
     format: str  # "gguf" | "hf"
     path: Path  # the .gguf file, or the HF folder
     name: str  # default served model name
+    mmproj: Path | None = None  # llama.cpp's vision projector GGUF beside a GGUF model
 
 
-def resolve_model(spec: str, cache_dir: Path | None = None) -> ResolvedModel:
+def resolve_model(
+    spec: str, cache_dir: Path | None = None, mmproj: str | None = None
+) -> ResolvedModel:
     """An empty spec -> the bundled default; a .gguf file; a folder with config.json and *.safetensors
-    (or holding exactly one .gguf); else a hub id "org/name" fetched with huggingface_hub."""
+    (or holding exactly one .gguf); else a hub id "org/name" fetched with huggingface_hub.
+    mmproj: llama.cpp's projector file that goes with a GGUF model (ModelConfig.mmproj)."""
+    resolved = _resolve(spec, cache_dir)
+    if mmproj is None:
+        return resolved
+    path = Path(mmproj).expanduser()
+    if not path.is_file() or path.suffix != ".gguf":
+        raise FileNotFoundError(f"mmproj {mmproj!r}: no such .gguf file")
+    if resolved.format != "gguf":
+        raise ValueError(
+            f"mmproj {mmproj!r} goes with a GGUF language model; {resolved.path} is an HF "
+            "folder, whose config.json and weights carry its own vision tower"
+        )
+    return replace(resolved, mmproj=path)
+
+
+def _resolve(spec: str, cache_dir: Path | None) -> ResolvedModel:
     if spec == "":
         path = fetch_default_model(cache_dir or DEFAULT_CACHE_DIR.expanduser())
         return ResolvedModel("gguf", path, DEFAULT_NAME)

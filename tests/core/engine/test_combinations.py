@@ -34,6 +34,7 @@ VISION = replace(
 )
 HF = ResolvedModel("hf", Path("model"), "model")
 GGUF = ResolvedModel("gguf", Path("model.gguf"), "model")
+GGUF_MMPROJ = ResolvedModel("gguf", Path("model.gguf"), "model", mmproj=Path("mmproj.gguf"))
 TP2 = ParallelConfig(tensor_parallel_size=2)
 DRAFT = SpeculativeConfig(speculative_method="draft", speculative_model="draft")
 LORA = LoRAConfig(enable_lora=True)
@@ -52,7 +53,6 @@ EMBED = PoolerConfig()
         (EngineConfig(), HF, VISION, EMBED, "(images) serves task generate, not embed"),
         (EngineConfig(speculative=DRAFT), HF, VISION, None,
          "(images) does not take speculative_method draft"),
-        (EngineConfig(), GGUF, VISION, None, "(images) loads from an HF folder"),
     ],
 )  # fmt: skip
 def test_refused_combinations_are_named(
@@ -72,6 +72,7 @@ def test_refused_combinations_are_named(
         (EngineConfig(parallel=TP2), GGUF, TEXT, None),
         (EngineConfig(lora=LORA, speculative=DRAFT), GGUF, TEXT, None),
         (EngineConfig(), HF, TEXT, EMBED),
+        (EngineConfig(lora=LORA), GGUF_MMPROJ, VISION, None),  # llama.cpp's two files
     ],
 )
 def test_combinations_that_run_pass(

@@ -1,0 +1,187 @@
+"""llama.cpp's two files of a vision-language model, written from a tiny Qwen2.5-VL folder.
+
+write_gguf_qwen2_5_vl: the language model (`qwen2vl` GGUF) and the projector (`clip` GGUF, what
+convert_hf_to_gguf.py writes with --mmproj) from a folder of bench/common/tiny_vlm.py, with the
+keys, values, tensor names and types llama.cpp's converter writes (f32, or f16 for every weight
+of two dimensions or more; tests/core/multimodal/test_mmproj_llama_cpp.py holds the two equal
+where the converter is unpacked). `overrides` replaces or adds projector keys, for the tests of
+what the loader refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+_BLOCK = {
+    "attn.proj": "attn_out", "norm1": "ln1", "norm2": "ln2", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+_MERGER = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
+PROJECTOR_TYPE = "qwen2.5vl_merger"
+
+
+def write_gguf_qwen2_5_vl(
+    folder: Path,
+    lm_path: Path,
+    mmproj_path: Path,
+    *,
+    qtype: str = "F32",
+    overrides: dict[str, Any] | None = None,
+) -> None:
+    """Both files from the folder's config.json, tokenizer and model.safetensors."""
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    quant = gguf.GGMLQuantizationType[qtype]
+    _write_language_model(folder, config, weights, lm_path, quant)
+    _write_mmproj(folder, config, weights, mmproj_path, quant, overrides or {})
+
+
+def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
+    """Weights of two dimensions or more in `quant` (F32 / F16), the rest in float32."""
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    if data.ndim >= 2 and quant == gguf.GGMLQuantizationType.F16:
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        writer.add_tensor(name, data)
+
+
+def _finish(writer: gguf.GGUFWriter) -> None:
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _write_language_model(
+    folder: Path, config: dict[str, Any], weights: dict[str, np.ndarray], path: Path, quant: Any
+) -> None:
+    text = config["text_config"]
+    writer = gguf.GGUFWriter(str(path), "qwen2vl")
+    writer.add_type("model")
+    writer.add_block_count(text["num_hidden_layers"])
+    writer.add_context_length(text["max_position_embeddings"])
+    writer.add_embedding_length(text["hidden_size"])
+    writer.add_feed_forward_length(text["intermediate_size"])
+    writer.add_head_count(text["num_attention_heads"])
+    writer.add_head_count_kv(text["num_key_value_heads"])
+    rope = text["rope_parameters"]
+    writer.add_rope_dimension_sections([*rope["mrope_section"], 0])
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
+    writer.add_file_type(int(quant))
+    _add_vocabulary(writer, folder, text)
+    for name, data in weights.items():
+        if name.startswith("visual."):
+            continue
+        stem, kind = name.rsplit(".", 1)
+        if stem in _TOP:
+            _add(writer, f"{_TOP[stem]}.{kind}", data, quant)
+            continue
+        _, _, layer, rest = stem.split(".", 3)  # model.layers.{i}.{rest}
+        _add(writer, f"blk.{layer}.{_LAYER[rest]}.{kind}", data, quant)
+    _finish(writer)
+
+
+def _add_vocabulary(writer: gguf.GGUFWriter, folder: Path, text: dict[str, Any]) -> None:
+    """The converter's gpt2 vocabulary: tokens, types (added special tokens are control),
+    merges, the special ids of config.json, the chat template."""
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")  # the converter knows real models' pre-tokenizers only
+    writer.add_token_list([tok for tok, _ in vocab])
+    writer.add_token_types([3 if tok in special else 1 for tok, _ in vocab])
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
+    writer.add_eos_token_id(text["eos_token_id"])
+    writer.add_pad_token_id(0)  # <|endoftext|>, tokenizer_config.json's pad_token
+    writer.add_bos_token_id(text["bos_token_id"])
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    writer.add_add_bos_token(bool(tokenizer_config.get("add_bos_token", False)))
+    writer.add_chat_template(tokenizer_config["chat_template"])
+
+
+def _write_mmproj(
+    folder: Path,
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    path: Path,
+    quant: Any,
+    overrides: dict[str, Any],
+) -> None:
+    vision = config["vision_config"]
+    pre = json.loads((folder / "preprocessor_config.json").read_text())
+    full = vision["fullatt_block_indexes"]
+    keys: dict[str, Any] = {
+        "clip.has_vision_encoder": True,
+        "clip.vision.projection_dim": config["text_config"]["hidden_size"],
+        "clip.vision.image_size": 560,  # the converter's default for Qwen2-VL
+        "clip.vision.patch_size": vision["patch_size"],
+        "clip.vision.embedding_length": vision["hidden_size"],
+        "clip.vision.feed_forward_length": vision["intermediate_size"],
+        "clip.vision.block_count": vision["depth"],
+        "clip.vision.attention.head_count": vision["num_heads"],
+        "clip.vision.image_mean": [float(x) for x in pre["image_mean"]],
+        "clip.vision.image_std": [float(x) for x in pre["image_std"]],
+        "clip.projector_type": PROJECTOR_TYPE,
+        "clip.use_silu": True,
+        "clip.vision.n_wa_pattern": full[0] + 1,
+        "clip.vision.attention.layer_norm_epsilon": 1e-6,
+    } | overrides
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_type("mmproj")
+    writer.add_file_type(int(quant))
+    for key, value in keys.items():
+        _add_key(writer, key, value)
+    for name, data in weights.items():
+        if name.startswith("visual."):
+            _add_tower_tensor(writer, name.removeprefix("visual."), data, quant)
+    _finish(writer)
+
+
+def _add_key(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, value)
+
+
+def _add_tower_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
+    """One HF tower weight as the converter splits it: q / k / v apart, the Conv3d's two
+    frames as two patch embeddings."""
+    if name == "patch_embed.proj.weight":  # [hidden, channels, 2, patch, patch]
+        _add(writer, "v.patch_embd.weight", data[:, :, 0], quant)
+        _add(writer, "v.patch_embd.weight.1", data[:, :, 1], quant)
+        return
+    stem, kind = name.rsplit(".", 1)
+    if stem in _MERGER:
+        _add(writer, f"{_MERGER[stem]}.{kind}", data, quant)
+        return
+    _, layer, rest = stem.split(".", 2)  # blocks.{i}.{rest}
+    if rest == "attn.qkv":
+        for part, piece in zip(("attn_q", "attn_k", "attn_v"), np.split(data, 3), strict=True):
+            _add(writer, f"v.blk.{layer}.{part}.{kind}", piece, quant)
+        return
+    _add(writer, f"v.blk.{layer}.{_BLOCK[rest]}.{kind}", data, quant)
