@@ -55,6 +55,7 @@ def test_info_says_whether_a_key_is_needed_and_what_is_served(keyed: TestClient)
     assert info["api_key_required"] is True and info["ready"] is True
     assert (info["model"], info["page_size"], info["num_pages"], info["max_model_len"]) == (
         "fake-model", 16, 8, 64)  # fmt: skip
+    assert (info["images"], info["max_images"]) == (False, 8)  # a text-only model
 
 
 def test_info_while_the_model_loads() -> None:

@@ -22,7 +22,14 @@ from pagedserve.core.outputs import CompletionOutput, RequestOutput
 from pagedserve.core.sampling_params import SamplingParams
 from tests.openai_compat.fake_engine import FakeEngine
 from tests.openai_compat.test_disconnect_fake import LiveServer
-from tests.openai_compat.ui_browser import Console, chromium, find_chromium, screenshot
+from tests.openai_compat.ui_browser import (
+    Console,
+    chromium,
+    enter_key,
+    find_chromium,
+    screenshot,
+    wait_answer,
+)
 from tests.reliability.conftest import wait_idle
 
 KEY_NAME = "pagedserve.apiKey"  # the page's sessionStorage entry (static/api.js)
@@ -47,12 +54,6 @@ def page(browser: BrowserContext) -> Iterator[Page]:
     page.close()
 
 
-def enter_key(page: Page, key: str) -> None:
-    page.wait_for_selector("#key-dialog[open]")
-    page.fill("#key-input", key)
-    page.click("#key-form button")
-
-
 def open_ready(page: Page, server: Server) -> None:
     page.goto(server.base_url + "/")
     enter_key(page, API_KEY)
@@ -66,17 +67,6 @@ def send(page: Page, text: str, max_tokens: int, temperature: float = 0.0) -> No
     page.fill("#max_tokens", str(max_tokens))
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-
-
-def wait_answer(page: Page, count: int = 1, timeout_s: float = 120.0) -> str:
-    """The raw text of the last answer once `count` answers have finished streaming."""
-    page.wait_for_function(
-        "n => document.querySelectorAll('.message.assistant:not(.streaming)').length === n "
-        "&& !document.querySelector('.message.streaming')",
-        arg=count,
-        timeout=timeout_s * 1000,
-    )
-    return page.locator(".message.assistant").last.get_attribute("data-text") or ""
 
 
 def test_key_is_asked_once_then_the_page_shows_the_server(page: Page, server: Server) -> None:
@@ -97,6 +87,7 @@ def test_key_is_asked_once_then_the_page_shows_the_server(page: Page, server: Se
     )
     assert page.text_content("#fact-pages") == "512 x 16 tokens = 8192 tokens"
     assert page.text_content("#fact-dtype") in ("bfloat16 on cpu", "float32 on cpu")
+    assert page.is_hidden("#attach")  # a text-only model: no images offered
     page.wait_for_selector("#health[data-state='ok']")
     models = [r for r in responses if r[0].endswith("/v1/models")]
     assert models and all(auth == f"Bearer {API_KEY}" for _, _, auth in models), models

@@ -81,3 +81,20 @@ def screenshot(page: Page, name: str) -> Path:
     path = SCREENSHOT_DIR / f"{name}.png"
     page.screenshot(path=str(path))
     return path
+
+
+def enter_key(page: Page, key: str) -> None:
+    page.wait_for_selector("#key-dialog[open]")
+    page.fill("#key-input", key)
+    page.click("#key-form button")
+
+
+def wait_answer(page: Page, count: int = 1, timeout_s: float = 120.0) -> str:
+    """The raw text of the last answer once `count` answers have finished streaming."""
+    page.wait_for_function(
+        "n => document.querySelectorAll('.message.assistant:not(.streaming)').length === n "
+        "&& !document.querySelector('.message.streaming')",
+        arg=count,
+        timeout=timeout_s * 1000,
+    )
+    return page.locator(".message.assistant").last.get_attribute("data-text") or ""

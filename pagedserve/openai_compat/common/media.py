@@ -25,7 +25,7 @@ from PIL import Image
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.multimodal.inputs import content_hash
 from pagedserve.openai_compat.common import errors
-from pagedserve.openai_compat.common.protocol import ChatMessage
+from pagedserve.openai_compat.common.protocol import ChatMessage, ImageUrl
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_REDIRECTS = 3
@@ -172,13 +172,18 @@ def _too_large(config: MediaConfig, param: str) -> errors.APIError:
     return errors.invalid(f"The image is larger than {config.max_bytes} bytes.", param=param)
 
 
+def image_parts(messages: list[ChatMessage]) -> list[tuple[str, ImageUrl]]:
+    """Each image_url part of a conversation, in order, with the param that names it."""
+    return [(f"messages[{i}].content[{j}].image_url", image)
+            for i, m in enumerate(messages) for j, image in m.image_urls()]  # fmt: skip
+
+
 async def load_message_images(
     messages: list[ChatMessage], engine: EngineClient, config: MediaConfig
 ) -> list[LoadedImage]:
     """Every image of a conversation, in order, decoded ([] when it has none); a 400 naming
     the part for an image on a text-only model, too many images, or a part that fails."""
-    parts = [(f"messages[{i}].content[{j}].image_url", image.url)
-             for i, m in enumerate(messages) for j, image in m.image_urls()]  # fmt: skip
+    parts = [(param, image.url) for param, image in image_parts(messages)]
     if not parts:
         return []
     if engine.image_processor is None:

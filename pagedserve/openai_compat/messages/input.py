@@ -1,7 +1,8 @@
 """A Messages request -> the chat request the chat machinery serves.
 
-`system` becomes a system message first; a user turn's text blocks a user message and its
-tool_result blocks tool messages (in the order they come); an assistant turn's text its content,
+`system` becomes a system message first; a user turn's text and image blocks a user message
+(an image as an image_url part: a base64 source as a data: URL) and its tool_result blocks tool
+messages (in the order they come); an assistant turn's text its content,
 its tool_use blocks its tool_calls and its thinking blocks reasoning_content (left out of the
 prompt, as chat does). Custom tools, tool_choice (auto / any / tool / none), stop_sequences and
 thinking become chat's tools, tool_choice, stop and chat_template_kwargs, so the same
@@ -19,6 +20,7 @@ from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.protocol import ChatCompletionRequest
 from pagedserve.openai_compat.messages.protocol import (
     CountTokensRequest,
+    ImageBlock,
     Message,
     MessagesRequest,
     TextBlock,
@@ -69,15 +71,27 @@ def chat_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def image_blocks(messages: list[Message]) -> list[str]:
+    """The param naming each image block, in order: chat's image parts come in the same order
+    (chat_messages keeps it), so the n-th image part's error can name the n-th block."""
+    return [f"messages[{i}].content[{j}]" for i, m in enumerate(messages)
+            for j, b in enumerate(m.blocks()) if isinstance(b, ImageBlock)]  # fmt: skip
+
+
 def _user(message: Message) -> list[dict[str, Any]]:
-    """Consecutive text blocks make one user message; each tool_result a tool message."""
+    """Consecutive text and image blocks make one user message; each tool_result a tool
+    message."""
     out: list[dict[str, Any]] = []
     for block in message.blocks():
         if isinstance(block, ToolResultBlock):
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                         "content": block.text()})  # fmt: skip
-        elif isinstance(block, TextBlock):
-            part = {"type": "text", "text": block.text}
+        elif isinstance(block, TextBlock | ImageBlock):
+            part: dict[str, Any] = (
+                {"type": "text", "text": block.text}
+                if isinstance(block, TextBlock)
+                else {"type": "image_url", "image_url": {"url": block.url()}}
+            )
             if out and out[-1]["role"] == "user":
                 out[-1]["content"].append(part)
             else:

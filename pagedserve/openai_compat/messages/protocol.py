@@ -2,7 +2,9 @@
 API), as pydantic models.
 
 The same rules as the OpenAI side: unknown fields are a 400 naming them; content this server
-cannot read (images, documents, server tools) is declared so the error names it, and refused.
+cannot read (documents, images from the Files API, server tools) is declared so the error names
+it, and refused. Images (base64 or URL sources) go to models that take images, as chat's
+image_url parts.
 """
 
 from __future__ import annotations
@@ -56,22 +58,75 @@ class TextBlock(_Strict):
 
 
 class UnreadableBlock(BaseModel):
-    """Images, documents and every other kind: named in the error, never silently dropped."""
+    """Documents and every other kind: named in the error, never silently dropped."""
 
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
     type: str
 
     @model_validator(mode="after")
     def _refuse(self) -> UnreadableBlock:
-        # A custom error keeps pydantic's location, so the message names the block.
+        # A custom error keeps pydantic's location, so the message names the block. Image
+        # blocks reach here only inside a tool_result: the top level reads them.
         if self.type == "image":
-            raise PydanticCustomError("unsupported", "image content blocks are not supported yet")
+            raise PydanticCustomError(
+                "unsupported",
+                "image blocks inside tool_result content are not supported: send the image "
+                "in the user message's content",
+            )
         raise PydanticCustomError(
             "unsupported",
-            "{kind} content blocks are not supported: this server reads text, tool_use, "
-            "tool_result, thinking and redacted_thinking blocks",
+            "{kind} content blocks are not supported: this server reads text, image, "
+            "tool_use, tool_result, thinking and redacted_thinking blocks",
             {"kind": self.type},
         )
+
+
+class Base64ImageSource(_Strict):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str = Field(min_length=1)
+
+
+class UrlImageSource(_Strict):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class UnreadableImageSource(BaseModel):
+    """The Files API's `file` source and any other: named in the error."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=_never)
+    type: str
+
+    @model_validator(mode="after")
+    def _refuse(self) -> UnreadableImageSource:
+        raise PydanticCustomError(
+            "unsupported",
+            "{kind} image sources are not supported: give a base64 or url source",
+            {"kind": self.type},
+        )
+
+
+ImageSource = Annotated[
+    Annotated[Base64ImageSource, Tag("[base64]")]
+    | Annotated[UrlImageSource, Tag("[url]")]
+    | Annotated[UnreadableImageSource, Tag("[other]")],
+    _kind(("base64", "url"), "image sources need a string type"),
+]
+
+
+class ImageBlock(_Strict):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl = None
+
+    def url(self) -> str:
+        """The image as chat's image_url reads it: a data: URL, or the URL as given."""
+        source = self.source
+        if isinstance(source, Base64ImageSource):
+            return f"data:{source.media_type};base64,{source.data}"
+        assert isinstance(source, UrlImageSource), "the other sources are refused when parsed"
+        return source.url
 
 
 class ToolUseBlock(_Strict):
@@ -124,17 +179,19 @@ class RedactedThinkingBlock(_Strict):
 
 Block = Annotated[
     Annotated[TextBlock, Tag("[text]")]
+    | Annotated[ImageBlock, Tag("[image]")]
     | Annotated[ToolUseBlock, Tag("[tool_use]")]
     | Annotated[ToolResultBlock, Tag("[tool_result]")]
     | Annotated[ThinkingBlock, Tag("[thinking]")]
     | Annotated[RedactedThinkingBlock, Tag("[redacted_thinking]")]
     | Annotated[UnreadableBlock, Tag("[other]")],
     _kind(
-        ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"),
+        ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"),
         "content blocks need a string type",
     ),
 ]
 _ASSISTANT_ONLY = ("tool_use", "thinking", "redacted_thinking")
+_USER_ONLY = ("tool_result", "image")
 
 
 class Message(_Strict):
@@ -154,8 +211,10 @@ class Message(_Strict):
                 raise PydanticCustomError(
                     "misplaced", "{kind} blocks belong in assistant messages", {"kind": block.type}
                 )
-            if self.role == "assistant" and block.type == "tool_result":
-                raise PydanticCustomError("misplaced", "tool_result blocks belong in user messages")
+            if self.role == "assistant" and block.type in _USER_ONLY:
+                raise PydanticCustomError(
+                    "misplaced", "{kind} blocks belong in user messages", {"kind": block.type}
+                )
         return self
 
     def blocks(self) -> list[Any]:

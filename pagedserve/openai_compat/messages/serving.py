@@ -2,7 +2,8 @@
 machinery.
 
 A Messages request becomes a chat request (`input.chat_request`), which ChatService prepares as
-it prepares its own: template, tools, grammar, reasoning. The answer is shaped as Anthropic's
+it prepares its own: template, tools, grammar, reasoning, images (an image's error names its
+block, `messages[i].content[j]`). The answer is shaped as Anthropic's
 Message, or streamed as its events (`events.BlockBuilder`). Every exit path closes the engine
 stream (the chat helpers do it in `finally`), which aborts the request and frees its pages.
 """
@@ -23,8 +24,10 @@ from pagedserve.openai_compat.chat.output import OutputPlan
 from pagedserve.openai_compat.chat.serving import ChatService, Prepared, chat_chars
 from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.http_responses import JSONResponse
+from pagedserve.openai_compat.common.media import image_parts, load_message_images
 from pagedserve.openai_compat.common.protocol import ChatCompletionRequest
 from pagedserve.openai_compat.common.serving import (
+    OFF_LOOP_CHARS,
     ServingContext,
     collect,
     engine_errors,
@@ -44,7 +47,7 @@ from pagedserve.openai_compat.messages.events import (
     stop_reason,
     usage,
 )
-from pagedserve.openai_compat.messages.input import chat_request
+from pagedserve.openai_compat.messages.input import chat_request, image_blocks
 from pagedserve.openai_compat.messages.protocol import CountTokensRequest, MessagesRequest
 
 logger = logging.getLogger("pagedserve.server")
@@ -82,7 +85,18 @@ class MessagesService:
     async def _prepare(self, req: CountTokensRequest) -> tuple[ChatCompletionRequest, Prepared]:
         self.ctx.check_model(req.model)
         chat = chat_request(req)
-        return chat, await off_loop(chat_chars(chat.messages), self.chat.prepare, chat)
+        blocks = image_blocks(req.messages)
+        parts = dict(zip((param for param, _ in image_parts(chat.messages)), blocks, strict=True))
+        try:
+            images = await load_message_images(chat.messages, self.ctx.engine, self.ctx.media)
+            # images: resized and patched on a worker thread
+            chars = chat_chars(chat.messages) + (OFF_LOOP_CHARS if images else 0)
+            return chat, await off_loop(chars, self.chat.prepare, chat, images)
+        except errors.APIError as exc:
+            block = parts.get(exc.param or "")
+            if block is not None:  # chat's image part: name the Messages block
+                exc.param, exc.message = block, f"{block}: {exc.message}"
+            raise
 
     async def _start(self, req: MessagesRequest) -> _Run:
         """Everything that can refuse the request, before any header is sent."""
@@ -92,9 +106,9 @@ class MessagesService:
         skip = False if prep.keep_special_tokens else None
         vocab_size = ctx.engine.tokenizer.vocab_size
         params = sampling_params(chat, req.max_tokens, None, None, vocab_size, prep.spec, skip)
-        ctx.admit(prep.prompt_ids, "messages")
+        ctx.admit(prep.text_ids or prep.prompt_ids, "messages")
         message_id = new_id("msg")
-        [stream] = ctx.start(message_id, [prep.prompt_ids], params, "messages")
+        [stream] = ctx.start(message_id, [prep.prompt_ids], params, "messages", prep.multimodal)
         stops = list(req.stop_sequences or ())
         return _Run(message_id, stream, prep.output, len(prep.prompt_ids), stops)
 

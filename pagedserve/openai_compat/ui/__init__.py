@@ -4,8 +4,10 @@ Plain HTML/CSS/JS under `static/`, no build step and nothing fetched from elsewh
 everything under /ui/ are open (the browser fetches them before it can know a key); every API
 call the page makes carries the key, which the page asks for once and keeps for the tab
 (sessionStorage). `/ui/info` tells the page whether a key is needed (so it asks before its first
-call instead of after a 401) and what /metrics does not say: dtype, device, max_model_len. None
-of it is more than /metrics already shows without a key.
+call instead of after a 401) and what /metrics does not say: dtype, device, max_model_len, and
+whether the model takes images (the page offers to attach them only then, at most
+--limit-mm-per-prompt per request). None of it is more than /metrics or a refused request
+already shows without a key.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ async def info(request: Request) -> Response:
         "page_size": model.page_size,
         "num_pages": model.num_pages,
         "max_model_len": model.max_model_len,
+        "images": state.ctx.engine.image_processor is not None,
+        "max_images": state.config.limit_mm_per_prompt,
     }
     return JSONResponse({**base, **facts})
 

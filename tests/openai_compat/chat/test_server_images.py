@@ -1,8 +1,9 @@
 """Images through a real server (`pagedserve serve` on a tiny random Qwen2.5-VL) with real
 clients: the OpenAI SDK with a base64 data URL, an http URL served by a loopback server and a
-file: URL under --allowed-local-media-path, LangChain's ChatOpenAI with an image content block;
-the answers are transformers' fp32 greedy tokens on the prompt transformers' chat template
-renders; bad images are 400s naming the part."""
+file: URL under --allowed-local-media-path, LangChain's ChatOpenAI with an image content block,
+the Anthropic SDK's image blocks on /v1/messages, the built-in chat page in Chromium with an attached file; the answers are transformers' fp32
+greedy tokens on the prompt transformers' chat template renders; bad images are 400s naming
+the part."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(written, media_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     flags = [str(written[0]), "--api-key", API_KEY, "--dtype", "float32", "--num-pages", "64",
-             "--page-size", "16", "--max-model-len", "512", "--no-ui",
+             "--page-size", "16", "--max-model-len", "512",
              "--allowed-local-media-path", str(media_dir),
              "--limit-mm-per-prompt", '{"image": 2}']  # fmt: skip
     srv = start_server(tmp_path_factory.mktemp("vlm-server"), *flags)
@@ -187,3 +188,72 @@ def test_responses_input_image_answers_as_chat(client, server, expected) -> None
             {"type": "input_image", "image_url": "ftp://example.com/a.png"}]}])  # fmt: skip
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "input"
     assert "input_image" in info.value.body["message"]
+
+
+def test_the_chat_page_attaches_an_image_and_answers_as_transformers(
+    server: Server, expected, media_dir: Path
+) -> None:
+    from tests.openai_compat.ui_browser import (
+        Console,
+        chromium,
+        enter_key,
+        find_chromium,
+        screenshot,
+        wait_answer,
+    )
+
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("no Chromium found (apt-get install chromium, or set PAGEDSERVE_CHROMIUM)")
+    with chromium(executable) as browser:
+        page = browser.new_page()
+        console = Console(page)
+        sent: list[Any] = []
+        page.on("request", lambda r: sent.append(r.post_data_json)
+                if r.url.endswith("/v1/chat/completions") else None)  # fmt: skip
+        page.goto(server.base_url + "/")
+        enter_key(page, API_KEY)
+        page.wait_for_selector("#attach:not([hidden])")  # the model takes images
+        page.set_input_files("#attach-input", str(media_dir / "photo.png"))
+        page.wait_for_selector("#attachments:not([hidden]) img")
+        page.fill("#temperature", "0")
+        page.fill("#max_tokens", str(NUM_TOKENS))
+        page.fill("#prompt", QUESTION)
+        page.press("#prompt", "Enter")
+        assert wait_answer(page) == expected[1]
+        screenshot(page, "chat-image")
+        # The file went as the SDK sends one: a data: URL of its bytes, then the question.
+        assert sent[-1]["messages"] == [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": DATA_URL}},
+            {"type": "text", "text": QUESTION}]}]  # fmt: skip
+        assert page.get_attribute(".message.user .images img", "src") == DATA_URL
+        assert page.is_hidden("#attachments")  # sent, so no longer pending
+        assert console.errors == []
+
+
+def test_anthropic_image_blocks_answer_as_chat(server: Server, expected, http_url: str) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+    data = base64.b64encode(PNG).decode()
+    for source in ({"type": "base64", "media_type": "image/png", "data": data},
+                   {"type": "url", "url": http_url}):  # fmt: skip
+        messages: Any = [{"role": "user", "content": [
+            {"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}]  # fmt: skip
+        reply = client.messages.create(model=server.model, max_tokens=NUM_TOKENS,
+                                       messages=messages, extra_body={"temperature": 0})  # fmt: skip
+        # Anthropic counts the prefix cache's tokens apart (the same image hits it)
+        usage = reply.usage
+        assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == expected[0]
+        assert [b.text for b in reply.content if b.type == "text"] == [expected[1]]
+        count = client.messages.count_tokens(model=server.model, messages=messages)
+        assert count.input_tokens == expected[0]
+    # A bad image names its block, in Anthropic's envelope; the text before it does not count.
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model=server.model, max_tokens=NUM_TOKENS, messages=[
+            {"role": "user", "content": [{"type": "text", "text": QUESTION}, {"type": "image",
+             "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])  # fmt: skip
+    body = info.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["message"].startswith("messages[0].content[1]: "), body
+    assert "decoded" in body["error"]["message"], body

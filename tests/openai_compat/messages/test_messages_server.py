@@ -183,7 +183,15 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
     ("empty messages", {**GOOD, "messages": []}, "messages"),
     ("max_tokens a string", {**GOOD, "max_tokens": "4"}, "max_tokens"),
     ("content a number", {**GOOD, "messages": [{"role": "user", "content": 5}]}, "content"),
-    ("image block", {**GOOD, "messages": [{"role": "user", "content": [IMAGE]}]}, "image"),
+    ("image on a text model", {**GOOD, "messages": [{"role": "user", "content": [IMAGE]}]},
+     "messages[0].content[0]: This model does not take images"),
+    ("image file source", {**GOOD, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]}, "file image sources"),
+    ("image in tool_result", {**GOOD, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}]}]}, "inside tool_result"),
+    ("image from the assistant", {**GOOD, "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": [IMAGE]},
+        {"role": "user", "content": "Hi"}]}, "image blocks belong in user messages"),
     ("temperature above 1", {**GOOD, "temperature": 1.5}, "temperature"),
     ("unknown field", {**GOOD, "frequency_penalty": 1}, "frequency_penalty"),
     ("tool_choice without tools", {**GOOD, "tool_choice": {"type": "any"}}, "tool_choice"),

@@ -1,5 +1,7 @@
 // The conversation: streams /v1/chat/completions into the message list, with stop, regenerate,
-// copy, and the time to first token and tokens/s of each answer under it.
+// copy, and the time to first token and tokens/s of each answer under it. On a model that takes
+// images, a message may carry images (attached, pasted or dropped), sent as data: URLs in
+// image_url parts, as the OpenAI SDK sends a local file.
 
 import { api, AuthError, errorMessage, readEvents } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
@@ -12,6 +14,15 @@ export class Chat {
     this.onAuthError = onAuthError;
     this.history = [];           // [{role, content}] sent with each request, system prompt aside
     this.controller = null;      // AbortController of the answer in flight
+    this.attachments = [];       // data: URLs of the images the next message carries
+    this.maxImages = 0;          // per request (--limit-mm-per-prompt); 0: the model takes none
+  }
+
+  // Offers images only where the server says the model takes them (/ui/info).
+  allowImages(max) {
+    this.maxImages = max;
+    $("attach").hidden = max === 0;
+    if (max === 0) this.setAttachments([]);
   }
 
   bind() {
@@ -21,14 +32,56 @@ export class Chat {
     });
     $("stop").addEventListener("click", () => this.stop());
     $("clear").addEventListener("click", () => this.clear());
+    $("attach").addEventListener("click", () => $("attach-input").click());
+    $("attach-input").addEventListener("change", (e) => {
+      this.attach(e.target.files);
+      e.target.value = "";  // choosing the same file again fires change again
+    });
+    $("prompt").addEventListener("paste", (e) => this.attach(e.clipboardData?.files));
+    $("composer").addEventListener("dragover", (e) => { if (this.maxImages) e.preventDefault(); });
+    $("composer").addEventListener("drop", (e) => {
+      if (!this.maxImages) return;
+      e.preventDefault();
+      this.attach(e.dataTransfer?.files);
+    });
+  }
+
+  async attach(files) {
+    const images = [...(files || [])].filter((f) => f.type.startsWith("image/"));
+    if (!this.maxImages || images.length === 0) return;
+    const urls = await Promise.all(images.map(dataUrl));
+    // The server counts every image of the conversation against the limit; past it, it answers
+    // a 400 naming the part, shown under the message.
+    this.setAttachments([...this.attachments, ...urls]);
+  }
+
+  setAttachments(urls) {
+    this.attachments = urls;
+    const list = $("attachments");
+    list.replaceChildren(...urls.map((url, i) => {
+      const item = $("attachment-template").content.firstElementChild.cloneNode(true);
+      item.querySelector("img").src = url;
+      item.querySelector(".remove").addEventListener("click", () => {
+        this.setAttachments(this.attachments.filter((_, j) => j !== i));
+      });
+      return item;
+    }));
+    list.hidden = urls.length === 0;
   }
 
   send() {
     const text = $("prompt").value.trim();
-    if (!text || this.controller) return;
+    const images = this.attachments;
+    if ((!text && images.length === 0) || this.controller) return;
     $("prompt").value = "";
-    this.history.push({ role: "user", content: text });
-    this.addMessage("user", text);
+    this.setAttachments([]);
+    // Images first, then the question: the order the chat templates' examples use.
+    const content = images.length === 0 ? text : [
+      ...images.map((url) => ({ type: "image_url", image_url: { url } })),
+      ...(text ? [{ type: "text", text }] : []),
+    ];
+    this.history.push({ role: "user", content });
+    this.addMessage("user", text, images);
     return this.answer();
   }
 
@@ -39,6 +92,7 @@ export class Chat {
   clear() {
     this.stop();
     this.history = [];
+    this.setAttachments([]);
     $("messages").replaceChildren();
   }
 
@@ -49,10 +103,13 @@ export class Chat {
     return this.answer();
   }
 
-  addMessage(role, text) {
+  addMessage(role, text, images = []) {
     const node = $("message-template").content.firstElementChild.cloneNode(true);
     node.classList.add(role);
     node.querySelector(".role").textContent = role;
+    node.querySelector(".images").replaceChildren(...images.map((url) => {
+      return Object.assign(document.createElement("img"), { src: url, alt: "attached image" });
+    }));
     const body = node.querySelector(".body");
     if (role === "user") body.textContent = text; else renderMarkdown(body, text);
     node.querySelector(".copy").addEventListener("click", () => copy(node.dataset.text ?? text));
@@ -131,6 +188,15 @@ export class Chat {
       render();
     }
   }
+}
+
+function dataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
 }
 
 function setBusy(busy) {

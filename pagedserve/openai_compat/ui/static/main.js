@@ -13,6 +13,7 @@ async function connect() {
     const info = await (await fetch("ui/info", { cache: "no-store" })).json();
     if (!info.ready) throw new Error("the model is loading (or the engine stopped; see /health)");
     live.showInfo(info);
+    chat.allowImages(info.images ? info.max_images : 0);
     if (info.api_key_required && !apiKey()) return askForKey();
     const models = await getJSON("v1/models");
     model = models.data[0].id;
