@@ -79,6 +79,27 @@ class KvEventLog:
     @enabled.setter
     def enabled(self, arg0: bool) -> None: ...
 
+class LoraStacks:
+    def __init__(
+        self,
+        *,
+        a: typing.SupportsInt | typing.SupportsIndex,
+        b: typing.SupportsInt | typing.SupportsIndex,
+        num_slots: typing.SupportsInt | typing.SupportsIndex,
+        k: typing.SupportsInt | typing.SupportsIndex,
+        max_rank: typing.SupportsInt | typing.SupportsIndex,
+        part_widths: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex],
+        float32: bool,
+    ) -> None: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def max_rank(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def num_slots(self) -> int: ...
+
 class PageAllocator:
     def __init__(
         self,
@@ -435,6 +456,16 @@ class AttentionArgs:
     @sliding_window.setter
     def sliding_window(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None: ...
 
+class DecoderLayerLora:
+    def __init__(
+        self,
+        *,
+        qkv: LoraStacks | None = None,
+        o: LoraStacks | None = None,
+        gate_up: LoraStacks | None = None,
+        down: LoraStacks | None = None,
+    ) -> None: ...
+
 class DecoderLayerWeights:
     def __init__(
         self,
@@ -532,7 +563,14 @@ class DecoderStack:
         quant_float_activations: bool = False,
         kv_quant: typing.SupportsInt | typing.SupportsIndex = 0,
         quant_int16_activations: bool = False,
+        lora_starts: typing.SupportsInt | typing.SupportsIndex = 0,
+        lora_slots: typing.SupportsInt | typing.SupportsIndex = 0,
+        lora_num_segments: typing.SupportsInt | typing.SupportsIndex = 0,
+        torch_lanes: typing.SupportsInt | typing.SupportsIndex = 8,
     ) -> None: ...
+    def set_lora(self, lora: collections.abc.Sequence[DecoderLayerLora]) -> None: ...
+    @property
+    def has_lora(self) -> bool: ...
     @property
     def num_layers(self) -> int: ...
 
@@ -638,6 +676,21 @@ def packed_quant_bytes(
     n: typing.SupportsInt | typing.SupportsIndex,
     k: typing.SupportsInt | typing.SupportsIndex,
 ) -> int: ...
+def lora_add(
+    *,
+    x: typing.SupportsInt | typing.SupportsIndex,
+    x_stride: typing.SupportsInt | typing.SupportsIndex,
+    x_float32: bool,
+    y: typing.SupportsInt | typing.SupportsIndex,
+    y_stride: typing.SupportsInt | typing.SupportsIndex,
+    y_float32: bool,
+    stacks: LoraStacks,
+    starts: typing.SupportsInt | typing.SupportsIndex,
+    slots: typing.SupportsInt | typing.SupportsIndex,
+    num_segments: typing.SupportsInt | typing.SupportsIndex,
+    num_threads: typing.SupportsInt | typing.SupportsIndex,
+) -> None: ...
+def lora_path() -> str: ...
 def paged_attention(
     args: AttentionArgs, num_threads: typing.SupportsInt | typing.SupportsIndex
 ) -> None: ...

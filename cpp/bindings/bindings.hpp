@@ -12,3 +12,4 @@ void bind_linear(pybind11::module_& m);          // linear.cpp
 void bind_decoder_stack(pybind11::module_& m);   // decoder_stack.cpp
 void bind_linear_quant(pybind11::module_& m);    // linear_quant.cpp
 void bind_cpu_features(pybind11::module_& m);      // cpu_features.cpp
+void bind_lora(pybind11::module_& m);            // lora.cpp

@@ -12,6 +12,7 @@ PYBIND11_MODULE(_core, m) {
     bind_layer_ops(m);
     bind_linear(m);
     bind_linear_quant(m);
+    bind_lora(m);
     bind_decoder_stack(m);
     bind_cpu_features(m);
 }

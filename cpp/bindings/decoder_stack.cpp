@@ -15,7 +15,9 @@ namespace py = pybind11;
 
 namespace {
 
+using pagedserve::DecoderLayerLora;
 using pagedserve::DecoderLayerWeights;
+using pagedserve::LoraStacks;
 using pagedserve::bindings::def_pointer;
 using pagedserve::bindings::pointer;
 using pagedserve::bindings::Ptr;
@@ -57,6 +59,17 @@ void bind_layer_weights(py::module_& m) {
     def_pointer(cls, "down", &DecoderLayerWeights::down);
 }
 
+// A layer's adapters' stacks; None: that projection has none.
+DecoderLayerLora make_layer_lora(const LoraStacks* qkv, const LoraStacks* o,
+                                 const LoraStacks* gate_up, const LoraStacks* down) {
+    DecoderLayerLora l;
+    if (qkv) l.qkv = *qkv;
+    if (o) l.o = *o;
+    if (gate_up) l.gate_up = *gate_up;
+    if (down) l.down = *down;
+    return l;
+}
+
 pagedserve::DecoderStack make_stack(std::int64_t hidden_size, std::int64_t num_heads,
                                     std::int64_t num_kv_heads, std::int64_t head_size,
                                     std::int64_t intermediate_size, float rms_norm_eps,
@@ -78,7 +91,8 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
              std::int64_t num_reqs, std::int64_t num_tokens, std::int64_t max_query_len,
              std::int64_t max_seq_len, int num_threads, std::int64_t amx_from_rows,
              std::int64_t amx_int8_from_rows, bool amx_tile_order,
-             bool quant_float_activations, int kv_quant, bool quant_int16_activations) {
+             bool quant_float_activations, int kv_quant, bool quant_int16_activations,
+             Ptr lora_starts, Ptr lora_slots, std::int64_t lora_num_segments, int torch_lanes) {
     pagedserve::DecoderStep s;
     s.hidden = pointer<void>(hidden);
     s.cos = pointer<const void>(cos);
@@ -98,6 +112,9 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
     s.amx_tile_order = amx_tile_order;
     s.quant_float_activations = quant_float_activations;
     s.quant_int16_activations = quant_int16_activations;
+    s.lora = {pointer<const std::int64_t>(lora_starts), pointer<const std::int32_t>(lora_slots),
+              lora_num_segments};
+    s.torch_lanes = torch_lanes;
     py::gil_scoped_release release;
     stack.forward(s, num_threads);
 }
@@ -106,12 +123,17 @@ void forward(pagedserve::DecoderStack& stack, Ptr hidden, Ptr cos, Ptr signed_si
 
 void bind_decoder_stack(py::module_& m) {
     bind_layer_weights(m);
+    py::class_<DecoderLayerLora>(m, "DecoderLayerLora")
+        .def(py::init(&make_layer_lora), py::kw_only(), py::arg("qkv") = nullptr,
+             py::arg("o") = nullptr, py::arg("gate_up") = nullptr, py::arg("down") = nullptr);
     py::class_<pagedserve::DecoderStack>(m, "DecoderStack")
         .def(py::init(&make_stack), py::arg("hidden_size"), py::arg("num_heads"),
              py::arg("num_kv_heads"), py::arg("head_size"), py::arg("intermediate_size"),
              py::arg("rms_norm_eps"), py::arg("scale"), py::arg("layers"),
              py::arg("batch_invariant") = true, py::arg("float32") = false)
         .def_property_readonly("num_layers", &pagedserve::DecoderStack::num_layers)
+        .def_property_readonly("has_lora", &pagedserve::DecoderStack::has_lora)
+        .def("set_lora", &pagedserve::DecoderStack::set_lora, py::arg("lora"))
         .def("forward", &forward, py::arg("hidden"), py::arg("cos"), py::arg("signed_sin"),
              py::arg("rope_stride"), py::arg("kv_caches"), py::arg("num_pages"),
              py::arg("page_size"), py::arg("slot_mapping"), py::arg("page_table"),
@@ -120,5 +142,7 @@ void bind_decoder_stack(py::module_& m) {
              py::arg("max_seq_len"), py::arg("num_threads"), py::arg("amx_from_rows") = 0,
              py::arg("amx_int8_from_rows") = 0, py::arg("amx_tile_order") = false,
              py::arg("quant_float_activations") = false, py::arg("kv_quant") = 0,
-             py::arg("quant_int16_activations") = false);
+             py::arg("quant_int16_activations") = false, py::arg("lora_starts") = 0,
+             py::arg("lora_slots") = 0, py::arg("lora_num_segments") = 0,
+             py::arg("torch_lanes") = 8);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagedserve/lora.hpp"
 #include "pagedserve/paged_attention.hpp"  // KvQuant
 
 namespace pagedserve {
@@ -46,6 +47,13 @@ struct DecoderLayerWeights {
     float logit_softcap = 0.0f;
 };
 
+// The LoRA adapters' stacks beside one layer's projections (lora.hpp; a null `a`: none there):
+// qkv's three parts (q | k | v), o's one, gate_up's two (gate | up, added before the activation),
+// down's one.
+struct DecoderLayerLora {
+    LoraStacks qkv, o, gate_up, down;
+};
+
 // One step's tokens and attention metadata, as paged_attention.hpp describes them.
 struct DecoderStep {
     // In the shape's dtype:
@@ -71,6 +79,13 @@ struct DecoderStep {
     std::int64_t amx_int8_from_rows = 0;  // QuantLinearArgs::amx_from_rows of the quantized
     bool quant_float_activations = false;  // QuantLinearArgs::float_activations of the same
     bool quant_int16_activations = false;  // QuantLinearArgs::int16_activations, likewise
+    // The step's rows by adapter slot (lora.hpp; no segment, or every slot -1: base rows only).
+    // Adapter rows add their adapter's product to every projection that has stacks (set_lora);
+    // their gate | up is then a plain product, the adapters' added, SiLU-and-mul after
+    // (silu_and_mul_cpu with torch_lanes), while base rows keep the gated kernel's epilogue:
+    // a base row's bits do not depend on the adapters beside it.
+    LoraSegments lora;
+    int torch_lanes = 8;
 };
 
 class DecoderStack {
@@ -86,15 +101,31 @@ class DecoderStack {
 
     std::int64_t num_layers() const { return static_cast<std::int64_t>(layers_.size()); }
 
+    // The adapters' stacks, one entry per layer (empty: none). Their weights are read at each
+    // forward, so slots written or cleared in place need no new call. Throws
+    // std::invalid_argument on sizes that do not match the layers.
+    void set_lora(std::vector<DecoderLayerLora> lora);
+    bool has_lora() const { return !lora_.empty(); }
+
   private:
-    void layer(const DecoderLayerWeights& w, void* kv_cache, const DecoderStep& step,
-               int num_threads);
+    void layer(const DecoderLayerWeights& w, const DecoderLayerLora* lora, void* kv_cache,
+               const DecoderStep& step, int num_threads);
+    // The step's rows split into base and adapter rows (compact_ segments over the latter).
+    void plan_lora(const DecoderStep& step);
+    void gate_up(const DecoderLayerWeights& w, const DecoderLayerLora* lora,
+                 const DecoderStep& step, int num_threads);
 
     DecoderShape shape_;
     std::vector<DecoderLayerWeights> layers_;
     // Activations of one layer in the shape's dtype, reused: x (normed hidden), qkv, attention
     // output, mlp (float elements: room for either dtype, aligned for both).
     std::vector<float> x_, qkv_, attn_, mlp_;
+    std::vector<DecoderLayerLora> lora_;
+    // A step with adapter rows: their indices and the base rows', the adapter rows' segments
+    // once gathered (compact), and the gate_up scratch of either kind (same element rule).
+    std::vector<std::int64_t> base_rows_, adapter_rows_, compact_starts_;
+    std::vector<std::int32_t> compact_slots_;
+    std::vector<float> rows_in_, product_, gate_up_, rows_out_;
 };
 
 }  // namespace pagedserve

@@ -10,21 +10,35 @@ parts (q | k | v, gate | up) each get max_rank columns of A and the matching blo
 product covers them all; the scaling (lora_alpha / r) is folded into B. Slots stay zero until
 an adapter is written there, and a slot's zeros add nothing.
 
-The product groups the step's token rows by adapter: each group gathered, padded to the
-longest, and run as one batched matmul per factor over the step's adapters (index_select,
-bmm, bmm, index_add_): the step's adapters cost a few ops per layer whatever their number, and
-rows of the base model cost nothing. A step whose rows all use one adapter skips the gather.
+On the CPU in float32 or bfloat16 the product is the native kernel's (lora/native.py): the
+step's rows by segment of one slot, each row's delta summed in a fixed order (batch-invariant),
+rows of the base model skipped. Elsewhere it groups the step's token rows by adapter: each group
+gathered, padded to the longest, and run as one batched matmul per factor over the step's
+adapters (index_select, bmm, bmm, index_add_); a step whose rows all use one adapter skips the
+gather.
+
+A gated MLP (gate | up before the activation) adds the adapters to its adapter rows only:
+`gated_with_lora` runs the base rows through the gated kernel alone, so a base row's result
+does not depend on the adapters beside it in the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from pagedserve.core.lora.native import (
+    Segments,
+    native_add,
+    native_applies,
+    native_stacks,
+)
+from pagedserve.core.ops.native import core
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,14 @@ class LoraBatch:
     mask: torch.Tensor  # [k, width, 1]: 1 for a group's real rows, 0 for padding
     whole: int
     """The one slot every row of the step uses (the gather skipped), or -1."""
+    segments: Segments
+    """The native kernel's view: runs of rows with one slot (-1: base), on the CPU."""
+    base_rows: torch.Tensor | None = None
+    """[num_base] int64: the rows of the base model where the step also has some (else None)."""
+    adapter_rows: torch.Tensor | None = None
+    """[num_adapter] int64: the other rows, where base_rows is not None."""
+    compact: LoraBatch | None = None
+    """The adapter rows' batch once gathered (adapter_rows' order), where base_rows is not None."""
 
     @staticmethod
     def build(
@@ -46,9 +68,23 @@ class LoraBatch:
         active = np.unique(token_slots[token_slots >= 0])
         if len(active) == 0:
             return None
+        batch = LoraBatch._grouped(token_slots, active, dtype, device)
+        base = token_slots < 0
+        if not base.any():
+            return batch
+        compact = LoraBatch._grouped(token_slots[~base], active, dtype, device)
+        rows = [torch.from_numpy(np.flatnonzero(b)).to(device) for b in (base, ~base)]
+        return LoraBatch(batch.slots, batch.rows, batch.mask, batch.whole, batch.segments,
+                         rows[0], rows[1], compact)  # fmt: skip
+
+    @staticmethod
+    def _grouped(
+        token_slots: np.ndarray, active: np.ndarray, dtype: torch.dtype, device: torch.device | None
+    ) -> LoraBatch:
+        segments = _segments(token_slots)
         empty = torch.empty(0, dtype=torch.int64, device=device)
         if len(active) == 1 and bool((token_slots == active[0]).all()):
-            return LoraBatch(empty, empty, torch.empty(0, dtype=dtype), int(active[0]))
+            return LoraBatch(empty, empty, torch.empty(0, dtype=dtype), int(active[0]), segments)
         groups = [np.flatnonzero(token_slots == s) for s in active]
         width = max(len(g) for g in groups)
         rows = np.zeros((len(groups), width), dtype=np.int64)
@@ -61,7 +97,16 @@ class LoraBatch:
             torch.from_numpy(rows.reshape(-1)).to(device),
             torch.from_numpy(mask).to(device=device, dtype=dtype),
             -1,
+            segments,
         )
+
+
+def _segments(token_slots: np.ndarray) -> Segments:
+    """Runs of equal slots: starts [num_segments + 1], slots [num_segments]."""
+    change = np.flatnonzero(token_slots[1:] != token_slots[:-1]) + 1
+    starts = np.concatenate(([0], change, [len(token_slots)])).astype(np.int64)
+    slots = token_slots[starts[:-1]].astype(np.int32)
+    return Segments(torch.from_numpy(starts), torch.from_numpy(slots))
 
 
 class LoraWeights(nn.Module):
@@ -86,6 +131,14 @@ class LoraWeights(nn.Module):
                              persistent=False)  # fmt: skip
         self.register_buffer("b", torch.zeros(num_slots, columns, self.out_features, dtype=dtype),
                              persistent=False)  # fmt: skip
+        self._stacks: tuple[int, int, core.LoraStacks] | None = None  # a's, b's address, view
+
+    def native_stacks(self) -> core.LoraStacks:
+        """The native kernel's view of a and b (rebuilt when .to() or the like moved them)."""
+        where = (self.a.data_ptr(), self.b.data_ptr())
+        if self._stacks is None or self._stacks[:2] != where:
+            self._stacks = (*where, native_stacks(self.a, self.b, self.parts, self.max_rank))
+        return self._stacks[2]
 
     def extra_repr(self) -> str:
         slots = self.a.shape[0]
@@ -107,6 +160,8 @@ class LoraWeights(nn.Module):
 
     def add(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
         """y [m, out] += each row's adapter product of x [m, in] (in place; returns y)."""
+        if native_applies(y, x, self.a):
+            return native_add(y, x, self.native_stacks(), batch.segments)
         with _one_thread():
             return self._add(y, x.to(self.a.dtype), batch)
 
@@ -128,6 +183,27 @@ def add_lora(
     if weights is None or batch is None:
         return y
     return weights.add(y, x, batch)
+
+
+def gated_with_lora(
+    x: torch.Tensor,  # [m, in]
+    weights: LoraWeights,
+    batch: LoraBatch,
+    gated: Callable[[torch.Tensor], torch.Tensor],  # x -> act(gate) * up, [rows, width]
+    pre_activation: Callable[[torch.Tensor], torch.Tensor],  # x -> gate | up, [rows, 2 width]
+    activation: Callable[[torch.Tensor], torch.Tensor],  # gate | up -> act(gate) * up
+) -> torch.Tensor:  # [m, width]
+    """A gated MLP's product with the adapters added before the activation on the adapter rows;
+    the base rows, where the step has some, run `gated` alone (the decoder stack does the same,
+    bit for bit)."""
+    if batch.base_rows is None or batch.adapter_rows is None or batch.compact is None:
+        return activation(weights.add(pre_activation(x), x, batch))
+    base = gated(x.index_select(0, batch.base_rows))
+    xa = x.index_select(0, batch.adapter_rows)
+    adapted = activation(weights.add(pre_activation(xa), xa, batch.compact))
+    out = base.new_empty((x.shape[0], base.shape[1]))
+    out.index_copy_(0, batch.base_rows, base)
+    return out.index_copy_(0, batch.adapter_rows, adapted)
 
 
 @contextmanager

@@ -293,7 +293,7 @@ class LlamaForCausalLM(nn.Module):
     def enable_lora(self, max_loras: int, max_rank: int) -> dict[tuple[int, str], LoraTarget]:
         """Zeroed adapter stacks of `max_loras` slots beside every decoder layer's projections
         (attention's, and the MLP's where it is dense); returns where each (layer, HF module
-        name) of an adapter goes. Steps with adapter rows then run the layers one by one."""
+        name) of an adapter goes. The native decoder stack, where it applies, takes them too."""
         arch, dtype = self.arch, self.rope_cos.dtype
         q, kv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
         targets: dict[tuple[int, str], LoraTarget] = {}
@@ -309,6 +309,8 @@ class LlamaForCausalLM(nn.Module):
             for module, names, parts in found:
                 module.lora = LoraWeights(module.in_features, parts, max_loras, max_rank, dtype)
                 targets.update({(i, n): LoraTarget(module.lora, p) for p, n in enumerate(names)})
+        if self.stack is not None:
+            self.stack.attach_lora(self.decoder_layers())
         return targets
 
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
@@ -369,11 +371,12 @@ class LlamaForCausalLM(nn.Module):
         inputs, e.g. images, and calls this)."""
         routed = self.torch_from is not None and hidden.shape[0] >= self.torch_from
         self.linear_steps["torch" if routed else "native"] += 1
-        # The native stack adds no adapters: a step with adapter rows runs the layers one by one.
-        native = self.stack is not None and not routed and lora is None
+        # A step with adapter rows stays on the native stack where it holds the adapters' stacks.
+        native = self.stack is not None and not routed
+        native = native and (lora is None or (self.stack is not None and self.stack.has_lora))
         if native and not torch.compiler.is_compiling():
             assert self.stack is not None
-            hidden = self.stack(hidden, *ropes[0], kv_caches, meta)
+            hidden = self.stack(hidden, *ropes[0], kv_caches, meta, lora)
         else:
             for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
                 hidden = layer(hidden, ropes[layer.rope_index], kv_cache, meta, lora)

@@ -2,7 +2,8 @@
 every projection kept quantized; CPU; the KV cache in the stack's dtype, int8 or float16).
 
     stack = NativeDecoderStack(shape, [core.DecoderLayerWeights(...), ...], owner=layers)
-    hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
+    stack.set_lora([core.DecoderLayerLora(...), ...])          # optional: adapters' stacks
+    hidden = stack(hidden, cos, signed_sin, kv_caches, meta, lora)   # in place into hidden
 
 models/decoder_stack/stack.py decides where it applies and gathers each layer's weights.
 
@@ -10,7 +11,9 @@ It runs llama.py's layers kernel for kernel in C++ (RMSNorm, packed qkv, rotary,
 paged attention, o + residual, RMSNorm, gate_up with SiLU-and-mul, down + residual), so the
 results are the per-layer path's bit for bit (a test holds them equal); what it saves is the
 Python between the ~240 kernel calls of a step: 1.35 s of a 9.4 s offline run here, 1.117x
-offline throughput side by side (bench/RESULTS.md).
+offline throughput side by side (bench/RESULTS.md). With LoRA stacks set, a step's adapter rows
+add their adapter's product to each projection (cpp/src/lora/), as the per-layer path does with
+the same kernel: the same bits again.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pagedserve.core.attention.base import AttentionMetadata, kv_row_size
+from pagedserve.core.attention.base import KV_CPU_ONLY, AttentionMetadata, kv_row_size
 from pagedserve.core.attention.ops import check_index, kv_quant, page_table_stride
+from pagedserve.core.lora.weights import LoraBatch
 from pagedserve.core.ops import native
+from pagedserve.core.ops.layer_ops import torch_vector_lanes
 from pagedserve.core.ops.native import require
 
 _core = native.core
@@ -70,6 +75,17 @@ class NativeDecoderStack:
         """The quantized projections round x to int16 (ops/linear_quant.py's int16_activations)."""
         # StackShape's fields are the native constructor's keyword arguments, name for name.
         self._native = _core.DecoderStack(**asdict(shape), layers=list(layers))
+        self._lora_owner: object = None
+
+    def set_lora(self, layers: Sequence[_core.DecoderLayerLora], owner: object) -> None:
+        """The adapters' stacks beside each layer's projections (slots written in place later
+        need no new call); owner keeps them alive."""
+        self._native.set_lora(list(layers))
+        self._lora_owner = owner
+
+    @property
+    def has_lora(self) -> bool:
+        return bool(self._native.has_lora)
 
     def __call__(
         self,
@@ -78,10 +94,15 @@ class NativeDecoderStack:
         signed_sin: torch.Tensor,  # [n, 1, head_size] self.dtype
         kv_caches: list[torch.Tensor],  # per layer [2, num_pages, num_kv_heads, page_size, row]
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,  # the step's adapter rows (needs set_lora)
     ) -> torch.Tensor:
         self._check(hidden, cos, signed_sin, kv_caches, meta)
         n = hidden.shape[0]
         page_table = meta.page_table
+        segments = None if lora is None else lora.segments
+        if segments is not None:
+            require(self.has_lora and int(segments.starts[-1]) == n,
+                     "lora rows need set_lora and segments over the step's {} rows", n)  # fmt: skip
         self._native.forward(
             hidden=hidden.data_ptr(),
             cos=cos.data_ptr(),
@@ -106,6 +127,10 @@ class NativeDecoderStack:
             quant_float_activations=self.quant_float_activations,
             quant_int16_activations=self.quant_int16_activations,
             kv_quant=int(kv_quant(kv_caches[0])),
+            lora_starts=0 if segments is None else segments.starts.data_ptr(),
+            lora_slots=0 if segments is None else segments.slots.data_ptr(),
+            lora_num_segments=0 if segments is None else segments.num_segments,
+            torch_lanes=torch_vector_lanes(),
         )
         return hidden
 
@@ -139,9 +164,9 @@ class NativeDecoderStack:
                  row_size, tuple(shape))  # fmt: skip
         for cache in kv_caches:
             require(cache.shape == shape and cache.dtype == dtype
-                     and dtype in (own, torch.int8, torch.float16)
+                     and dtype in (own, *KV_CPU_ONLY)
                      and cache.device.type == "cpu" and cache.is_contiguous(),
-                     "every kv cache must be a contiguous {} {}, int8 or float16 CPU tensor",
+                     "every kv cache must be a contiguous {} {}, int8, fp8 or float16 CPU tensor",
                      tuple(shape), own)  # fmt: skip
         page_table, cpu = meta.page_table, hidden.device
         require(page_table.dim() == 2, "page_table must be 2-D, got {}", tuple(page_table.shape))

@@ -1,7 +1,8 @@
 """Where the native decoder stack (models/decoder_stack/ops.py) applies, and each layer's weights.
 
     stack = DecoderStack.build(model.layers)       # None where it does not apply
-    hidden = stack(hidden, cos, signed_sin, kv_caches, meta)   # in place into hidden
+    stack.attach_lora(model.layers)                # the layers' adapter stacks (enable_lora)
+    hidden = stack(hidden, cos, signed_sin, kv_caches, meta, lora)   # in place into hidden
 
 It applies where every piece of a layer runs natively anyway: on an x86-64 CPU from ISA level
 avx2, bfloat16 with all projections packed or kept quantized as one GGUF type each (which the
@@ -19,6 +20,7 @@ from typing import Protocol
 import torch
 
 from pagedserve.core.attention.base import AttentionBackend
+from pagedserve.core.lora.weights import LoraWeights
 from pagedserve.core.models.decoder_stack.ops import NativeDecoderStack, StackShape
 from pagedserve.core.models.linear.dense import PackableLinear
 from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
@@ -84,7 +86,36 @@ class DecoderStack(NativeDecoderStack):
             batch_invariant=first.attention.batch_invariant,
             float32=first.input_layernorm.dtype == torch.float32,
         )
-        return cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
+        stack = cls(shape, [_weights(layer) for layer in layers], owner=list(layers))
+        stack.attach_lora(layers)
+        return stack
+
+    def attach_lora(self, layers: Sequence[StackableLayer]) -> None:
+        """The adapters' stacks of each layer's projections (LlamaForCausalLM.enable_lora()),
+        where any layer has some; steps with adapter rows then stay on the stack."""
+        found = [_lora(layer) for layer in layers]
+        if any(any(p is not None for p in layer) for layer in found):
+            native = [core.DecoderLayerLora(qkv=_view(qkv), o=_view(o), gate_up=_view(gate_up),
+                                            down=_view(down))
+                      for qkv, o, gate_up, down in found]  # fmt: skip
+            self.set_lora(native, owner=found)
+
+
+LayerLora = tuple[LoraWeights | None, LoraWeights | None, LoraWeights | None, LoraWeights | None]
+
+
+def _lora(layer: StackableLayer) -> LayerLora:
+    """The stacks beside qkv, o, gate_up and down (None: none there)."""
+    mlp = layer.mlp
+    assert isinstance(mlp, DenseMLP)  # _applies checked it
+    found = (layer.qkv_proj, layer.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    kinds = PackableLinear | QuantizedLinear | QuantizedGateUpLinear
+    qkv, o, gate_up, down = (p.lora if isinstance(p, kinds) else None for p in found)
+    return qkv, o, gate_up, down
+
+
+def _view(weights: LoraWeights | None) -> core.LoraStacks | None:
+    return None if weights is None else weights.native_stacks()
 
 
 def _applies(layer: StackableLayer) -> bool:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora
+from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora, gated_with_lora
 from pagedserve.core.ops import layer_ops
 from pagedserve.core.ops.linear import (
     PACKABLE_DTYPES,
@@ -174,8 +174,14 @@ class GateUpLinear(PackableLinear):
         self, x: torch.Tensor, lora: LoraBatch | None = None
     ) -> torch.Tensor:  # [m, in_features] -> [m, width]
         if lora is not None and self.lora is not None:  # the adapters add before the activation
-            gate_up = self.lora.add(self._pre_activation(x), x, lora)
-            return gated_activation(gate_up, self.width, self.activation)
+            return gated_with_lora(x, self.lora, lora, self._gated, self._pre_activation,
+                                   self._activation)  # fmt: skip
+        return self._gated(x)
+
+    def _activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gated_activation(gate_up, self.width, self.activation)
+
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
         if self.activation == "gelu_tanh":
             gate_up = self._plain_product(x)  # GeGLU: gelu_tanh(gate) * up
             return F.gelu(gate_up[:, : self.width], approximate="tanh") * gate_up[:, self.width :]

@@ -27,7 +27,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from torch import nn
 
-from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora
+from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora, gated_with_lora
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import deinterleave_gated, gated_activation
 from pagedserve.core.models.loader_gguf import PERMUTED_ARCHITECTURES, unpermute_rotary
@@ -164,11 +164,20 @@ class QuantizedGateUpLinear(nn.Module):
     ) -> torch.Tensor:  # [m, in_features] -> [m, width]
         x = _rows(x, self.in_features)
         if lora is not None and self.lora is not None:  # the adapters add before the activation
-            product = torch.empty((x.shape[0], int(core.gated_rows(self.width))), dtype=x.dtype)
-            quant_linear(product, x, self.packed, self.ggml_type, None, None, 0, self.amx_from,
-                         self.float_activations, self.int16_activations)  # fmt: skip
-            gate_up = self.lora.add(deinterleave_gated(product, self.width), x, lora)
-            return gated_activation(gate_up, self.width, "silu")
+            return gated_with_lora(x, self.lora, lora, self._gated, self._pre_activation,
+                                   self._activation)  # fmt: skip
+        return self._gated(x)
+
+    def _pre_activation(self, x: torch.Tensor) -> torch.Tensor:  # [m, in] -> [m, 2 width]
+        product = torch.empty((x.shape[0], int(core.gated_rows(self.width))), dtype=x.dtype)
+        quant_linear(product, x, self.packed, self.ggml_type, None, None, 0, self.amx_from,
+                     self.float_activations, self.int16_activations)  # fmt: skip
+        return deinterleave_gated(product, self.width)
+
+    def _activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gated_activation(gate_up, self.width, "silu")
+
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:  # [m, in_features] -> [m, width]
         out = torch.empty((x.shape[0], self.width), dtype=x.dtype)
         quant_linear(out, x, self.packed, self.ggml_type, None, None, self.width, self.amx_from,
                      self.float_activations, self.int16_activations)  # fmt: skip
