@@ -107,13 +107,23 @@ void bind_scheduler(py::module_& m) {
         .def(
             "add_request",
             [](Scheduler& s, int64_t seq_id, const IntArray& prompt, int64_t max_tokens,
-               bool use_prefix_cache, uint64_t cache_salt) {
+               bool use_prefix_cache, uint64_t cache_salt,
+               const std::optional<IntArray>& whole_spans) {
                 if (prompt.ndim() != 1) throw py::value_error("prompt_token_ids must be 1-D");
+                const int32_t* spans = nullptr;
+                int32_t num_spans = 0;
+                if (whole_spans.has_value()) {
+                    if (whole_spans->ndim() != 2 || whole_spans->shape(1) != 2)
+                        throw py::value_error("whole_spans must be [n, 2]");
+                    spans = whole_spans->data();
+                    num_spans = static_cast<int32_t>(whole_spans->shape(0));
+                }
                 s.add_request(seq_id, prompt.data(), static_cast<int32_t>(prompt.shape(0)),
-                              max_tokens, use_prefix_cache, cache_salt);
+                              max_tokens, use_prefix_cache, cache_salt, spans, num_spans);
             },
             py::arg("seq_id"), py::arg("prompt_token_ids"), py::arg("max_tokens"),
-            py::arg("use_prefix_cache") = true, py::arg("cache_salt") = 0)
+            py::arg("use_prefix_cache") = true, py::arg("cache_salt") = 0,
+            py::arg("whole_spans") = py::none())
         .def("schedule", &Scheduler::schedule, py::return_value_policy::reference_internal,
              "The next step's plan: a view of the scheduler's buffers, valid until the next "
              "schedule()")

@@ -40,6 +40,8 @@ struct Sequence {
     // Speculative decoding: draft tokens proposed for the plan of step draft_step only.
     std::vector<int32_t> draft;
     int64_t draft_step = -1;
+    // [start, end) pairs of prompt positions no prefill chunk ends inside (add_request).
+    std::vector<int32_t> whole_spans;
 
     int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
     // All max_tokens are out: it waits for the engine's finish() and is never scheduled again.
@@ -48,6 +50,15 @@ struct Sequence {
     bool decoding() const {
         return !length_done() && num_tokens() > num_prompt_tokens &&
                num_tokens() - num_computed == 1;
+    }
+    // A chunk of num_new tokens from `computed`, cut back to the start of a whole span it would
+    // end inside (0 when it starts inside that span: it waits for a budget that reaches the end).
+    int32_t whole_chunk(int32_t computed, int32_t num_new) const {
+        const int32_t end = computed + num_new;
+        for (size_t i = 0; i < whole_spans.size(); i += 2)
+            if (whole_spans[i] < end && end < whole_spans[i + 1])
+                return std::max(0, whole_spans[i] - computed);
+        return num_new;
     }
 };
 
@@ -87,7 +98,8 @@ Scheduler::~Scheduler() = default;
 
 void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
                             int32_t num_prompt_tokens, int64_t max_tokens,
-                            bool use_prefix_cache, uint64_t cache_salt) {
+                            bool use_prefix_cache, uint64_t cache_salt,
+                            const int32_t* whole_spans, int32_t num_whole_spans) {
     if (sequences_.count(seq_id))
         throw std::invalid_argument("seq_id " + std::to_string(seq_id) + " is already in use");
     if (num_prompt_tokens < 1) throw AdmissionError("prompt_token_ids is empty");
@@ -108,6 +120,19 @@ void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
     for (int32_t i = 0; i < num_prompt_tokens; ++i)
         if (prompt_token_ids[i] < 0)
             throw std::invalid_argument("prompt_token_ids must be >= 0");
+    int32_t last_end = 0;
+    for (int32_t i = 0; i < num_whole_spans; ++i) {
+        const int32_t start = whole_spans[2 * i], end = whole_spans[2 * i + 1];
+        if (start < last_end || end <= start || end > num_prompt_tokens)
+            throw std::invalid_argument(
+                "whole_spans must be sorted, disjoint, non-empty spans of the prompt");
+        if (end - start > config_.max_num_batched_tokens)
+            throw AdmissionError("a span of " + std::to_string(end - start) +
+                                 " tokens that must be computed in one chunk exceeds "
+                                 "max_num_batched_tokens (" +
+                                 std::to_string(config_.max_num_batched_tokens) + ")");
+        last_end = end;
+    }
     auto r = std::make_unique<Sequence>();
     r->seq_id = seq_id;
     r->token_ids.reserve(static_cast<size_t>(total));
@@ -116,6 +141,7 @@ void Scheduler::add_request(int64_t seq_id, const int32_t* prompt_token_ids,
     r->max_tokens = static_cast<int32_t>(max_tokens);
     r->use_prefix_cache = use_prefix_cache;
     r->cache_salt = cache_salt;
+    if (num_whole_spans > 0) r->whole_spans.assign(whole_spans, whole_spans + 2 * num_whole_spans);
     waiting_.push_back(r.get());
     sequences_.emplace(seq_id, std::move(r));
 }
@@ -228,7 +254,8 @@ void Scheduler::schedule_running(StepBudget& budget) {
         const bool decode = r.decoding();
         if (decode) --budget.decodes;  // its reserved token is its own now
         const int32_t room = decode ? budget.tokens : budget.prefill_room();
-        const int32_t num_new = std::min(r.num_tokens() - r.num_computed, room);
+        int32_t num_new = std::min(r.num_tokens() - r.num_computed, room);
+        if (!decode) num_new = r.whole_chunk(r.num_computed, num_new);
         if (r.length_done() || num_new <= 0) continue;
         // Only requests after i (not yet in the plan) or r itself can be preempted here.
         if (!ensure_pages(r, r.num_computed + num_new)) break;
@@ -293,9 +320,9 @@ bool Scheduler::try_admit(Sequence& r, int32_t budget) {
                                        r.pages, r.cache_salt);
     }
     const int32_t computed = hits * page_size;
-    const int32_t num_new = std::min(r.num_tokens() - computed, budget);
+    const int32_t num_new = r.whole_chunk(computed, std::min(r.num_tokens() - computed, budget));
     const int32_t need = ceil_div(computed + num_new, page_size) - hits;
-    if (!allocator_.allocate(need, r.pages)) {
+    if (num_new <= 0 || !allocator_.allocate(need, r.pages)) {
         allocator_.release_all(r.pages);  // give the hits back; retry next step
         return false;
     }

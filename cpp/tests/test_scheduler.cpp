@@ -197,6 +197,58 @@ TEST(prefill_capped_while_decoding_full_chunk_otherwise) {
     CHECK(r.num_reqs == 2 && r.num_scheduled_tokens[0] == 50 && r.num_scheduled_tokens[1] == 14);
 }
 
+TEST(whole_spans_are_never_cut_by_a_chunk) {
+    // Budget 6, page_size 4: a prompt of 14 whose tokens [4, 9) must be computed in one chunk.
+    Scheduler s(SchedulerConfig{16, 4, 4, 6, 64, true});
+    const std::vector<int32_t> prompt = iota_tokens(14);
+    const int32_t spans[] = {4, 9};
+    s.add_request(1, prompt.data(), 14, 2, true, 0, spans, 1);
+    const StepPlan& p1 = step(s);
+    CHECK(p1.num_tokens == 4);  // 6 would end inside [4, 9): cut back to its start
+    const StepPlan& p2 = step(s);
+    CHECK(p2.num_tokens == 6 && p2.num_computed_tokens[0] == 4);  // through the span
+    const StepPlan& p3 = step(s);
+    CHECK(p3.num_tokens == 4 && p3.num_sampled == 1);  // the rest of the prompt
+    // A prompt of its first 10 tokens hits pages [0, 8): it starts inside the span (whose
+    // first tokens' KV were computed with the whole span) and reaches its end.
+    s.add_request(2, prompt.data(), 10, 2, true, 0, spans, 1);
+    const StepPlan& p4 = step(s);
+    CHECK(p4.num_reqs == 2 && p4.seq_ids[1] == 2 && p4.num_computed_tokens[1] == 8);
+    CHECK(p4.num_scheduled_tokens[1] == 2);
+    // A span that no budget holds is refused at admission, and so are unsorted ones.
+    const int32_t long_span[] = {2, 9};
+    CHECK_THROWS(AdmissionError, s.add_request(3, prompt.data(), 14, 2, true, 0, long_span, 1));
+    const int32_t unsorted[] = {6, 8, 4, 5};
+    CHECK_THROWS(std::invalid_argument,
+                 s.add_request(3, prompt.data(), 14, 2, true, 0, unsorted, 2));
+}
+
+TEST(a_chunk_that_would_end_inside_a_span_waits) {
+    // Prefill capped at 3 tokens while request 1 decodes.
+    Scheduler s(SchedulerConfig{32, 4, 4, 8, 64, false, 3});
+    add(s, 1, iota_tokens(3), 20);
+    step(s);
+    const std::vector<int32_t> prompt = iota_tokens(10, 50);
+    const int32_t spans[] = {1, 4};
+    s.add_request(2, prompt.data(), 10, 2, true, 0, spans, 1);
+    const StepPlan& p1 = step(s);
+    CHECK(p1.num_reqs == 2 && p1.num_scheduled_tokens[1] == 1);  // stops before the span
+    const StepPlan& p2 = step(s);
+    CHECK(p2.num_reqs == 2 && p2.num_scheduled_tokens[1] == 3);  // the span whole
+    s.finish(2);
+    const int32_t wide[] = {4, 8};  // 4 tokens > the cap of 3: only a step without decodes
+    s.add_request(3, prompt.data(), 10, 2, true, 0, wide, 1);
+    const StepPlan& p3 = step(s);
+    CHECK(p3.num_reqs == 2 && p3.num_scheduled_tokens[1] == 3);
+    const StepPlan& p4 = step(s);
+    CHECK(p4.num_reqs == 2 && p4.num_scheduled_tokens[1] == 1);  // up to the span's start
+    const StepPlan& p5 = step(s);
+    CHECK(p5.num_reqs == 1 && p5.seq_ids[0] == 1);  // 3 waits while 1 decodes
+    s.finish(1);
+    const StepPlan& p6 = step(s);
+    CHECK(p6.num_reqs == 1 && p6.seq_ids[0] == 3 && p6.num_scheduled_tokens[0] == 6);
+}
+
 TEST(prefill_cap_is_checked) {
     CHECK_THROWS(std::invalid_argument, Scheduler(SchedulerConfig{8, 4, 4, 64, 32, false, -1}));
 }

@@ -91,8 +91,13 @@ class Scheduler {
 
     // Throws AdmissionError when it can never run, std::invalid_argument for a duplicate id.
     // cache_salt: the prefix cache shares pages only between sequences of one salt (0: none).
+    // whole_spans: num_whole_spans [start, end) pairs of prompt positions, sorted and disjoint,
+    // that a prefill chunk never ends inside (an image whose tokens attend to each other both
+    // ways must be computed in one chunk: the chunk that reaches into one reaches its end or
+    // stops before it). Each must fit max_num_batched_tokens (else AdmissionError).
     void add_request(int64_t seq_id, const int32_t* prompt_token_ids, int32_t num_prompt_tokens,
-                     int64_t max_tokens, bool use_prefix_cache = true, uint64_t cache_salt = 0);
+                     int64_t max_tokens, bool use_prefix_cache = true, uint64_t cache_salt = 0,
+                     const int32_t* whole_spans = nullptr, int32_t num_whole_spans = 0);
     // Draft tokens for the next schedule() only (then dropped); used if the sequence decodes
     // then, cut to what the budget, max_tokens (the target's own token stays) and pages allow.
     // Unknown id: no-op.

@@ -122,12 +122,17 @@ class Scheduler:
         max_tokens: int,
         use_prefix_cache: bool = True,
         cache_salt: int = 0,
+        whole_spans: Sequence[tuple[int, int]] = (),
     ) -> None:
         """Queue a request. AdmissionError if it can never fit; ValueError for a duplicate id.
         cache_salt: prefix-cache pages are shared only between requests of one salt (0: none;
-        a LoRA adapter's id, so an adapter never reads another's or the base model's KV)."""
+        a LoRA adapter's id, so an adapter never reads another's or the base model's KV).
+        whole_spans: sorted, disjoint [start, end) prompt spans that no prefill chunk ends
+        inside (an image whose tokens attend to each other both ways, Gemma 3's); each must
+        fit max_num_batched_tokens (else AdmissionError)."""
+        spans = np.asarray(whole_spans, dtype=np.int32).reshape(-1, 2) if whole_spans else None
         self._native.add_request(seq_id, prompt_token_ids, max_tokens, use_prefix_cache,
-                                 cache_salt)  # fmt: skip
+                                 cache_salt, spans)  # fmt: skip
 
     def schedule(self) -> StepPlan:
         plan = self._native.schedule()  # the bound C++ StepPlan: named fields, numpy views
