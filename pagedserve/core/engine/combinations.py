@@ -38,3 +38,18 @@ def refuse_unsupported(
             raise ValueError(f"{name} serves task generate, not {pooler.task}")
         if draft:
             raise ValueError(f"{name} does not take speculative_method draft")
+        _refuse_split_images(config, name, arch.vision.tokens_per_image)
+
+
+def _refuse_split_images(config: EngineConfig, name: str, num_tokens: int) -> None:
+    """An image whose tokens attend to each other both ways (Gemma 3: num_tokens each) is
+    computed in one chunk, so the step budgets must hold one (else it could wait forever)."""
+    sched = config.scheduler
+    for field, budget in (("max_num_batched_tokens", sched.max_num_batched_tokens),
+                          ("max_prefill_tokens_while_decoding",
+                           sched.max_prefill_tokens_while_decoding)):  # fmt: skip
+        if num_tokens > budget:
+            raise ValueError(
+                f"{name}: an image's {num_tokens} tokens are computed in one chunk, so "
+                f"{field} ({budget}) must be at least {num_tokens}"
+            )

@@ -195,7 +195,8 @@ class LLMEngine:
         try:  # an adapter's pages are its own: its id salts the prefix cache's hashes
             self.scheduler.add_request(seq.seq_id, request.prompt_token_ids, request.max_tokens,
                                        use_prefix_cache=use_cache,
-                                       cache_salt=lora.lora_int_id if lora else 0)  # fmt: skip
+                                       cache_salt=lora.lora_int_id if lora else 0,
+                                       whole_spans=self._whole_spans(request))  # fmt: skip
         except BaseException:
             self.model_runner.release(seq.seq_id)
             raise
@@ -207,6 +208,14 @@ class LLMEngine:
         request.seqs.append(seq)
         request.num_children_added += 1
         self._seqs[seq.seq_id] = seq
+
+    def _whole_spans(self, request: Request) -> list[tuple[int, int]]:
+        """The prompt spans no prefill chunk may end inside: the images of a model whose
+        image tokens attend to each other both ways (Gemma 3)."""
+        processor, images = self.image_processor, request.multimodal
+        if processor is None or images is None or not processor.whole_images:
+            return []
+        return images.spans()
 
     @staticmethod
     def _seed(params: SamplingParams, index: int) -> int | None:

@@ -18,7 +18,8 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """A vision tower's shape (Qwen2.5-VL's ViT), from config.json's vision_config."""
+    """A vision tower's shape (Qwen2.5-VL's ViT, Gemma 3's SigLIP), from config.json's
+    vision_config."""
 
     depth: int
     hidden_size: int
@@ -29,6 +30,7 @@ class VisionConfig:
     patch_size: int = 14
     temporal_patch_size: int = 2
     spatial_merge_size: int = 2
+    """Patches per side of what becomes one token (Qwen's 2 x 2 merger, Gemma 3's pool)."""
     window_size: int = 112
     """Pixels a window-attention block's window spans (full-attention blocks see the image)."""
     fullatt_block_indexes: tuple[int, ...] = ()
@@ -36,6 +38,12 @@ class VisionConfig:
     hidden_act: str = "silu"
     image_token_id: int = 0
     """The token the chat template writes once per image."""
+    image_size: int = 0
+    """SigLIP (Gemma 3): the side every image is resized to; 0 for a tower of any size."""
+    tokens_per_image: int = 0
+    """Gemma 3: every image's tokens in the prompt (mm_tokens_per_image), which attend to
+    each other both ways; 0: the image's size decides, and the attention stays causal."""
+    layer_norm_eps: float = 1e-6
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,59 @@ def _qwen2_5_vl(config: Config) -> dict[str, Any]:
     return {**_qwen2(config), "rope_scaling": None, "mrope_section": section, "vision": tower}
 
 
-VISION_FAMILIES = frozenset({"qwen2_5_vl"})
+def _gemma3_vl(config: Config) -> dict[str, Any]:
+    """Gemma 3 with images: Gemma 3's decoder (`text_config` merged into the top level by
+    `arch_from_hf_config`), a SigLIP tower, its tokens average-pooled to mm_tokens_per_image."""
+    vision: dict[str, Any] = {**_SIGLIP_DEFAULTS, **(config.get("vision_config") or {})}
+    _refuse_if(vision["model_type"] != "siglip_vision_model", "vision_config",
+               f"a {vision['model_type']!r} tower")  # fmt: skip
+    _refuse_if(vision.get("vision_use_head"), "vision_config.vision_use_head", "a pooling head")
+    _refuse_if(vision["hidden_act"] != "gelu_pytorch_tanh", "vision_config.hidden_act",
+               f"activation {vision['hidden_act']!r}")  # fmt: skip
+    tokens = int(config.get("mm_tokens_per_image") or 256)
+    side = int(vision["image_size"]) // int(vision["patch_size"])
+    per_side = math.isqrt(tokens)
+    _refuse_if(per_side**2 != tokens or side % per_side, "mm_tokens_per_image",
+               f"{tokens} tokens from a {side} x {side} patch grid")  # fmt: skip
+    tower = VisionConfig(
+        depth=int(vision["num_hidden_layers"]),
+        hidden_size=int(vision["hidden_size"]),
+        num_heads=int(vision["num_attention_heads"]),
+        intermediate_size=int(vision["intermediate_size"]),
+        out_hidden_size=int(config["hidden_size"]),
+        patch_size=int(vision["patch_size"]),
+        spatial_merge_size=side // per_side,
+        in_channels=int(vision["num_channels"]),
+        hidden_act="gelu_tanh",
+        image_token_id=_image_token(config),
+        image_size=int(vision["image_size"]),
+        tokens_per_image=tokens,
+        layer_norm_eps=float(vision["layer_norm_eps"]),
+    )
+    return {**_gemma3(config), "vision": tower}
+
+
+def _image_token(config: Config) -> int:
+    return int(config.get("image_token_index") or config.get("image_token_id") or 262_144)
+
+
+# transformers' SiglipVisionConfig and Gemma3TextConfig defaults: Gemma 3's config.json leaves
+# out the fields that keep them.
+_SIGLIP_DEFAULTS: Config = {
+    "model_type": "siglip_vision_model", "hidden_size": 768, "intermediate_size": 3072,
+    "num_hidden_layers": 12, "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
+    "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6,
+}  # fmt: skip
+_TEXT_DEFAULTS: dict[str, Config] = {
+    "gemma3": {
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 131_072, "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+    },
+}  # fmt: skip
+VISION_FAMILIES = frozenset({"qwen2_5_vl", "gemma3"})
 """Families whose config.json nests the language model's fields under text_config."""
 
 
@@ -234,6 +286,7 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": Family(_gemma3, _GEMMA_NORMS),
     "phi3": Family(_phi3),
     "qwen2_5_vl": Family(_qwen2_5_vl),
+    "gemma3": Family(_gemma3_vl, _GEMMA_NORMS),
 }
 
 
@@ -269,7 +322,8 @@ def arch_from_hf_config(config: Config) -> ArchConfig:
     if model_type is None:
         raise ValueError("config.json has no model_type")
     if model_type in VISION_FAMILIES and isinstance(config.get("text_config"), dict):
-        config = {**config, **config["text_config"], "model_type": model_type}
+        defaults = _TEXT_DEFAULTS.get(model_type, {})
+        config = {**defaults, **config, **config["text_config"], "model_type": model_type}
     extra = family(model_type).fields(config)
     num_heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])

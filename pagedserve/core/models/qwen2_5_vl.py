@@ -11,12 +11,13 @@ the ordinary tables. The KV cache and the causal mask keep the plain positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.attention.image_blocks import ImageBlock
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.llama import LlamaForCausalLM, Rope
 from pagedserve.core.models.vision_qwen2_5 import Grid, Qwen2_5VisionTower
@@ -32,6 +33,8 @@ class StepImages:
     """[k, hidden_size]: the image embeddings those rows take."""
     rope_positions: torch.Tensor
     """int64 [3, num_tokens]: every row's (temporal, height, width) rotary position."""
+    blocks: list[ImageBlock] = field(default_factory=list)
+    """Gemma 3: each image's rows in the step, whose tokens attend to each other both ways."""
 
 
 class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):

@@ -20,6 +20,7 @@ from pagedserve.core.gguf_reader import release_mapped_pages
 from pagedserve.core.models import loader_gguf, loader_safetensors
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import FAMILIES, family
+from pagedserve.core.models.gemma3_vl import Gemma3ForConditionalGeneration
 from pagedserve.core.models.linear.quantized import QuantizedPlan, plan_quantized
 from pagedserve.core.models.llama import LlamaForCausalLM
 from pagedserve.core.models.mmproj_gguf import (
@@ -36,6 +37,7 @@ from pagedserve.core.multimodal.processor import ImageProcessor, load_image_proc
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {name: LlamaForCausalLM for name in FAMILIES}
 MODEL_CLASSES["qwen2_5_vl"] = Qwen2_5_VLForConditionalGeneration
+MODEL_CLASSES["gemma3"] = Gemma3ForConditionalGeneration
 
 # Llama-style HF suffix inside a layer -> (our parameter, index of this part, number of parts)
 _LAYER_PARTS = {
@@ -74,7 +76,18 @@ _TOP_PARTS = {
 }
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_VISION_PREFIXES = ("model.visual.", "visual.")
+# A vision checkpoint's prefix -> ours (longest first: Gemma 3's tower under its old and new
+# names, its projector).
+_VISION_PREFIXES = {
+    "model.visual.": "visual.",
+    "visual.": "visual.",
+    "model.vision_tower.vision_model.": "visual.",
+    "vision_tower.vision_model.": "visual.",
+    "model.vision_tower.": "visual.",
+    "vision_tower.": "visual.",
+    "model.multi_modal_projector.": "projector.",
+    "multi_modal_projector.": "projector.",
+}
 _NORMS = ("layernorm", "_norm", "norm")  # our names of the RMSNorm weights
 
 
@@ -102,11 +115,13 @@ def _layer_part(suffix: str) -> tuple[str, int, int] | None:
 def _target(hf_name: str, renames: dict[str, str]) -> tuple[str, int, int] | None:
     # A vision-language checkpoint: the tower's weights keep their names under visual.; the
     # language model's are Llama's (transformers 5 nests them under model.language_model.).
-    for prefix in _VISION_PREFIXES:
+    for prefix, ours in _VISION_PREFIXES.items():
         if hf_name.startswith(prefix):
-            return "visual." + hf_name.removeprefix(prefix), 0, 1
+            return ours + hf_name.removeprefix(prefix), 0, 1
     if hf_name.startswith("model.language_model."):
         hf_name = "model." + hf_name.removeprefix("model.language_model.")
+    elif hf_name.startswith("language_model."):  # Gemma 3's language_model.model. / .lm_head.
+        hf_name = hf_name.removeprefix("language_model.")
     if not hf_name.startswith(("model.", "lm_head.")):
         hf_name = "model." + hf_name  # a bare backbone's checkpoint (Qwen3Model, embedders)
     if hf_name in _TOP_PARTS:

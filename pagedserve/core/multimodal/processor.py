@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
+from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
 from pagedserve.core.multimodal.inputs import ImageFeatures
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -28,6 +29,13 @@ class ImageProcessor(Protocol):
 
     image_token_id: int
     """The token the chat template writes once per image (expanded to the image's tokens)."""
+    whole_images: bool
+    """An image's tokens attend to each other both ways (Gemma 3): the scheduler computes
+    each image's tokens in one chunk."""
+
+    def expand_prompt(self, text: str) -> str:
+        """The rendered prompt as the model's processor rewrites it before tokenizing (each
+        image's text around its one image token; Qwen2-VL's keeps it)."""
 
     def preprocess(self, image: Image.Image, image_hash: bytes) -> ImageFeatures:
         """An RGB image -> its features; ValueError for an image the model cannot take."""
@@ -54,6 +62,8 @@ def smart_resize(
 
 
 class Qwen2VLImageProcessor:
+    whole_images = False
+
     def __init__(
         self,
         image_token_id: int,
@@ -96,6 +106,9 @@ class Qwen2VLImageProcessor:
             std=tuple(pre.get("image_std", CLIP_STD)),
         )
 
+    def expand_prompt(self, text: str) -> str:
+        return text
+
     def preprocess(self, image: Image.Image, image_hash: bytes) -> ImageFeatures:
         factor = self.patch_size * self.merge_size
         height, width = smart_resize(
@@ -129,4 +142,6 @@ def load_image_processor(folder: Path) -> ImageProcessor:
     model_type = config.get("model_type")
     if model_type in ("qwen2_vl", "qwen2_5_vl"):
         return Qwen2VLImageProcessor.from_folder(folder, config)
+    if model_type == "gemma3":
+        return Gemma3ImageProcessor.from_folder(folder, config)
     raise ValueError(f"model_type {model_type!r} has a vision tower but no image processor here")

@@ -29,6 +29,7 @@ from pagedserve.core.lora.weights import LoraBatch
 from pagedserve.core.lora_request import LoRARequest
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.base import CausalLM
+from pagedserve.core.models.gemma3_vl import Gemma3ForConditionalGeneration
 from pagedserve.core.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from pagedserve.core.multimodal.inputs import MultiModalInputs
 from pagedserve.core.outputs import TokenLogprob
@@ -104,7 +105,7 @@ class ModelRunner:
         ]
         self.images: ImageRunner | None = None
         """A vision-language model's image steps and encoder cache."""
-        if isinstance(model, Qwen2_5_VLForConditionalGeneration):
+        if isinstance(model, Qwen2_5_VLForConditionalGeneration | Gemma3ForConditionalGeneration):
             self.images = ImageRunner(model, device, ENCODER_CACHE_BYTES)
         models = [model] if draft is None else [model, draft.model]
         kv = self.kv_caches if draft is None else [*self.kv_caches, *draft.kv_caches]

@@ -53,6 +53,8 @@ def _apply_config(backend: tokenizers.Tokenizer, config: dict[str, Any]) -> None
     explicit add_bos_token / add_eos_token (or no post-processor) rebuild the post-processor."""
     named = [_token_text(config.get(k)) for k in _NAMED_SPECIALS]
     extra = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
+    if isinstance(extra, dict):  # transformers 5 names them (Gemma 3's boi_token: ...)
+        extra = list(extra.values())
     names = [t for t in [*named, *map(_token_text, extra)] if t]
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names])
     explicit = "add_bos_token" in config or "add_eos_token" in config

@@ -145,7 +145,9 @@ class ChatService:
         # A constrained output is the constraint's language from its first token: no thinking.
         reasoning = spec is None and wants_reasoning(ctx.reasoning_parser, template.source)
         output = OutputPlan(reasoning, text, tools.parser, req.parallel_tool_calls is False)
-        prompt_ids = ctx.engine.tokenizer.encode(text, add_special_tokens=False)
+        processor = ctx.engine.image_processor
+        prompt_text = processor.expand_prompt(text) if images and processor else text
+        prompt_ids = ctx.engine.tokenizer.encode(prompt_text, add_special_tokens=False)
         prep = Prepared(prompt_ids, spec, output, tools.keep_special_tokens)
         if images:
             prep.text_ids = prompt_ids
