@@ -212,8 +212,8 @@ def test_a_batch_of_an_image_request_and_a_text_request(llm: LLM, folder: Path) 
 def test_prefix_cache_by_image_and_a_hit_inside_an_image(folder: Path, hf_model: Any) -> None:
     """page_size 4, an image near the prompt's end: the same prompt again hits every page but
     the last token's, and they end inside the image (its tokens' KV there were computed with
-    the whole image); the tokens stay transformers'. Another image of the same size hits no
-    page past its start."""
+    the whole image) and its embeddings come from the encoder cache; the tokens stay
+    transformers'. Another image of the same size hits no page past its start."""
     llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=4)
     processor = _processor(folder)
     a, _, b = IMAGES
@@ -237,8 +237,11 @@ def test_prefix_cache_by_image_and_a_hit_inside_an_image(folder: Path, hf_model:
           "pixel_values": torch.from_numpy(_pixels(features[0]))[None]}  # fmt: skip
     want = _hf_greedy(hf_model, hf, 6)
     assert _greedy(llm, ids_a, mm_a, 6) == want
+    images = llm.engine.model_runner.images
+    assert images is not None and images.cache.misses == 1
     again = _run(llm, ids_a, mm_a, 6)
     assert again.metrics is not None and start < again.metrics.num_cached_tokens < end
+    assert images.cache.hits == 1 and images.cache.misses == 1  # the encoder cache's embeddings
     assert list(again.outputs[0].token_ids) == want
     ids_b, mm_b = expand_image_tokens(ids, _features(folder, [b]), processor.image_token_id, vocab)
     other = _run(llm, ids_b, mm_b, 6)
