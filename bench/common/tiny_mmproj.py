@@ -4,7 +4,8 @@ write_gguf_qwen2_5_vl: the language model (`qwen2vl` GGUF) and the projector (`c
 convert_hf_to_gguf.py writes with --mmproj) from a folder of bench/common/tiny_vlm.py, with the
 keys, values, tensor names and types llama.cpp's converter writes (f32, or f16 for every weight
 of two dimensions or more; tests/core/multimodal/test_mmproj_llama_cpp.py holds the two equal
-where the converter is unpacked). `overrides` replaces or adds projector keys, for the tests of
+where the converter is unpacked). Q8_0: the language model's weights in Q8_0 blocks, the
+projector in f32 (a quantized model beside its tower). `overrides` replaces or adds projector keys, for the tests of
 what the loader refuses.
 """
 
@@ -47,14 +48,17 @@ def write_gguf_qwen2_5_vl(
     weights = load_file(str(folder / "model.safetensors"))
     quant = gguf.GGMLQuantizationType[qtype]
     _write_language_model(folder, config, weights, lm_path, quant)
-    _write_mmproj(folder, config, weights, mmproj_path, quant, overrides or {})
+    tower = gguf.GGMLQuantizationType.F32 if qtype == "Q8_0" else quant
+    _write_mmproj(folder, config, weights, mmproj_path, tower, overrides or {})
 
 
 def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
-    """Weights of two dimensions or more in `quant` (F32 / F16), the rest in float32."""
+    """Weights of two dimensions or more in `quant` (F32, F16 or Q8_0), the rest in float32."""
     data = np.ascontiguousarray(data, dtype=np.float32)
     if data.ndim >= 2 and quant == gguf.GGMLQuantizationType.F16:
         writer.add_tensor(name, data.astype(np.float16))
+    elif data.ndim >= 2 and quant == gguf.GGMLQuantizationType.Q8_0:
+        writer.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
     else:
         writer.add_tensor(name, data)
 
@@ -104,7 +108,8 @@ def _add_vocabulary(writer: gguf.GGUFWriter, folder: Path, text: dict[str, Any])
     special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")  # the converter knows real models' pre-tokenizers only
+    # GPT-2's split, by llama.cpp's name (its converter recognizes real models' splits only).
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list([tok for tok, _ in vocab])
     writer.add_token_types([3 if tok in special else 1 for tok, _ in vocab])
     merges = json.loads(tokenizer.to_str())["model"]["merges"]

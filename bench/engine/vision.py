@@ -11,15 +11,25 @@ engine (`LLM.engine`, every request added, then stepped to the end; every image 
 encoder cache does not help). Transformers: its PIL image processor and `generate(max_new_tokens=1)`,
 the c=8 requests as one batch (the prompts have the same length: no padding). c=1: one request
 per call; c=8: eight per call. Medians of `--repeats` calls after a warm-up, ours and theirs
-alternating. Also: the bytes the encoder cache keeps per image.
+alternating. Ours twice: from the HF folder and from llama.cpp's two files (the language model
+and its --mmproj projector, written as its converter writes them: bench/common/tiny_mmproj.py).
+Also: the bytes the encoder cache keeps per image.
 
-    flock /tmp/pagedserve-bench.lock nice -n 0 python -m bench.engine.vision --repeats 3
+Then, over HTTP on those two files, `pagedserve serve LM.gguf --mmproj MMPROJ.gguf` against
+llama.cpp's `llama-server --mmproj` (where --llama-server names a binary; 2 threads each, one
+server at a time, 8 slots): chat completions with one new PNG each (a data URL) and max_tokens 1,
+c=1 (one request per call) and c=8 (eight at once); the medians of --repeats calls after a
+warm-up, and the prompt tokens each server counted.
+
+    flock /tmp/pagedserve-bench.lock nice -n 0 python -m bench.engine.vision --repeats 3 \
+        --llama-server bench/.work/llama.cpp-build/bin/llama-server
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import tempfile
 import time
@@ -30,10 +40,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+from bench.common.tiny_mmproj import write_gguf_qwen2_5_vl
 from bench.common.tiny_vlm import MAX_PIXELS, write_tiny_qwen2_5_vl
+from bench.engine.vision_serving import serving
 from pagedserve import LLM
 from pagedserve.core.multimodal.inputs import content_hash, expand_image_tokens
-from pagedserve.core.multimodal.processor import Qwen2VLImageProcessor
 from pagedserve.core.ops.cpu_features import cpu_isa, cpu_model
 from pagedserve.core.sampling_params import SamplingParams
 
@@ -55,14 +66,12 @@ def images(n: int) -> list[Image.Image]:
 
 
 class Ours:
-    def __init__(self, folder: Path) -> None:
-        import json
-
-        self.llm = LLM(str(folder), dtype="float32", kv_cache_memory=0.5)
-        config = json.loads((folder / "config.json").read_text())
-        self.processor = Qwen2VLImageProcessor.from_folder(folder, config)
-        template = self.llm.engine.chat_template
-        assert template is not None
+    def __init__(self, model: Path, mmproj: Path | None = None) -> None:
+        self.llm = LLM(str(model), mmproj=str(mmproj) if mmproj else None, dtype="float32",
+                       kv_cache_memory=0.5)  # fmt: skip
+        template, processor = self.llm.engine.chat_template, self.llm.engine.image_processor
+        assert template is not None and processor is not None
+        self.processor = processor
         parts = [{"type": "image"}, {"type": "text", "text": QUESTION}]
         text = template.render([{"role": "user", "content": parts}], add_generation_prompt=True)
         self.ids = self.llm.tokenizer.encode(text, add_special_tokens=False)
@@ -118,31 +127,49 @@ def timed(fn: Any, batch: int) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    print(f"CPU: {cpu_model()} (ISA level {cpu_isa()}), torch threads 2, float32")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "qwen2_5_vl-bench"
-        model = write_tiny_qwen2_5_vl(folder, text_shape=TEXT, vision_shape=VISION)
-        ours, theirs = Ours(folder), Transformers(folder, model)
-        for c in (1, 8):
-            timed(ours, c), timed(theirs, c)  # warm-up
-            mine, other = [], []
-            for _ in range(args.repeats):
-                mine.append(timed(ours, c))
-                other.append(timed(theirs, c))
-            a, b = statistics.median(mine), statistics.median(other)
-            what = "image-to-first-token" if c == 1 else "8 images to first tokens"
-            print(f"c={c}: {what}: pagedserve {a * 1000:.0f} ms, transformers {b * 1000:.0f} ms "
-                  f"({b / a:.2f}x); images/s {c / a:.2f} vs {c / b:.2f}")  # fmt: skip
+def offline(folder: Path, pair: tuple[Path, Path], model: torch.nn.Module, repeats: int) -> None:
+    runs = {"pagedserve (HF folder)": Ours(folder), "pagedserve (GGUF + mmproj)": Ours(*pair),
+            "transformers": Transformers(folder, model)}  # fmt: skip
+    print("| c | what | " + " | ".join(runs) + " |\n|---|---|" + "---|" * len(runs))
+    for c in (1, 8):
+        for run in runs.values():
+            timed(run, c)  # warm-up
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeats):  # alternating
+            for name, run in runs.items():
+                times[name].append(timed(run, c))
+        medians = [statistics.median(t) for t in times.values()]
+        what = "image to first token" if c == 1 else "8 images to first tokens"
+        cells = " | ".join(f"{m * 1000:.0f} ms, {c / m:.2f} images/s" for m in medians)
+        print(f"| {c} | {what} | {cells} |")
+    for name in list(runs)[:2]:
+        ours = runs[name]
+        assert isinstance(ours, Ours)
         cache = ours.llm.engine.model_runner.images
         assert cache is not None
         per = cache.cache.used / max(len(cache.cache), 1)
-        print(f"encoder cache: {len(cache.cache)} images, {per / 1024:.0f} KiB per image "
-              f"(64 tokens x hidden 512 x fp32)")  # fmt: skip
+        print(f"encoder cache, {name}: {len(cache.cache)} images, {per / 1024:.0f} KiB per "
+              f"image (64 tokens x hidden 512 x fp32)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--llama-server", type=Path, default=None,
+                        help="llama.cpp's llama-server binary: also compare over HTTP")  # fmt: skip
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    load = os.getloadavg()
+    print(f"CPU: {cpu_model()} (ISA level {cpu_isa()}), torch threads 2, float32; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "qwen2_5_vl-bench"
+        model = write_tiny_qwen2_5_vl(folder, text_shape=TEXT, vision_shape=VISION)
+        pair = Path(tmp) / "lm-f32.gguf", Path(tmp) / "mmproj-f32.gguf"
+        write_gguf_qwen2_5_vl(folder, *pair)
+        offline(folder, pair, model, args.repeats)
+        if args.llama_server is not None:
+            serving(pair, args.llama_server.resolve(), Path(tmp), args.repeats)
 
 
 if __name__ == "__main__":

@@ -196,8 +196,11 @@ def resolve_kv_cache_dtype(
 
 def every_linear_quantized(resolved: ResolvedModel, mc: ModelConfig, tensor_parallel: bool) -> bool:
     """The CPU model will run every linear on the quantized kernels (quantization auto, a GGUF
-    whose every linear has a kernel, no tensor parallelism: shards are dequantized)."""
+    whose every linear has a kernel, no tensor parallelism: shards are dequantized, no --mmproj
+    projector: its vision tower's linears are dense)."""
     if mc.quantization != "auto" or resolved.format != "gguf" or tensor_parallel:
+        return False
+    if resolved.mmproj is not None:
         return False
     arch, reader = open_gguf(resolved.path)
     plan = plan_quantized(reader, arch, dtype=torch.float32, device=torch.device("cpu"), quiet=True)

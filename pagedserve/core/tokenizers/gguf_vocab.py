@@ -37,7 +37,7 @@ _SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_
 # Read with GPT-2's own split. "smollm": SmolLM's tokenizer.json splits digits first, which
 # differs only for whitespace runs before a digit ("  2"); transformers, the oracle, reads the
 # GGUF with GPT-2's split alone, and so do we.
-_GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "smollm"})
+_GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "gpt-2", "smollm"})  # gpt-2: llama.cpp's name
 
 # Architectures whose `llama` vocabulary llama.cpp and transformers read with the `▁` prefix in
 # front of every piece of text between special tokens (transformers' GGUF Phi-3 converter; for

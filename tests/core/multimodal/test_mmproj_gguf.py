@@ -21,6 +21,8 @@ from bench.common.tiny_mmproj import write_gguf_qwen2_5_vl
 from bench.common.tiny_models import write_gguf_llama
 from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, write_tiny_qwen2_5_vl
 from pagedserve.cli_args import build_parser, configs_from_args
+from pagedserve.core.config import ModelConfig
+from pagedserve.core.device_policy import every_linear_quantized
 from pagedserve.core.engine.llm import LLM
 from pagedserve.core.models.mmproj_gguf import DEFAULT_WINDOW, MAX_TOKENS, MIN_TOKENS
 from pagedserve.core.models.registry import image_processor_for, read_arch
@@ -199,3 +201,21 @@ def test_the_flag(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "lm.gguf", "--mmproj", "mmproj.gguf"])
     _, engine = configs_from_args(args, {})
     assert (engine.model.model, engine.model.mmproj) == ("lm.gguf", "mmproj.gguf")
+
+
+def test_a_quantized_language_model_beside_its_tower(
+    written: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """A Q8_0 language model keeps its blocks on the quantized kernels beside the projector's
+    dense tower, and --dtype auto does not count it as every linear quantized (which would
+    store bf16 between the layers on AVX2 and run the tower in bf16): the tower's linears are
+    dense."""
+    lm, mmproj = tmp_path / "lm-q8_0.gguf", tmp_path / "mmproj.gguf"
+    write_gguf_qwen2_5_vl(written[0], lm, mmproj, qtype="Q8_0")
+    config = ModelConfig(model=str(lm), mmproj=str(mmproj))
+    assert every_linear_quantized(resolve_model(str(lm)), config, tensor_parallel=False)
+    assert not every_linear_quantized(resolve_model(str(lm), mmproj=str(mmproj)), config, False)
+    llm = LLM(str(lm), mmproj=str(mmproj), kv_cache_memory=0.02, page_size=16)
+    assert "Q8_0" in llm.engine.model_runner.model.quantization
+    ids, mm = _prompt(llm, IMAGES[:1])
+    assert len(_greedy(llm, ids, mm)) == NUM_TOKENS
