@@ -333,10 +333,13 @@ class KvQuant:
       int8
 
       fp16
+
+      fp8_e4m3
     """
 
     __members__: typing.ClassVar[dict[str, KvQuant]]
     fp16: typing.ClassVar[KvQuant]
+    fp8_e4m3: typing.ClassVar[KvQuant]
     int8: typing.ClassVar[KvQuant]
     none: typing.ClassVar[KvQuant]
     @typing.overload

@@ -1,18 +1,18 @@
-"""Long-context decode with the KV cache in the model's dtype (bf16) and in int8 (issue 41), in
-one process (no HTTP).
+"""Long-context decode with the KV cache in the model's dtype (bf16), in int8 and in fp8 e4m3
+(issue 41), in one process (no HTTP).
 
     python -m bench.engine.kv_cache_dtype [--contexts 4096,8000] [--concurrency 1,8] [--steps 24]
                                           [--rounds 3] [--budget-gib 2]
 
 One engine per KV dtype: the default model (SmolLM2-135M Q4_1 GGUF), bf16 activations,
-`--kv-cache-dtype auto` and `int8`, the same number of pages. First the pages each dtype fits in
+`--kv-cache-dtype auto`, `int8` and `fp8_e4m3`, the same number of pages. First the pages each dtype fits in
 a --budget-gib KV budget (the start-up line's count). Then per (context, c): c requests whose
 prompts are the first `context` tokens of one text (the first prefills it, the other c - 1 take
 its full pages from the prefix cache and prefill their last page: every request reads its whole
 context each decode step), stepped until every request has its first token; then the engines
-take --rounds turns of --steps decode steps each, so a shared machine's load falls on both
+take --rounds turns of --steps decode steps each, so a shared machine's load falls on all
 alike. Prints the CPU model, and per (context, c) each dtype's median decode tok/s (c tokens per
-step) and int8's ratio to bf16.
+step) and the 8-bit ones' ratios to bf16.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from pagedserve.core.ops.cpu_features import cpu_model
 from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sched.kv_cache import GiB, size_kv_cache
 
-DTYPES = ("auto", "int8")
+DTYPES = ("auto", "int8", "fp8_e4m3")
+STORED = {"auto": torch.bfloat16, "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def pages_at_budget(llm: LLM, budget_gib: float) -> dict[str, int]:
     """Pages of each KV dtype a budget holds (as the engine would size them)."""
     arch, page_size = llm.engine.model_runner.arch, llm.engine.model_info.page_size
     out = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("int8", torch.int8)):
+    for name, dtype in STORED.items():
         spec = ModelRunner.kv_spec(arch, page_size, dtype)
         out[name] = size_kv_cache(spec, 1, int(budget_gib * GiB)).num_pages
     return out
@@ -87,8 +88,9 @@ def main() -> int:
     print(f"CPU {cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     pages = pages_at_budget(llms["auto"], args.budget_gib)
-    print(f"KV pages in {args.budget_gib:g} GiB: bf16 {pages['bf16']}, int8 {pages['int8']} "
-          f"({pages['int8'] / pages['bf16']:.2f}x)", flush=True)  # fmt: skip
+    print(f"KV pages in {args.budget_gib:g} GiB: bf16 {pages['auto']}, "
+          + ", ".join(f"{kv} {pages[kv]} ({pages[kv] / pages['auto']:.2f}x)" for kv in DTYPES[1:]),
+          flush=True)  # fmt: skip
     words = llms["auto"].tokenizer.encode(
         "The river carried silver stones past the old mill, and the miller counted them. " * 900
     )
@@ -109,9 +111,11 @@ def main() -> int:
                     llm.engine.abort(rid)
                 while llm.engine.has_unfinished():
                     llm.engine.step()
-            bf16, int8 = (statistics.median(rates[kv]) for kv in DTYPES)
-            print(f"context {ctx} c={c}: bf16 KV {bf16:.1f} tok/s, int8 KV {int8:.1f} tok/s, "
-                  f"int8/bf16 {int8 / bf16:.2f}x (rounds: {rates})", flush=True)  # fmt: skip
+            median = {kv: statistics.median(rates[kv]) for kv in DTYPES}
+            print(f"context {ctx} c={c}: bf16 KV {median['auto']:.1f} tok/s, "
+                  + ", ".join(f"{kv} KV {median[kv]:.1f} ({median[kv] / median['auto']:.2f}x)"
+                              for kv in DTYPES[1:])
+                  + f" (rounds: {rates})", flush=True)  # fmt: skip
     return 0
 
 

@@ -25,7 +25,8 @@ void bind_views(py::module_& m) {
     py::enum_<KvQuant>(m, "KvQuant")
         .value("none", KvQuant::kNone)
         .value("int8", KvQuant::kInt8)
-        .value("fp16", KvQuant::kFp16);
+        .value("fp16", KvQuant::kFp16)
+        .value("fp8_e4m3", KvQuant::kFp8E4m3);
     py::class_<KvCacheView> cache(m, "KvCacheView");
     cache.def(py::init<>())
         .def_readwrite("num_pages", &KvCacheView::num_pages)

@@ -49,6 +49,7 @@ struct Batch {
     std::vector<Bf16> cache16, query16, out16;
     std::vector<std::int8_t> cache8;  // non-empty: the kernel reads this int8 cache (to_int8)
     std::vector<Half> cache_half;     // non-empty: the kernel reads this fp16 cache (to_fp16)
+    std::vector<std::uint8_t> cache_fp8;  // non-empty: the kernel reads this e4m3 cache (to_fp8)
 };
 
 // Rounds v to bf16 in place and returns the bf16 copy.
@@ -133,6 +134,27 @@ void to_int8(Batch& b) {
         quantize_row(&b.cache[r * d], d, &b.cache8[r * (d + kKvScaleBytes)]);
 }
 
+// One row in the 8-bit layout with e4m3 values (scale = max|x| / 448, float_to_e4m3 of
+// x / scale), written to dst; x becomes the widened values (e4m3_to_float(code) x scale).
+void quantize_row_fp8(float* x, std::int64_t head_size, std::uint8_t* dst) {
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float scale = amax / 448.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) {
+        dst[d] = scale > 0.0f ? float_to_e4m3(x[d] / scale) : 0;
+        x[d] = e4m3_to_float(dst[d]) * scale;
+    }
+    std::memcpy(dst + head_size, &scale, sizeof(scale));
+}
+
+// Gives b an e4m3 cache (b.cache_fp8) and sets b.cache to its widened values.
+void to_fp8(Batch& b) {
+    const std::int64_t d = b.c.head_size, rows = static_cast<std::int64_t>(b.cache.size()) / d;
+    b.cache_fp8.assign(rows * (d + kKvScaleBytes), 0);
+    for (std::int64_t r = 0; r < rows; ++r)
+        quantize_row_fp8(&b.cache[r * d], d, &b.cache_fp8[r * (d + kKvScaleBytes)]);
+}
+
 // Gives b an fp16 cache (b.cache_half) and sets b.cache to its widened values (NaN stays NaN).
 void to_fp16(Batch& b) {
     const std::int64_t n = static_cast<std::int64_t>(b.cache.size());
@@ -154,6 +176,7 @@ AttentionArgs args_for(Batch& b, float scale) {
     a.cache = {cache, b.num_pages, b.c.num_kv_heads, b.c.page_size, b.c.head_size};
     if (!b.cache8.empty()) a.cache.data = b.cache8.data(), a.cache.quant = KvQuant::kInt8;
     if (!b.cache_half.empty()) a.cache.data = b.cache_half.data(), a.cache.quant = KvQuant::kFp16;
+    if (!b.cache_fp8.empty()) a.cache.data = b.cache_fp8.data(), a.cache.quant = KvQuant::kFp8E4m3;
     a.page_table = b.page_table.data();
     a.page_table_stride = b.max_pages;
     a.seq_lens = b.c.seq_lens.data();
@@ -229,6 +252,7 @@ void check_case(const Case& c, std::mt19937& rng, double atol, double rtol, cons
     Batch b = make_batch(c, rng);
     if (stored == KvQuant::kInt8) to_int8(b);
     if (stored == KvQuant::kFp16) to_fp16(b);
+    if (stored == KvQuant::kFp8E4m3) to_fp8(b);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
     run_kernel(b, scale, 2);
     const double err = error_ratio(b, scale, atol, rtol);
@@ -298,25 +322,24 @@ void test_window_and_softcap_match_naive() {
     }
 }
 
-// An int8 or fp16 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the
-// values the naive loop sees (to_int8, to_fp16), so the fp32 and bf16 tolerances hold as they
-// are; windows and soft caps too.
+// An int8, fp8 or fp16 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the
+// values the naive loop sees (to_int8, to_fp8, to_fp16), so the fp32 and bf16 tolerances hold as
+// they are; windows and soft caps too.
 void test_stored_cache_matches_naive(KvQuant stored) {
-    std::mt19937 rng(stored == KvQuant::kInt8 ? 17 : 23);
+    std::mt19937 rng(stored == KvQuant::kInt8 ? 17 : stored == KvQuant::kFp16 ? 23 : 29);
     const std::vector<std::int32_t> q_lens = {1, 1, 37, 20, 1}, seq_lens = {17, 130, 100, 20, 1};
-    const char* exact = stored == KvQuant::kInt8 ? "int8 cache matches the naive loop"
-                                                 : "fp16 cache matches the naive loop";
-    const char* fast = stored == KvQuant::kInt8 ? "int8 cache, fast decode scoring"
-                                                : "fp16 cache, fast decode scoring";
+    const char* name = stored == KvQuant::kInt8 ? "int8" : stored == KvQuant::kFp16 ? "fp16" : "fp8";
+    const std::string exact = std::string(name) + " cache matches the naive loop";
+    const std::string fast = std::string(name) + " cache, fast decode scoring";
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
         for (const std::int64_t head_size : {64, 128, 96}) {
             for (const std::int64_t window : {0, 5, 40}) {
                 Case c{2, 3, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
                 c.logit_softcap = window == 5 ? 0.3f : 0.0f;
                 const double rtol = dtype == DType::kBFloat16 ? 1e-2 : 0.0;
-                check_case(c, rng, 1e-4, rtol, exact, stored);
+                check_case(c, rng, 1e-4, rtol, exact.c_str(), stored);
                 c.batch_invariant = false;
-                check_case(c, rng, 1e-4, rtol, fast, stored);
+                check_case(c, rng, 1e-4, rtol, fast.c_str(), stored);
             }
         }
     }
@@ -380,6 +403,82 @@ void test_int8_cache_write() {
         expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero row has scale 0");
         expect(cache[view.page_stride() * 0 + 3 * row] == 7, "no slot, no write");
     }
+}
+
+// The cache write quantizes fp32 and bf16 rows to e4m3 exactly as quantize_row_fp8 does (the
+// same bytes), an all-zero row to zeros and a zero scale; slot -1 writes nothing.
+void test_fp8_cache_write() {
+    const std::int64_t kv_heads = 2, d = 60, page_size = 4, pages = 3, tokens = 3;
+    const std::int64_t row = d + kKvScaleBytes;
+    std::mt19937 rng(31);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> key(tokens * kv_heads * d), value(key.size());
+    for (std::size_t i = 0; i < key.size(); ++i) key[i] = normal(rng), value[i] = normal(rng);
+    std::fill(key.begin() + kv_heads * d, key.begin() + kv_heads * d + d, 0.0f);  // token 1, head 0
+    const std::int64_t slots[tokens] = {9, 2, -1};
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        std::vector<float> k = key, v = value;
+        std::vector<std::uint8_t> cache(2 * pages * kv_heads * page_size * row, 7);
+        const CacheShape shape{kv_heads, d, pages, page_size, slots, tokens};
+        const KvCacheView view = write_rows(cache, KvQuant::kFp8E4m3, dtype, k, v, shape);
+        bool same = true;
+        for (std::int64_t t = 0; t < 2; ++t) {
+            for (std::int64_t h = 0; h < kv_heads; ++h) {
+                const std::int64_t at = (slots[t] / page_size) * view.page_stride() +
+                                        h * view.head_stride() + (slots[t] % page_size) * row;
+                std::uint8_t want[2][d + kKvScaleBytes];
+                quantize_row_fp8(&k[(t * kv_heads + h) * d], d, want[0]);
+                quantize_row_fp8(&v[(t * kv_heads + h) * d], d, want[1]);
+                same = same && std::memcmp(&cache[at], want[0], row) == 0 &&
+                       std::memcmp(&cache[view.kv_stride() + at], want[1], row) == 0;
+            }
+        }
+        expect(same, "the fp8 cache write quantizes as the layout says");
+        float zero_scale = -1.0f;
+        std::memcpy(&zero_scale, &cache[2 * row + d], sizeof(float));  // slot 2, head 0
+        expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero fp8 row has scale 0");
+        expect(cache[3 * row] == 7, "no slot, no fp8 write");
+    }
+}
+
+// rows.hpp's e4m3 conversions: every code widens to its value and rounds back to itself (the
+// NaNs to a NaN), and a float rounds to the nearest e4m3, ties to the even one, saturating at
+// +-448 (torch's float8_e4m3fn does the same).
+void test_e4m3_conversions() {
+    bool round_trips = true;
+    for (std::uint32_t b = 0; b < 256u; ++b) {
+        const float f = e4m3_to_float(static_cast<std::uint8_t>(b));
+        const std::uint8_t back = float_to_e4m3(f);
+        round_trips = round_trips && (std::isnan(f) ? (b & 0x7fu) == 0x7fu && back == b : back == b);
+    }
+    expect(round_trips, "every e4m3 code widens and rounds back to itself");
+    expect(e4m3_to_float(0x01) == 0x1p-9f && e4m3_to_float(0x08) == 0x1p-6f &&
+               e4m3_to_float(0x38) == 1.0f && e4m3_to_float(0xc0) == -2.0f &&
+               e4m3_to_float(0x7e) == 448.0f && e4m3_to_float(0x07) == 7 * 0x1p-9f,
+           "e4m3 codes widen to their values");
+    std::mt19937 rng(4);
+    std::uniform_int_distribution<std::uint32_t> bits(0u, 0x43dfffffu);  // |f| below 448
+    bool nearest = true;
+    for (int i = 0; i < 200000; ++i) {
+        std::uint32_t u = bits(rng) | (i % 2 ? 0x80000000u : 0u);
+        float f;
+        std::memcpy(&f, &u, sizeof(f));
+        const std::uint8_t q = float_to_e4m3(f);
+        const double x = std::fabs(static_cast<double>(f)), got = std::fabs(e4m3_to_float(q));
+        const std::uint8_t mag = q & 0x7fu;  // neighbours: one step down and up
+        const double below = mag ? e4m3_to_float(static_cast<std::uint8_t>(mag - 1)) : -1.0;
+        const double above = mag < 0x7eu ? e4m3_to_float(static_cast<std::uint8_t>(mag + 1)) : 1e9;
+        const double err = std::fabs(x - got);
+        const bool tie = err == std::fabs(x - below) || err == std::fabs(x - above);
+        nearest = nearest && err <= std::fabs(x - below) && err <= std::fabs(x - above) &&
+                  (!tie || (mag & 1u) == 0) && ((q & 0x80u) != 0) == std::signbit(f);
+    }
+    expect(nearest, "floats round to the nearest e4m3, ties to even");
+    expect(float_to_e4m3(448.0f) == 0x7e && float_to_e4m3(470.0f) == 0x7e &&
+               float_to_e4m3(-1e30f) == 0xfe && float_to_e4m3(0x1p-10f) == 0 &&
+               float_to_e4m3(3 * 0x1p-10f) == 2 && float_to_e4m3(1.0f + 0x1p-4f) == 0x38 &&
+               float_to_e4m3(15 * 0x1p-10f) == 0x08,
+           "saturation, subnormal and tie corners of e4m3");
 }
 
 // rows.hpp's binary16 conversions: every half widens and rounds back to itself (NaNs to a NaN),
@@ -569,10 +668,13 @@ int main(int argc, char** argv) {
         test_int8_cache_write();
         test_stored_cache_matches_naive(KvQuant::kFp16);
         test_fp16_cache_write();
+        test_stored_cache_matches_naive(KvQuant::kFp8E4m3);
+        test_fp8_cache_write();
         test_bad_inputs_throw();
         if (level != CpuIsa::kPortable) test_level_equals_portable();
     }
     test_half_conversions();
+    test_e4m3_conversions();
 #if defined(__aarch64__)
     expect(cpu_isa_covers(best, CpuIsa::kNeon), "every aarch64 CPU runs the neon kernels");
 #endif

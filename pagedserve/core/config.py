@@ -135,7 +135,7 @@ class ModelConfig:
             )
 
 
-KV_CACHE_DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32", "int8")
+KV_CACHE_DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32", "int8", "fp8", "fp8_e4m3")
 """CacheConfig.kv_cache_dtype's choices (vLLM's names; core/attention/base.py maps them)."""
 
 
@@ -155,9 +155,9 @@ class CacheConfig:
     """How the KV cache stores keys and values: auto (the model's dtype; fp16 where --dtype auto
     picks float32 for int16 or float activations: device_policy.resolve_kv_cache_dtype), bf16
     or fp32 (each only where it is the model's dtype), fp16 (the model's dtype, or on the CPU
-    under a float32 or bf16 model: rounded as written, widened exactly as read), or int8 (CPU:
-    a scale per token and KV head; half the bytes of bf16, so twice the pages at a fixed
-    kv_cache_memory)."""
+    under a float32 or bf16 model: rounded as written, widened exactly as read), or int8 or
+    fp8_e4m3 (= fp8; CPU: a scale per token and KV head; half the bytes of bf16, so twice the
+    pages at a fixed kv_cache_memory)."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:

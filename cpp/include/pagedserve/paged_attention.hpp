@@ -11,7 +11,10 @@
 // followed by their float32 scale (native byte order), so row_size = head_size + 4 bytes:
 // x ~= q * scale, scale = max|x| / 127 over the row (0 for an all-zero row), q = round-to-even
 // of x / scale, in [-127, 127]. Quantized as the rows are written (reshape_and_cache), widened
-// back to fp32 as the kernels load them. An fp16 cache under fp32 or bf16 activations
+// back to fp32 as the kernels load them. An fp8 cache (--kv-cache-dtype fp8_e4m3,
+// KvQuant::kFp8E4m3) has the same 8-bit layout with e4m3 values (rows.hpp): scale = max|x| /
+// 448, values round-to-even(x / scale) as e4m3, saturating at +-448. An fp16 cache under fp32
+// or bf16 activations
 // (--kv-cache-dtype fp16, KvQuant::kFp16; CPU only) stores IEEE binary16 values, row_size =
 // head_size: rounded to nearest even as written, widened exactly as loaded.
 //
@@ -40,9 +43,14 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 inline std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 
-// How the KV cache stores keys and values: in the activations' dtype, as int8 rows with a
-// float32 scale per token and KV head, or as fp16 values (the layout above).
-enum class KvQuant : int { kNone = 0, kInt8 = 1, kFp16 = 2 };
+// How the KV cache stores keys and values: in the activations' dtype, as int8 or e4m3 rows with
+// a float32 scale per token and KV head, or as fp16 values (the layout above).
+enum class KvQuant : int { kNone = 0, kInt8 = 1, kFp16 = 2, kFp8E4m3 = 3 };
+
+// An 8-bit cache: head_size one-byte values and their scale per row.
+PAGEDSERVE_HOST_DEVICE inline bool is_8bit(KvQuant quant) {
+    return quant == KvQuant::kInt8 || quant == KvQuant::kFp8E4m3;
+}
 
 // Bytes of the scale after each 8-bit row.
 inline constexpr std::int64_t kKvScaleBytes = 4;
@@ -55,10 +63,10 @@ struct KvCacheView {
     std::int64_t head_size = 0;
     KvQuant quant = KvQuant::kNone;
 
-    // Storage elements per token row: head_size, or head_size int8 values + their scale's bytes.
+    // Storage elements per token row: head_size, or head_size 8-bit values + their scale's bytes.
     // (Elements are the cache's own: 2 bytes for an fp16 cache, whatever the activations.)
     PAGEDSERVE_HOST_DEVICE std::int64_t row_size() const {
-        return quant == KvQuant::kInt8 ? head_size + kKvScaleBytes : head_size;
+        return is_8bit(quant) ? head_size + kKvScaleBytes : head_size;
     }
     // Element offsets into the contiguous layout above (bytes for an 8-bit cache).
     PAGEDSERVE_HOST_DEVICE std::int64_t page_stride() const {

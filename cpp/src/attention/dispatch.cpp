@@ -41,7 +41,8 @@ void check(bool ok, const std::string& message) {
 }
 
 void check_quant(const KvCacheView& c) {
-    check(c.quant == KvQuant::kNone || c.quant == KvQuant::kInt8 || c.quant == KvQuant::kFp16,
+    check(c.quant == KvQuant::kNone || c.quant == KvQuant::kInt8 || c.quant == KvQuant::kFp16 ||
+              c.quant == KvQuant::kFp8E4m3,
           "unknown KV cache quantization");
 }
 
@@ -122,6 +123,20 @@ void quantize_row(const T* src, std::int8_t* dst, std::int64_t head_size, float*
     std::memcpy(dst + head_size, &scale, sizeof(scale));
 }
 
+// One token's row of one KV head into the 8-bit layout with e4m3 values: scale = max|x| / 448,
+// values float_to_e4m3(x / scale) (round to nearest even), then the scale's bytes.
+// reference.py quantizes the same way (torch's float8_e4m3fn), to the bit.
+template <typename T>
+void quantize_row_e4m3(const T* src, std::uint8_t* dst, std::int64_t head_size, float* row) {
+    load_row(src, row, head_size);
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(row[d]));
+    const float scale = amax / 448.0f;
+    for (std::int64_t d = 0; d < head_size; ++d)
+        dst[d] = scale > 0.0f ? float_to_e4m3(row[d] / scale) : 0;
+    std::memcpy(dst + head_size, &scale, sizeof(scale));
+}
+
 // One token's row of one KV head into an fp16 cache: rounded to nearest even (reference.py's
 // rows.to(torch.float16), to the bit).
 template <typename T>
@@ -130,11 +145,14 @@ void half_row(const T* src, Half* dst, std::int64_t head_size, float* row) {
     store_row(row, dst, head_size);
 }
 
-// One row into a cache of Stored elements: quantize_row (int8) or half_row (fp16).
+// One row into a cache of Stored elements: quantize_row (int8), quantize_row_e4m3 (fp8, as
+// bytes) or half_row (fp16).
 template <typename Stored, typename T>
 void store_converted(const T* src, Stored* dst, std::int64_t head_size, float* row) {
     if constexpr (std::is_same_v<Stored, Half>) {
         half_row(src, dst, head_size, row);
+    } else if constexpr (std::is_same_v<Stored, std::uint8_t>) {
+        quantize_row_e4m3(src, dst, head_size, row);
     } else {
         quantize_row(src, dst, head_size, row);
     }
@@ -167,7 +185,7 @@ void write_converted(const CacheWriteArgs& args, int threads) {
     }
 }
 
-// The cache write of an int8 or fp16 cache (`what`), from float32 or bfloat16 rows.
+// The cache write of an int8, fp8 or fp16 cache (`what`), from float32 or bfloat16 rows.
 template <typename Stored>
 void write_converted(const CacheWriteArgs& args, int threads, const char* what) {
     switch (args.dtype) {
@@ -192,6 +210,7 @@ void reshape_and_cache_cpu(const CacheWriteArgs& args, int num_threads) {
     const int threads = args.num_tokens >= 256 ? std::max(1, num_threads) : 1;
     if (c.quant == KvQuant::kInt8) return write_converted<std::int8_t>(args, threads, "int8");
     if (c.quant == KvQuant::kFp16) return write_converted<Half>(args, threads, "fp16");
+    if (c.quant == KvQuant::kFp8E4m3) return write_converted<std::uint8_t>(args, threads, "fp8_e4m3");
     const std::size_t elt = dtype_size(args.dtype);
     const std::size_t row_bytes = c.head_size * elt;
     auto* cache = static_cast<char*>(c.data);

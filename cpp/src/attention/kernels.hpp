@@ -230,6 +230,52 @@ void dequantize_rows(const std::int8_t* tile, std::int64_t np, std::int64_t row_
     }
 }
 
+// Widens np e4m3 rows of one page's tile (head_size codes, then their float32 scale: the 8-bit
+// layout of paged_attention.hpp) to fp32 rows, d_len apart: e4m3_to_float(code) x scale. A code
+// is the fp16 of 2^-8 its value with its bits moved (the sign to bit 15, the other seven to bits
+// 13..7), so F16C and NEON widen 8 at a time and multiply by scale x 256 (a power of two away
+// from scale: the same exact product, so the same rounding as the scalar loop); codes 0x7f and
+// 0xff read as NaN at every level.
+void widen_e4m3_rows(const std::uint8_t* tile, std::int64_t np, std::int64_t row_size,
+                     std::int64_t d_len, float* dst) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        const std::uint8_t* src = tile + j * row_size;
+        float scale;
+        std::memcpy(&scale, src + d_len, sizeof(scale));
+        float* out = dst + j * d_len;
+        std::int64_t d = 0;
+#if PAGEDSERVE_ISA_AVX2 || PAGEDSERVE_ISA_AVX512
+        const __m256 scaled = _mm256_set1_ps(scale * 256.0f);
+        const __m128i low7 = _mm_set1_epi16(0x7f), sign = _mm_set1_epi16(0x80);
+        for (; d + 8 <= d_len; d += 8) {
+            const __m128i codes =
+                _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + d)));
+            const __m128i magnitude = _mm_and_si128(codes, low7);
+            __m128i half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes, sign), 8),
+                                        _mm_slli_epi16(magnitude, 7));
+            const __m128i nan = _mm_cmpeq_epi16(magnitude, low7);  // 0x3f80 | 0x7e00: a NaN half
+            half = _mm_or_si128(half, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
+            _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_cvtph_ps(half), scaled));
+        }
+#elif PAGEDSERVE_ISA_NEON
+        const float32x4_t scaled = vdupq_n_f32(scale * 256.0f);
+        const uint16x8_t low7 = vdupq_n_u16(0x7f);
+        for (; d + 8 <= d_len; d += 8) {
+            const uint16x8_t codes = vmovl_u8(vld1_u8(src + d));
+            const uint16x8_t magnitude = vandq_u16(codes, low7);
+            uint16x8_t half = vorrq_u16(vshlq_n_u16(vandq_u16(codes, vdupq_n_u16(0x80)), 8),
+                                        vshlq_n_u16(magnitude, 7));
+            half = vorrq_u16(half, vandq_u16(vceqq_u16(magnitude, low7), vdupq_n_u16(0x7e00)));
+            const float32x4_t lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(half)));
+            const float32x4_t hi = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(half)));
+            vst1q_f32(out + d, vmulq_f32(lo, scaled));
+            vst1q_f32(out + d + 4, vmulq_f32(hi, scaled));
+        }
+#endif
+        for (; d < d_len; ++d) out[d] = e4m3_to_float(src[d]) * scale;
+    }
+}
+
 // Widens n fp16 values to fp32, exactly: F16C from level avx2 up, NEON's conversion from level
 // neon, else rows.hpp's half_to_float (the same values).
 void widen_halves(const Half* src, float* dst, std::int64_t n) {
@@ -244,11 +290,11 @@ void widen_halves(const Half* src, float* dst, std::int64_t n) {
     for (; i < n; ++i) dst[i] = half_to_float(src[i].bits);
 }
 
-// Points at (fp32) or converts (bf16, int8, fp16) the pages of keys [key0, key0 + block_keys) below
+// Points at (fp32) or converts (bf16, int8, fp8, fp16) the pages of keys [key0, key0 + block_keys) below
 // num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
 // transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
 // (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen. An
-// int8 or fp16 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from
+// int8, fp8 or fp16 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from
 // there takes the fp32 path. Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
@@ -263,6 +309,17 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
                                 page_offset<std::int8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
             dequantize_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
             dequantize_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
+            sc.k_pages[p] = sc.k.data() + n * d_len;
+            sc.v_pages[p] = sc.v.data() + n * d_len;
+            transpose_page(sc.k_pages[p], np, d_len, n, sc);
+            n += np;
+            continue;
+        }
+        if (c.quant == KvQuant::kFp8E4m3) {
+            const auto* bytes = static_cast<const std::uint8_t*>(c.data) +
+                                page_offset<std::uint8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+            widen_e4m3_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
+            widen_e4m3_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
             sc.k_pages[p] = sc.k.data() + n * d_len;
             sc.v_pages[p] = sc.v.data() + n * d_len;
             transpose_page(sc.k_pages[p], np, d_len, n, sc);

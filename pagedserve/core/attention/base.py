@@ -10,7 +10,10 @@ activations' dtype row_size = head_size. An int8 cache (--kv-cache-dtype int8) s
 token's row of one KV head as head_size int8 values followed by the 4 bytes of their float32
 scale, row_size = head_size + KV_SCALE_BYTES: x ~= q * scale with scale = max|x| / 127 over the
 row (0 for an all-zero row) and q = round-half-even(x / scale) in [-127, 127], quantized as the
-rows are written and widened to fp32 as the kernels read them. Token slot s lives in page
+rows are written and widened to fp32 as the kernels read them. An fp8 cache (--kv-cache-dtype
+fp8_e4m3, or vLLM's fp8; torch.float8_e4m3fn tensors) has the same layout with e4m3 values:
+scale = max|x| / 448, values (x / scale) rounded to nearest even as e4m3 (saturating at +-448).
+Token slot s lives in page
 s // page_size at offset s % page_size; slot -1 means "do not write".
 
 A batch mixes prefill chunks and decodes. Request r owns query rows
@@ -28,22 +31,28 @@ import torch
 
 KV_CACHE_DIMS = ("kv", "num_pages", "num_kv_heads", "page_size", "row_size")
 KV_SCALE_BYTES = 4
-"""The float32 scale after each int8 row."""
+"""The float32 scale after each 8-bit row."""
+KV_8BIT = (torch.int8, torch.float8_e4m3fn)
+"""Cache dtypes whose rows are 8-bit values and their scale."""
+KV_CPU_ONLY = (*KV_8BIT, torch.float16)
+"""Cache dtypes the CPU kernels read under other activations (float16: under fp32 or bf16)."""
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,  # the model's dtype
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp32": torch.float32,
     "int8": torch.int8,
+    "fp8": torch.float8_e4m3fn,  # vLLM's fp8: e4m3
+    "fp8_e4m3": torch.float8_e4m3fn,
 }
 """--kv-cache-dtype's names (vLLM's) and the cache tensors' torch dtype."""
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache tensors' dtype for --kv-cache-dtype `name`: the model's dtype (auto, or the
-    same dtype named), or on the CPU int8, or fp16 under a float32 or bfloat16 model. A clear
-    ValueError for the rest: the kernels read caches in the activations' dtype, in int8 or
-    (CPU) in fp16."""
+    same dtype named), or on the CPU int8, fp8 e4m3, or fp16 under a float32 or bfloat16 model.
+    A clear ValueError for the rest: the kernels read caches in the activations' dtype, or (CPU)
+    in int8, fp8 or fp16."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"
@@ -51,27 +60,29 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) ->
     dtype = KV_CACHE_DTYPES[name] or model_dtype
     if dtype == model_dtype:
         return dtype
-    if dtype in (torch.int8, torch.float16) and device.type != "cpu":
+    if dtype in KV_CPU_ONLY and device.type != "cpu":
         raise ValueError(
             f"kv_cache_dtype {name} under a {str(model_dtype).removeprefix('torch.')} model "
             f"runs on the CPU kernels only; on {device.type} use auto"
         )
-    if dtype not in (torch.int8, torch.float16):
+    if dtype not in KV_CPU_ONLY:
         raise ValueError(
             f"kv_cache_dtype {name} differs from the model's dtype "
-            f"{str(model_dtype).removeprefix('torch.')}: use auto, int8, fp16 or the model's dtype"
+            f"{str(model_dtype).removeprefix('torch.')}: use auto, int8, fp8_e4m3, fp16 or the "
+            "model's dtype"
         )
     return dtype
 
 
 def kv_row_size(head_size: int, dtype: torch.dtype) -> int:
-    """The last dim of a cache in `dtype`: head_size, or head_size + KV_SCALE_BYTES for int8."""
-    return head_size + KV_SCALE_BYTES if dtype == torch.int8 else head_size
+    """The last dim of a cache in `dtype`: head_size, or head_size + KV_SCALE_BYTES for an
+    8-bit cache."""
+    return head_size + KV_SCALE_BYTES if dtype in KV_8BIT else head_size
 
 
 def kv_head_size(kv_cache: torch.Tensor) -> int:
-    """The head size of a cache tensor (its row size less an int8 row's scale bytes)."""
-    return int(kv_cache.shape[4]) - (KV_SCALE_BYTES if kv_cache.dtype == torch.int8 else 0)
+    """The head size of a cache tensor (its row size less an 8-bit row's scale bytes)."""
+    return int(kv_cache.shape[4]) - (KV_SCALE_BYTES if kv_cache.dtype in KV_8BIT else 0)
 
 
 def kv_cache_shape(
@@ -79,7 +90,7 @@ def kv_cache_shape(
     page_size: int,
     num_kv_heads: int,
     head_size: int,
-    dtype: torch.dtype | None = None,  # int8: rows with their scales; else the model's dtype
+    dtype: torch.dtype | None = None,  # 8-bit: rows with their scales; else the model's dtype
 ) -> tuple[int, int, int, int, int]:
     row_size = kv_row_size(head_size, dtype) if dtype is not None else head_size
     return (2, num_pages, num_kv_heads, page_size, row_size)

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from pagedserve.core.attention.base import KV_SCALE_BYTES, kv_head_size
+from pagedserve.core.attention.base import KV_8BIT, KV_CPU_ONLY, KV_SCALE_BYTES, kv_head_size
 from pagedserve.core.ops import native
 from pagedserve.core.ops.base import CPU_DTYPES, DTYPES, NativeOp, check_rows
 from pagedserve.core.ops.native import require
@@ -43,11 +43,11 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
     require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
     require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
-    allowed = (*CPU_DTYPES, torch.int8, torch.float16) if device == "cpu" else tuple(DTYPES)
+    allowed = (*CPU_DTYPES, *KV_CPU_ONLY) if device == "cpu" else tuple(DTYPES)
     require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
-    require(kv_cache.dtype != torch.int8 or shape[4] > KV_SCALE_BYTES,
-             "an int8 kv_cache's rows must hold head_size values and {} scale bytes, got {}",
+    require(kv_cache.dtype not in KV_8BIT or shape[4] > KV_SCALE_BYTES,
+             "an 8-bit kv_cache's rows must hold head_size values and {} scale bytes, got {}",
              KV_SCALE_BYTES, shape[4])  # fmt: skip
 
 
@@ -55,12 +55,13 @@ def _check_rows(
     name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None, like: torch.Tensor
 ) -> None:
     """t: [num_tokens, heads, head_size], last dim contiguous, on kv_cache's device, in its dtype
-    (an int8 or CPU float16 cache: in like's, float32 or bfloat16)."""
+    (an 8-bit or CPU float16 cache: in like's, float32 or bfloat16)."""
     head_size = kv_head_size(kv_cache)
     if kv_quant(kv_cache) == _core.KvQuant.none:
         check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=head_size)
         return
-    stored = "an int8" if kv_cache.dtype == torch.int8 else "a float16"
+    name = str(kv_cache.dtype).removeprefix("torch.")
+    stored = f"an {name}" if name == "int8" else f"a {name}"
     require(like.dtype in CPU_DTYPES, "{} dtype {} is not supported with {} kv_cache "
              "(supported: {})", name, like.dtype, stored, CPU_DTYPES)  # fmt: skip
     require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
@@ -139,11 +140,13 @@ def page_table_stride(page_table: torch.Tensor) -> int:
 
 
 def kv_quant(kv_cache: torch.Tensor) -> _core.KvQuant:
-    """How the kernels read kv_cache: in the activations' dtype (none), as int8 rows with
-    their scales, or as float16 under float32 or bfloat16 activations (a CPU cache; float16
+    """How the kernels read kv_cache: in the activations' dtype (none), as int8 or e4m3 rows
+    with their scales, or as float16 under float32 or bfloat16 activations (a CPU cache; float16
     activations, CUDA's, keep a float16 cache as it is)."""
     if kv_cache.dtype == torch.int8:
         return _core.KvQuant.int8
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        return _core.KvQuant.fp8_e4m3
     if kv_cache.dtype == torch.float16 and kv_cache.device.type == "cpu":
         return _core.KvQuant.fp16
     return _core.KvQuant.none

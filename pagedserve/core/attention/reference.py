@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from pagedserve.core.attention.base import (
+    KV_8BIT,
     KV_SCALE_BYTES,
     AttentionBackend,
     AttentionMetadata,
@@ -20,14 +21,20 @@ from pagedserve.core.attention.base import (
 )
 
 
-def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """Rows [..., head_size] as an int8 cache stores them (attention/base.py's layout): int8
-    [..., head_size + KV_SCALE_BYTES], the values then their float32 scale's bytes. The kernels'
-    cache write quantizes the same way, to the bit."""
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype = torch.int8) -> torch.Tensor:
+    """Rows [..., head_size] as an 8-bit cache of `dtype` stores them (attention/base.py's
+    layout): [..., head_size + KV_SCALE_BYTES], the values then their float32 scale's bytes.
+    int8: scale max|x| / 127, values rounded half to even; float8_e4m3fn: scale max|x| / 448,
+    values torch's e4m3 rounding (to nearest even, saturating). The kernels' cache write
+    quantizes the same way, to the bit."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True) / 127
-    q = torch.where(scale > 0, torch.round(x / scale), 0.0).clamp(-127, 127).to(torch.int8)
-    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=-1)
+    if dtype == torch.int8:
+        scale = x.abs().amax(dim=-1, keepdim=True) / 127
+        q = torch.where(scale > 0, torch.round(x / scale), 0.0).clamp(-127, 127).to(dtype)
+    else:
+        scale = x.abs().amax(dim=-1, keepdim=True) / 448
+        q = torch.where(scale > 0, x / scale, 0.0).to(dtype)
+    return torch.cat([q, scale.contiguous().view(dtype)], dim=-1)
 
 
 def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -47,7 +54,8 @@ def reshape_and_cache_reference(
     slots = slot_mapping[keep].long()
     pages, offsets = slots // page_size, slots % page_size
     for half, rows in enumerate((key[keep], value[keep])):
-        stored = quantize_rows(rows) if kv_cache.dtype == torch.int8 else rows.to(kv_cache.dtype)
+        dtype = kv_cache.dtype
+        stored = quantize_rows(rows, dtype) if dtype in KV_8BIT else rows.to(dtype)
         kv_cache[half, pages, :, offsets] = stored
 
 
@@ -55,7 +63,7 @@ def gather_kv(
     kv_cache: torch.Tensor, page_row: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first seq_len keys and values of one request: two [seq_len, num_kv_heads, head_size]
-    (an int8 cache's dequantized to fp32)."""
+    (an 8-bit cache's dequantized to fp32)."""
     page_size = kv_cache.shape[3]
     num_pages = (seq_len + page_size - 1) // page_size
     pages = page_row[:num_pages].long()
@@ -65,7 +73,7 @@ def gather_kv(
         .transpose(2, 3)
         .reshape(2, num_pages * page_size, *kv_cache.shape[2:3], -1)
     )
-    if kv_cache.dtype == torch.int8:
+    if kv_cache.dtype in KV_8BIT:
         kv = dequantize_rows(kv)
     assert kv.shape[-1] == kv_head_size(kv_cache)
     return kv[0, :seq_len], kv[1, :seq_len]
