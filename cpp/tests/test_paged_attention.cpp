@@ -369,12 +369,15 @@ KvCacheView write_rows(std::vector<Stored>& cache, KvQuant quant, DType dtype, s
     return a.cache;
 }
 
-// The cache write quantizes fp32 and bf16 rows exactly as quantize_row does (the same bytes),
-// an all-zero row to zeros and a zero scale; slot -1 writes nothing.
-void test_int8_cache_write() {
-    const std::int64_t kv_heads = 2, d = 64, page_size = 4, pages = 3, tokens = 3;
-    const std::int64_t row = d + kKvScaleBytes;
-    std::mt19937 rng(5);
+// The cache write quantizes fp32 and bf16 rows exactly as `quantize` does (quantize_row for
+// int8, quantize_row_fp8 for e4m3: the same bytes), an all-zero row to zeros and a zero scale;
+// slot -1 writes nothing. d = 60 leaves the write a row that is not whole vectors.
+template <typename Stored>
+void test_8bit_cache_write(KvQuant quant, void (*quantize)(float*, std::int64_t, Stored*),
+                           const std::string& name) {
+    const std::int64_t kv_heads = 2, d = quant == KvQuant::kInt8 ? 64 : 60, page_size = 4;
+    const std::int64_t pages = 3, tokens = 3, row = d + kKvScaleBytes;
+    std::mt19937 rng(quant == KvQuant::kInt8 ? 5 : 31);
     std::normal_distribution<float> normal(0.0f, 3.0f);
     std::vector<float> key(tokens * kv_heads * d), value(key.size());
     for (std::size_t i = 0; i < key.size(); ++i) key[i] = normal(rng), value[i] = normal(rng);
@@ -382,62 +385,27 @@ void test_int8_cache_write() {
     const std::int64_t slots[tokens] = {9, 2, -1};
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
         std::vector<float> k = key, v = value;
-        std::vector<std::int8_t> cache(2 * pages * kv_heads * page_size * row, 7);
+        std::vector<Stored> cache(2 * pages * kv_heads * page_size * row, Stored{7});
         const CacheShape shape{kv_heads, d, pages, page_size, slots, tokens};
-        const KvCacheView view = write_rows(cache, KvQuant::kInt8, dtype, k, v, shape);
+        const KvCacheView view = write_rows(cache, quant, dtype, k, v, shape);
         bool same = true;
+        std::vector<Stored> want(2 * row);
         for (std::int64_t t = 0; t < 2; ++t) {
             for (std::int64_t h = 0; h < kv_heads; ++h) {
                 const std::int64_t at = (slots[t] / page_size) * view.page_stride() +
                                         h * view.head_stride() + (slots[t] % page_size) * row;
-                std::int8_t want[2][d + kKvScaleBytes];
-                quantize_row(&k[(t * kv_heads + h) * d], d, want[0]);
-                quantize_row(&v[(t * kv_heads + h) * d], d, want[1]);
-                same = same && std::memcmp(&cache[at], want[0], row) == 0 &&
-                       std::memcmp(&cache[view.kv_stride() + at], want[1], row) == 0;
+                quantize(&k[(t * kv_heads + h) * d], d, want.data());
+                quantize(&v[(t * kv_heads + h) * d], d, want.data() + row);
+                same = same && std::memcmp(&cache[at], want.data(), row) == 0 &&
+                       std::memcmp(&cache[view.kv_stride() + at], want.data() + row, row) == 0;
             }
         }
-        expect(same, "the int8 cache write quantizes as the layout says");
+        expect(same, ("the " + name + " cache write quantizes as the layout says").c_str());
         float zero_scale = -1.0f;
         std::memcpy(&zero_scale, &cache[2 * row + d], sizeof(float));  // slot 2, head 0
-        expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero row has scale 0");
-        expect(cache[view.page_stride() * 0 + 3 * row] == 7, "no slot, no write");
-    }
-}
-
-// The cache write quantizes fp32 and bf16 rows to e4m3 exactly as quantize_row_fp8 does (the
-// same bytes), an all-zero row to zeros and a zero scale; slot -1 writes nothing.
-void test_fp8_cache_write() {
-    const std::int64_t kv_heads = 2, d = 60, page_size = 4, pages = 3, tokens = 3;
-    const std::int64_t row = d + kKvScaleBytes;
-    std::mt19937 rng(31);
-    std::normal_distribution<float> normal(0.0f, 3.0f);
-    std::vector<float> key(tokens * kv_heads * d), value(key.size());
-    for (std::size_t i = 0; i < key.size(); ++i) key[i] = normal(rng), value[i] = normal(rng);
-    std::fill(key.begin() + kv_heads * d, key.begin() + kv_heads * d + d, 0.0f);  // token 1, head 0
-    const std::int64_t slots[tokens] = {9, 2, -1};
-    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-        std::vector<float> k = key, v = value;
-        std::vector<std::uint8_t> cache(2 * pages * kv_heads * page_size * row, 7);
-        const CacheShape shape{kv_heads, d, pages, page_size, slots, tokens};
-        const KvCacheView view = write_rows(cache, KvQuant::kFp8E4m3, dtype, k, v, shape);
-        bool same = true;
-        for (std::int64_t t = 0; t < 2; ++t) {
-            for (std::int64_t h = 0; h < kv_heads; ++h) {
-                const std::int64_t at = (slots[t] / page_size) * view.page_stride() +
-                                        h * view.head_stride() + (slots[t] % page_size) * row;
-                std::uint8_t want[2][d + kKvScaleBytes];
-                quantize_row_fp8(&k[(t * kv_heads + h) * d], d, want[0]);
-                quantize_row_fp8(&v[(t * kv_heads + h) * d], d, want[1]);
-                same = same && std::memcmp(&cache[at], want[0], row) == 0 &&
-                       std::memcmp(&cache[view.kv_stride() + at], want[1], row) == 0;
-            }
-        }
-        expect(same, "the fp8 cache write quantizes as the layout says");
-        float zero_scale = -1.0f;
-        std::memcpy(&zero_scale, &cache[2 * row + d], sizeof(float));  // slot 2, head 0
-        expect(zero_scale == 0.0f && cache[2 * row] == 0, "an all-zero fp8 row has scale 0");
-        expect(cache[3 * row] == 7, "no slot, no fp8 write");
+        expect(zero_scale == 0.0f && cache[2 * row] == Stored{0},
+               ("an all-zero " + name + " row has scale 0").c_str());
+        expect(cache[3 * row] == Stored{7}, ("no slot, no " + name + " write").c_str());
     }
 }
 
@@ -665,11 +633,11 @@ int main(int argc, char** argv) {
         test_window_and_softcap_match_naive();
         test_cache_write_round_trip();
         test_stored_cache_matches_naive(KvQuant::kInt8);
-        test_int8_cache_write();
+        test_8bit_cache_write<std::int8_t>(KvQuant::kInt8, quantize_row, "int8");
         test_stored_cache_matches_naive(KvQuant::kFp16);
         test_fp16_cache_write();
         test_stored_cache_matches_naive(KvQuant::kFp8E4m3);
-        test_fp8_cache_write();
+        test_8bit_cache_write<std::uint8_t>(KvQuant::kFp8E4m3, quantize_row_fp8, "fp8");
         test_bad_inputs_throw();
         if (level != CpuIsa::kPortable) test_level_equals_portable();
     }

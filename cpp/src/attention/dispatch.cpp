@@ -107,15 +107,22 @@ const char* paged_attention_cpu_path() {
 
 namespace {
 
+// One row into fp32 scratch; returns its largest magnitude (what an 8-bit row's scale maps to
+// its largest code).
+template <typename T>
+float load_amax(const T* src, float* row, std::int64_t head_size) {
+    load_row(src, row, head_size);
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(row[d]));
+    return amax;
+}
+
 // One token's row of one KV head into the 8-bit layout (paged_attention.hpp): scale = max|x| /
 // 127, values round-to-even(x / scale), then the scale's bytes. `row` is head_size floats of
 // scratch. pagedserve/core/attention/reference.py quantizes the same way, to the bit.
 template <typename T>
 void quantize_row(const T* src, std::int8_t* dst, std::int64_t head_size, float* row) {
-    load_row(src, row, head_size);
-    float amax = 0.0f;
-    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(row[d]));
-    const float scale = amax / 127.0f;
+    const float scale = load_amax(src, row, head_size) / 127.0f;
     for (std::int64_t d = 0; d < head_size; ++d) {
         const float q = scale > 0.0f ? std::nearbyint(row[d] / scale) : 0.0f;
         dst[d] = static_cast<std::int8_t>(std::clamp(q, -127.0f, 127.0f));
@@ -128,10 +135,7 @@ void quantize_row(const T* src, std::int8_t* dst, std::int64_t head_size, float*
 // reference.py quantizes the same way (torch's float8_e4m3fn), to the bit.
 template <typename T>
 void quantize_row_e4m3(const T* src, std::uint8_t* dst, std::int64_t head_size, float* row) {
-    load_row(src, row, head_size);
-    float amax = 0.0f;
-    for (std::int64_t d = 0; d < head_size; ++d) amax = std::max(amax, std::fabs(row[d]));
-    const float scale = amax / 448.0f;
+    const float scale = load_amax(src, row, head_size) / 448.0f;
     for (std::int64_t d = 0; d < head_size; ++d)
         dst[d] = scale > 0.0f ? float_to_e4m3(row[d] / scale) : 0;
     std::memcpy(dst + head_size, &scale, sizeof(scale));

@@ -37,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention/levels.hpp"
@@ -290,6 +291,28 @@ void widen_halves(const Half* src, float* dst, std::int64_t n) {
     for (; i < n; ++i) dst[i] = half_to_float(src[i].bits);
 }
 
+// Widens the first np keys and values of the work item's page `index` of a quantized cache
+// (int8, fp8 or fp16: KvCacheView::quant) to fp32 rows k and v, d_len apart.
+void widen_page(const AttentionArgs& a, const WorkItem& w, std::int64_t index, std::int64_t num_keys,
+                std::int64_t np, std::int64_t d_len, float* k, float* v, const Scratch& sc) {
+    const KvCacheView& c = a.cache;
+    if (c.quant == KvQuant::kFp16) {
+        const Half* halves = static_cast<const Half*>(c.data) + page_offset<Half>(a, w, index, num_keys, sc);
+        widen_halves(halves, k, np * d_len);
+        widen_halves(halves + c.kv_stride(), v, np * d_len);
+        return;
+    }
+    const auto* bytes = static_cast<const std::uint8_t*>(c.data) +
+                        page_offset<std::uint8_t>(a, w, index, num_keys, sc);
+    for (const auto& [half, rows] : {std::pair{std::int64_t{0}, k}, std::pair{c.kv_stride(), v}}) {
+        if (c.quant == KvQuant::kInt8)
+            dequantize_rows(reinterpret_cast<const std::int8_t*>(bytes + half), np, c.row_size(),
+                            d_len, rows);
+        else
+            widen_e4m3_rows(bytes + half, np, c.row_size(), d_len, rows);
+    }
+}
+
 // Points at (fp32) or converts (bf16, int8, fp8, fp16) the pages of keys [key0, key0 + block_keys) below
 // num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
 // transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
@@ -304,36 +327,13 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
-        if (c.quant == KvQuant::kInt8) {
-            const auto* bytes = static_cast<const std::int8_t*>(c.data) +
-                                page_offset<std::int8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-            dequantize_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
-            dequantize_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
-            sc.k_pages[p] = sc.k.data() + n * d_len;
-            sc.v_pages[p] = sc.v.data() + n * d_len;
-            transpose_page(sc.k_pages[p], np, d_len, n, sc);
-            n += np;
-            continue;
-        }
-        if (c.quant == KvQuant::kFp8E4m3) {
-            const auto* bytes = static_cast<const std::uint8_t*>(c.data) +
-                                page_offset<std::uint8_t>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-            widen_e4m3_rows(bytes, np, c.row_size(), d_len, sc.k.data() + n * d_len);
-            widen_e4m3_rows(bytes + c.kv_stride(), np, c.row_size(), d_len, sc.v.data() + n * d_len);
-            sc.k_pages[p] = sc.k.data() + n * d_len;
-            sc.v_pages[p] = sc.v.data() + n * d_len;
-            transpose_page(sc.k_pages[p], np, d_len, n, sc);
-            n += np;
-            continue;
-        }
-        if (c.quant == KvQuant::kFp16) {
-            const Half* halves = static_cast<const Half*>(c.data) +
-                                 page_offset<Half>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-            widen_halves(halves, sc.k.data() + n * d_len, np * d_len);
-            widen_halves(halves + c.kv_stride(), sc.v.data() + n * d_len, np * d_len);
-            sc.k_pages[p] = sc.k.data() + n * d_len;
-            sc.v_pages[p] = sc.v.data() + n * d_len;
-            transpose_page(sc.k_pages[p], np, d_len, n, sc);
+        if (c.quant != KvQuant::kNone) {
+            float* k = sc.k.data() + n * d_len;
+            float* v = sc.v.data() + n * d_len;
+            widen_page(a, w, (key0 + n) / c.page_size, num_keys, np, d_len, k, v, sc);
+            sc.k_pages[p] = k;
+            sc.v_pages[p] = v;
+            transpose_page(k, np, d_len, n, sc);
             n += np;
             continue;
         }

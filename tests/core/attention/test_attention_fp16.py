@@ -11,24 +11,17 @@ import pytest
 import torch
 
 from bench.common.attention_batches import make_batch
-from pagedserve.core.attention import ops, reference
+from pagedserve.core.attention import ops
 from pagedserve.core.attention.base import kv_cache_dtype, kv_head_size
-from tests.core.attention.test_attention_int8 import SHAPES, levels_match_reference
-from tests.core.attention.test_attention_invariance import SEQ_LEN, attend
+from tests.core.attention.test_attention_int8 import (
+    SHAPES,
+    chunks_equal_whole,
+    levels_match_reference,
+    stored_batch,
+)
 from tests.core.attention.test_attention_ops import DECODE
 
-
-def fp16_batch(q_lens, seq_lens, *, dtype: torch.dtype, head_size: int, group: int, seed: int):
-    """make_batch's batch with its random history in an fp16 cache, and this step's keys and
-    values written by the native cache write (checked against the reference's)."""
-    b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
-                   dtype=dtype, device="cpu", seed=seed)  # fmt: skip
-    b.kv_cache = b.kv_cache.half()
-    want = b.kv_cache.clone()
-    reference.reshape_and_cache_reference(b.key, b.value, want, b.meta.slot_mapping)
-    ops.reshape_and_cache(b.key, b.value, b.kv_cache, b.meta.slot_mapping)
-    assert torch.equal(b.kv_cache, want)
-    return b
+fp16_batch = stored_batch(torch.Tensor.half)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -70,15 +63,7 @@ def test_every_cpu_isa_level_matches_reference(
 def test_prefill_chunk_equals_decode_bit_for_bit(
     cpu_isa: str, head_size: int, group: int, window: int, softcap: float
 ) -> None:
-    gen = torch.Generator().manual_seed(head_size)
-    num_pages = -(-SEQ_LEN // 16) + 2
-    kv_cache = torch.randn(2, num_pages, 2, 16, head_size, generator=gen).half()
-    pages = torch.randperm(num_pages, generator=gen)[: -(-SEQ_LEN // 16)].int()
-    query = torch.randn(SEQ_LEN, 2 * group, head_size, generator=gen)
-    options = {"sliding_window": window, "logit_softcap": softcap}
-    whole = attend(kv_cache, pages, query, [(0, SEQ_LEN)], **options)
-    for chunks in ([(0, 70), (70, 71), (71, SEQ_LEN)], [(p, p + 1) for p in range(SEQ_LEN)]):
-        assert torch.equal(attend(kv_cache, pages, query, chunks, **options), whole), chunks
+    chunks_equal_whole(torch.Tensor.half, torch.float32, head_size, group, window, softcap)
 
 
 def test_kv_cache_dtype_fp16_under_fp32_and_bf16_models() -> None:

@@ -5,6 +5,8 @@ loops' bits and staying batch invariant."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pytest
 import torch
 
@@ -24,17 +26,25 @@ from tests.core.attention.test_attention_ops import DECODE, EDGES, MIXED, attent
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def int8_batch(q_lens, seq_lens, *, dtype: torch.dtype, head_size: int, group: int, seed: int):
-    """make_batch's batch with its random history quantized into an int8 cache, and this step's
-    keys and values written by the native cache write (checked against the reference's)."""
-    b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
-                   dtype=dtype, device="cpu", seed=seed)  # fmt: skip
-    b.kv_cache = reference.quantize_rows(b.kv_cache)
-    want = b.kv_cache.clone()
-    reference.reshape_and_cache_reference(b.key, b.value, want, b.meta.slot_mapping)
-    ops.reshape_and_cache(b.key, b.value, b.kv_cache, b.meta.slot_mapping)
-    assert torch.equal(b.kv_cache, want)
-    return b
+def stored_batch(store: Callable[[torch.Tensor], torch.Tensor]):
+    """A batch maker for levels_match_reference: make_batch's batch with its random history
+    stored by `store` (int8 rows, fp8 rows, fp16), and this step's keys and values written by
+    the native cache write (checked byte for byte against the reference's)."""
+
+    def make(q_lens, seq_lens, *, dtype: torch.dtype, head_size: int, group: int, seed: int):
+        b = make_batch(q_lens, seq_lens, group=group, head_size=head_size, page_size=16,
+                       dtype=dtype, device="cpu", seed=seed)  # fmt: skip
+        b.kv_cache = store(b.kv_cache)
+        want = b.kv_cache.clone()
+        reference.reshape_and_cache_reference(b.key, b.value, want, b.meta.slot_mapping)
+        ops.reshape_and_cache(b.key, b.value, b.kv_cache, b.meta.slot_mapping)
+        assert torch.equal(b.kv_cache.view(torch.uint8), want.view(torch.uint8))
+        return b
+
+    return make
+
+
+int8_batch = stored_batch(reference.quantize_rows)
 
 
 def run(b, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
@@ -109,18 +119,29 @@ def levels_match_reference(
 def test_prefill_chunk_equals_decode_bit_for_bit(
     cpu_isa: str, head_size: int, group: int, window: int, softcap: float
 ) -> None:
+    chunks_equal_whole(reference.quantize_rows, torch.bfloat16, head_size, group, window, softcap,
+                       extra=[[(0, 1), (1, 64), (64, 129), (129, SEQ_LEN)]])  # fmt: skip
+
+
+def chunks_equal_whole(
+    store: Callable[[torch.Tensor], torch.Tensor],
+    query_dtype: torch.dtype,
+    head_size: int,
+    group: int,
+    window: int,
+    softcap: float,
+    extra: Sequence[list[tuple[int, int]]] = (),
+) -> None:
+    """One request's attention over a random history stored by `store`, computed whole, in
+    three chunks, token by token (and in `extra`'s chunkings): the same bits."""
     gen = torch.Generator().manual_seed(head_size)
     num_pages = -(-SEQ_LEN // 16) + 2
-    kv_cache = reference.quantize_rows(torch.randn(2, num_pages, 2, 16, head_size, generator=gen))
+    kv_cache = store(torch.randn(2, num_pages, 2, 16, head_size, generator=gen))
     pages = torch.randperm(num_pages, generator=gen)[: -(-SEQ_LEN // 16)].int()
-    query = torch.randn(SEQ_LEN, 2 * group, head_size, generator=gen).bfloat16()
+    query = torch.randn(SEQ_LEN, 2 * group, head_size, generator=gen).to(query_dtype)
     options = {"sliding_window": window, "logit_softcap": softcap}
     whole = attend(kv_cache, pages, query, [(0, SEQ_LEN)], **options)
-    chunkings = [
-        [(0, 70), (70, 71), (71, SEQ_LEN)],
-        [(0, 1), (1, 64), (64, 129), (129, SEQ_LEN)],
-        [(p, p + 1) for p in range(SEQ_LEN)],
-    ]
+    chunkings = [[(0, 70), (70, 71), (71, SEQ_LEN)], *extra, [(p, p + 1) for p in range(SEQ_LEN)]]
     for chunks in chunkings:
         assert torch.equal(attend(kv_cache, pages, query, chunks, **options), whole), chunks
 
