@@ -46,6 +46,7 @@ LLAMA_CPP_ARCHITECTURES = {
     "qwen3_moe": "qwen3moe",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "gemma3": "gemma3",  # with images: the language model converts as gemma3 too
     "phi3": "phi3",
     "qwen2_5_vl": "qwen2vl",
 }
