@@ -94,10 +94,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         runner.lora = LoraRegistry.start(config.lora, targets, base)
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
-    # Adapter rows take torch's batched matmuls (core/lora/weights.py): not claimed invariant.
+    # Adapter rows: the CPU's native kernel (cpp/src/lora) sums each row in one fixed order,
+    # invariant; elsewhere torch's batched matmuls (core/lora/weights.py), not claimed.
     invariant = (
         tp is None
-        and not config.lora.enabled
+        and (not config.lora.enabled or device.type == "cpu")
         and is_batch_invariant(loaded.model, attention, device)
     )
     task = "generate" if pooler is None else f"{pooler.task}: {pooler.describe()}"

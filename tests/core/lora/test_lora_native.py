@@ -147,6 +147,7 @@ def test_a_mixed_batch_gives_each_request_its_solo_tokens_on_the_stack(
     llm, loras = served
     model = _model(llm)
     assert model.stack is not None and model.stack.has_lora  # the native path with adapters
+    assert llm.engine.model_info.batch_invariant  # what this test holds it to
     names: list[str | None] = ["attn", "mlp", "all", None]
     row_names = [n for n in names for _ in PROMPTS]
     loras_of = [loras[n] if n else None for n in row_names]
