@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep at once instead of spinning (libgomp reads this when torch or _core
+# first loads it: before the imports below; servers, ctest and qemu runs inherit it). The suite
+# runs a test process beside servers, compilers and emulators on 2 cores, so a spinning team
+# waits on a thread that is not running; decode of 48 tokens took 56-125 s that way on this busy
+# 2-core Zen 3, 5.6-7.3 s with PASSIVE (the same tokens). Results do not depend on it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
