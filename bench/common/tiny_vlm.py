@@ -10,11 +10,14 @@ with small pixel bounds (images of a few hundred patches at most).
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 from bench.common.tiny_models import randomize_
 from bench.common.tiny_tokenizers import BPE_SPECIAL_TOKENS, TRAINING_CORPUS, train_tiny_bpe
@@ -83,3 +86,16 @@ def write_tiny_qwen2_5_vl(
 
 def _write(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=1), encoding="utf-8")
+
+
+def random_image(width: int, height: int, seed: int) -> Image.Image:
+    """An RGB image of uniform random pixels (the tests' images: nothing a model could read)."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def random_png(seed: int, size: tuple[int, int]) -> bytes:
+    """random_image's PNG file, size = (width, height)."""
+    buf = io.BytesIO()
+    random_image(*size, seed).save(buf, "PNG")
+    return buf.getvalue()

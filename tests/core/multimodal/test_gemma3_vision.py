@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from bench.common.tiny_gemma3_vl import write_tiny_gemma3_vl
+from bench.common.tiny_vlm import random_image
 from pagedserve.core.engine.llm import LLM
 from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
 from pagedserve.core.multimodal.inputs import (
@@ -36,12 +37,7 @@ QUESTION = "What is in the picture?"
 _IDS = itertools.count()
 
 
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-IMAGES = [_image(70, 40, 1), _image(56, 56, 2), _image(70, 40, 3)]
+IMAGES = [random_image(70, 40, 1), random_image(56, 56, 2), random_image(70, 40, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +205,7 @@ def test_a_batch_of_an_image_request_and_a_text_request(llm: LLM, folder: Path) 
     assert [list(o.outputs[0].token_ids) for o in outs] == alone
 
 
-def test_prefix_cache_by_image_and_a_hit_inside_an_image(folder: Path, hf_model: Any) -> None:
+def test_prefix_cache_by_image_and_a_hit_inside_anrandom_image(folder: Path, hf_model: Any) -> None:
     """page_size 4, an image near the prompt's end: the same prompt again hits every page but
     the last token's, and they end inside the image (its tokens' KV there were computed with
     the whole image) and its embeddings come from the encoder cache; the tokens stay

@@ -12,14 +12,13 @@ import copy
 import itertools
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from bench.common.tiny_mmproj import write_gguf_qwen2_5_vl
 from bench.common.tiny_models import write_gguf_llama
-from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, write_tiny_qwen2_5_vl
+from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, random_image, write_tiny_qwen2_5_vl
 from pagedserve.cli_args import build_parser, configs_from_args
 from pagedserve.core.config import ModelConfig
 from pagedserve.core.device_policy import every_linear_quantized
@@ -41,13 +40,8 @@ VISION = {"depth": 4, "window_size": DEFAULT_WINDOW, "fullatt_block_indexes": [1
 _IDS = itertools.count()
 
 
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
 # 200 x 150 -> 196 x 140 pixels: 7 x 5 tokens, 2 x 2 windows of 4 x 4; 60 x 130: 2 x 5 tokens.
-IMAGES = [_image(200, 150, 1), _image(60, 130, 2)]
+IMAGES = [random_image(200, 150, 1), random_image(60, 130, 2)]
 
 
 @pytest.fixture(scope="module")

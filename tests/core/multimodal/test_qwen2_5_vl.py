@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, write_tiny_qwen2_5_vl
+from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, random_image, write_tiny_qwen2_5_vl
 from pagedserve.core.engine.llm import LLM
 from pagedserve.core.multimodal.inputs import MultiModalInputs, content_hash, expand_image_tokens
 from pagedserve.core.multimodal.mrope import mrope_positions
@@ -27,12 +27,7 @@ NUM_TOKENS = 12
 _IDS = itertools.count()
 
 
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-IMAGES = [_image(112, 84, 1), _image(60, 130, 2), _image(112, 84, 3)]
+IMAGES = [random_image(112, 84, 1), random_image(60, 130, 2), random_image(112, 84, 3)]
 
 
 @pytest.fixture(scope="module")

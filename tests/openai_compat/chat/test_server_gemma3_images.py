@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import openai
 import pytest
 import torch
@@ -18,6 +17,7 @@ from PIL import Image
 
 from bench.common.server import API_KEY, Server, start_server, stop_server
 from bench.common.tiny_gemma3_vl import write_tiny_gemma3_vl
+from bench.common.tiny_vlm import random_png
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,15 +25,7 @@ NUM_TOKENS = 8
 QUESTION = "What is in the picture?"
 
 
-def _png(seed: int, size: tuple[int, int] = (70, 40)) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "PNG")
-    return buf.getvalue()
-
-
-PNG = _png(7)
+PNG = random_png(7, (70, 40))
 DATA_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 
 

@@ -15,14 +15,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import openai
 import pytest
 import torch
 from PIL import Image
 
 from bench.common.server import API_KEY, Server, start_server, stop_server
-from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, write_tiny_qwen2_5_vl
+from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, random_png, write_tiny_qwen2_5_vl
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,15 +29,7 @@ NUM_TOKENS = 8
 QUESTION = "What is in the picture?"
 
 
-def _png(seed: int, size: tuple[int, int] = (112, 84)) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "PNG")
-    return buf.getvalue()
-
-
-PNG = _png(7)
+PNG = random_png(7, (112, 84))
 DATA_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 
 
