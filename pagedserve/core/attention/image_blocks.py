@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
-from pagedserve.core.attention.reference import gather_kv
+from pagedserve.core.attention.reference import gather_kv, masked_attention
 
 
 @dataclass(frozen=True)
@@ -97,15 +97,7 @@ def attend_block(
     end is visible to them (the earlier ones causally, the image's own both ways), less
     what a sliding window hides."""
     k, v = gather_kv(kv_cache, page_row, block.end)
-    group = query.shape[1] // k.shape[1]
-    k = k.float().repeat_interleave(group, dim=1)  # [end, num_heads, d]
-    v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", query.float(), k) * scale
-    if logit_softcap > 0:
-        scores = torch.tanh(scores / logit_softcap) * logit_softcap
-    if sliding_window > 0:
-        q_pos = torch.arange(block.first, block.end, device=query.device)[:, None]
-        k_pos = torch.arange(block.end, device=query.device)[None, :]
-        scores = scores.masked_fill(q_pos - k_pos >= sliding_window, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    q_pos = torch.arange(block.first, block.end, device=query.device)[:, None]
+    k_pos = torch.arange(block.end, device=query.device)[None, :]
+    hidden = (q_pos - k_pos >= sliding_window) if sliding_window > 0 else q_pos < 0
+    return masked_attention(query, k, v, hidden.expand(-1, block.end), scale, logit_softcap)

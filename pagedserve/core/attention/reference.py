@@ -90,29 +90,39 @@ def paged_attention_reference(
     logit_softcap: float = 0.0,  # 0: none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_size], query's dtype
     out = torch.empty_like(query)
-    num_heads, num_kv_heads = query.shape[1], kv_cache.shape[2]
-    group = num_heads // num_kv_heads
     for r in range(seq_lens.shape[0]):
         start, end = int(query_start_loc[r]), int(query_start_loc[r + 1])
         seq_len, q_len = int(seq_lens[r]), end - start
         if q_len == 0:
             continue
         k, v = gather_kv(kv_cache, page_table[r], seq_len)
-        k = k.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, d]
-        v = v.float().repeat_interleave(group, dim=1)
-        q = query[start:end].float()  # [q_len, num_heads, d]
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        if logit_softcap > 0:
-            scores = torch.tanh(scores / logit_softcap) * logit_softcap
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
         k_pos = torch.arange(seq_len, device=query.device)[None, :]
         hidden = k_pos > q_pos
         if sliding_window > 0:
             hidden |= q_pos - k_pos >= sliding_window
-        scores = scores.masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+        out[start:end] = masked_attention(query[start:end], k, v, hidden, scale, logit_softcap)
     return out
+
+
+def masked_attention(
+    query: torch.Tensor,  # [q_len, num_heads, head_size]
+    k: torch.Tensor,  # [k_len, num_kv_heads, head_size]
+    v: torch.Tensor,
+    hidden: torch.Tensor,  # [q_len, k_len] bool: True where a query may not see a key
+    scale: float,
+    logit_softcap: float,
+) -> torch.Tensor:  # [q_len, num_heads, head_size], query's dtype
+    """Attention in fp32 with an explicit mask: the reference's causal one, or Gemma 3's
+    image blocks (attention/image_blocks.py)."""
+    group = query.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)  # [k_len, num_heads, d]
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.float(), k) * scale
+    if logit_softcap > 0:
+        scores = torch.tanh(scores / logit_softcap) * logit_softcap
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
 
 
 class TorchReferenceBackend(AttentionBackend):
