@@ -91,7 +91,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         targets = loaded.model.enable_lora(config.lora.max_loras, config.lora.max_lora_rank)
         arch = loaded.arch  # what a GGUF adapter is checked and read against
         base = LoraBase(arch.architecture, arch.num_heads, arch.num_kv_heads)
-        runner.lora = LoraRegistry.start(config.lora, targets, base)
+        runner.lora = LoraRegistry.start(config.lora, targets, base, mirror=tp)
     # Not claimed across ranks: an all-reduce's summation order may follow the tensor's size
     # (gloo's and NCCL's algorithms chunk by size), so by the batch.
     # Adapter rows: the CPU's native kernel (cpp/src/lora) sums each row in one fixed order,

@@ -25,7 +25,6 @@ def refuse_unsupported(
     if tp:
         for feature, wanted in (
             (f"task {pooler.task if pooler else ''} runs", pooler is not None),
-            ("LoRA adapters run", config.lora.enabled),
             ("speculative_method draft runs", draft),
         ):
             if wanted:

@@ -3,6 +3,8 @@
     tp = TensorParallel.start(spec)     # spawns this node's other ranks, joins the group
     ... load_model(..., group=tp.group); share_num_pages(tp.group, n)
     with tp.stepping(): ...             # one step's collectives (a failure here is fatal)
+    tp.set_lora(slot, adapter)          # the LoRA registry's mirror: every worker writes its
+    tp.clear_lora(slot)                 # share of the slot (or clears it), between steps
     tp.watch(callback)                  # callback(reason) when a worker process exits
     tp.close()                          # stop, join, terminate what is left
 
@@ -30,6 +32,7 @@ from pagedserve.core.config import EngineConfig, ParallelConfig
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import StepChannel
 from pagedserve.core.executor.worker import WorkerSpec, threads_per_rank, worker_main
+from pagedserve.core.lora.peft import AdapterWeights
 from pagedserve.core.models.registry import read_arch
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.models.tensor_parallel import check_divisible
@@ -125,6 +128,15 @@ class TensorParallel:
             except Exception as exc:
                 self.report(f"a step's collective failed: {exc}")
                 raise
+
+    def set_lora(self, slot: int, adapter: AdapterWeights) -> None:
+        """Every worker writes its share of the (checked) adapter into `slot`."""
+        with self.stepping():
+            self.channel.send_lora(slot, adapter)
+
+    def clear_lora(self, slot: int) -> None:
+        with self.stepping():
+            self.channel.clear_lora(slot)
 
     def _watch(self) -> None:
         sentinels = {p.sentinel: p for p in self.processes}

@@ -2,7 +2,9 @@
 
 It joins the group, loads its shard of the model, allocates its heads' paged KV cache (as many
 pages as rank 0 says, so the page tables mean the same everywhere), then runs what rank 0
-broadcasts, step after step, until rank 0 says stop. It never samples: its share of the logits
+broadcasts, step after step, until rank 0 says stop. Under --enable-lora it holds its share of
+every adapter slot (models' enable_lora) and writes or clears a slot when rank 0 says so, between
+steps (rank 0 has read and checked the adapter: a worker never reads an adapter's file). It never samples: its share of the logits
 goes to rank 0. It exits when its parent process does (a killed server leaves no worker
 behind), and a peer that vanishes mid-step makes its collective fail, which ends it.
 """
@@ -21,7 +23,8 @@ from pagedserve.core.attention.base import kv_cache_dtype, kv_cache_shape
 from pagedserve.core.config import EngineConfig, ParallelConfig
 from pagedserve.core.device_policy import load_for_engine
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
-from pagedserve.core.distributed.step import StepChannel, StepInputs
+from pagedserve.core.distributed.step import LoraCommand, StepChannel, StepInputs
+from pagedserve.core.lora.registry import LoraTarget, clear_adapter, write_adapter
 from pagedserve.core.models.base import CausalLM
 from pagedserve.core.models.resolve import ResolvedModel
 
@@ -60,9 +63,13 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, name="pagedserve-parent-watch", daemon=True).start()
 
 
-def run_step(model: CausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs) -> None:
-    """Rank 0's forward pass, collective for collective (models/tensor_parallel.py)."""
-    hidden = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta)
+def run_step(
+    model: CausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs, dtype: torch.dtype
+) -> None:
+    """Rank 0's forward pass, collective for collective (models/tensor_parallel.py), the
+    step's adapter rows grouped as rank 0 groups them."""
+    lora = inputs.lora_batch(dtype)
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, inputs.meta, lora)
     model.compute_logits(hidden[inputs.sample_rows])
     for start, count in inputs.prompt_rows:
         if count:
@@ -72,6 +79,14 @@ def run_step(model: CausalLM, kv_caches: list[torch.Tensor], inputs: StepInputs)
 def share_num_pages(group: TPGroup, num_pages: int = 0) -> int:
     """Rank 0's KV page count, on every rank (workers pass nothing and wait for it)."""
     return int(group.broadcast_control(torch.tensor([num_pages], dtype=torch.int64)).item())
+
+
+def apply_lora(targets: dict[tuple[int, str], LoraTarget], command: LoraCommand) -> None:
+    """Rank 0's adapter write or clear, on this rank's share of the slot."""
+    if command.adapter is None:
+        clear_adapter(targets, command.slot)
+    else:
+        write_adapter(targets, command.slot, command.adapter)
 
 
 @torch.inference_mode()
@@ -94,9 +109,14 @@ def serve_rank(spec: WorkerSpec, rank: int) -> None:
         kv_caches = [
             torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(arch.num_layers)
         ]
+        lora = spec.config.lora
+        targets = model.enable_lora(lora.max_loras, lora.max_lora_rank) if lora.enabled else {}
         channel = StepChannel(group)
-        while (inputs := channel.receive()) is not None:
-            run_step(model, kv_caches, inputs)
+        while (message := channel.receive()) is not None:
+            if isinstance(message, LoraCommand):
+                apply_lora(targets, message)
+            else:
+                run_step(model, kv_caches, message, spec.dtype)
     finally:
         group.close()
 

@@ -10,6 +10,11 @@
 
 Every adapter is checked whole before any weight is written: rank <= max_rank, each module one
 the model has (with the shapes it has), so a refused adapter leaves the others untouched.
+
+Under tensor parallelism each target is a rank's share of a layer (LoraTarget.shard): the
+adapter is checked against the whole model's shapes, each rank writes its cut (lora/parallel.py),
+and rank 0's registry sends every write and clear to the other ranks first (`mirror`: the
+executor's TensorParallel), so every rank's slots hold the same adapters.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pagedserve.core.config import LoRAConfig
 from pagedserve.core.lora.gguf import LoraBase, read_gguf_lora
+from pagedserve.core.lora.parallel import LoraShard
 from pagedserve.core.lora.peft import AdapterWeights, read_peft
 from pagedserve.core.lora.weights import LoraWeights
 from pagedserve.core.lora_request import LoRAError, LoRANotFoundError, LoRARequest
@@ -34,6 +41,43 @@ class LoraTarget:
 
     weights: LoraWeights
     part: int
+    shard: LoraShard | None = None
+    """This rank's share under tensor parallelism (None: the whole layer)."""
+
+    def whole_shape(self) -> tuple[int, int]:
+        """(in, out) of the whole model's projection (an adapter's A [r, in], B [out, r])."""
+        shape = self.weights.in_features, self.weights.parts[self.part]
+        return shape if self.shard is None else self.shard.whole(*shape)
+
+
+class LoraMirror(Protocol):
+    """Where rank 0's writes and clears go too: the other tensor-parallel ranks."""
+
+    def set_lora(self, slot: int, adapter: AdapterWeights) -> None: ...
+
+    def clear_lora(self, slot: int) -> None: ...
+
+
+def write_adapter(
+    targets: dict[tuple[int, str], LoraTarget], slot: int, adapter: AdapterWeights
+) -> None:
+    """The (checked) adapter's weights into `slot` of each target, this rank's cut of each."""
+    for key, (a, b, scaling) in adapter.modules.items():
+        target = targets[key]
+        if target.shard is not None:
+            a, b = target.shard.cut(a, b)
+        target.weights.set_slot(slot, target.part, a, b, scaling)
+
+
+def clear_adapter(targets: dict[tuple[int, str], LoraTarget], slot: int) -> None:
+    """Zeros in `slot` of every stack (a slot's zeros add nothing)."""
+    for weights in stacks(targets):
+        weights.clear_slot(slot)
+
+
+def stacks(targets: dict[tuple[int, str], LoraTarget]) -> list[LoraWeights]:
+    """The layers' stacks the targets write into, each once (a fused layer's parts share one)."""
+    return list({id(t.weights): t.weights for t in targets.values()}.values())
 
 
 class LoraRegistry:
@@ -44,8 +88,10 @@ class LoraRegistry:
         *,
         max_loras: int,
         max_rank: int,
+        mirror: LoraMirror | None = None,
     ) -> None:
         self.targets, self.base, self.max_loras, self.max_rank = targets, base, max_loras, max_rank
+        self.mirror = mirror
         self._free = list(range(max_loras - 1, -1, -1))  # slot 0 handed out first
         self._loaded: dict[str, LoRARequest] = {}
         self._snapshot: tuple[LoRARequest, ...] = ()  # read by other threads: swapped whole
@@ -56,10 +102,16 @@ class LoraRegistry:
 
     @classmethod
     def start(
-        cls, config: LoRAConfig, targets: dict[tuple[int, str], LoraTarget], base: LoraBase
+        cls,
+        config: LoRAConfig,
+        targets: dict[tuple[int, str], LoraTarget],
+        base: LoraBase,
+        mirror: LoraMirror | None = None,
     ) -> LoraRegistry:
-        """The registry over the model's adapter stacks, with --lora-modules loaded."""
-        registry = cls(targets, base, max_loras=config.max_loras, max_rank=config.max_lora_rank)
+        """The registry over the model's adapter stacks, with --lora-modules loaded (on every
+        rank, through `mirror`, under tensor parallelism)."""
+        registry = cls(targets, base, max_loras=config.max_loras, max_rank=config.max_lora_rank,
+                       mirror=mirror)  # fmt: skip
         for name, path in config.lora_modules:
             registry.load(name, path)
         logger.info("LoRA: %d adapter slots of rank <= %d, %.1f MiB of adapter weights",
@@ -68,10 +120,7 @@ class LoraRegistry:
 
     def nbytes(self) -> int:
         """What the adapter stacks take (every slot, loaded or not)."""
-        return sum(w.a.nbytes + w.b.nbytes for w in self._stacks())
-
-    def _stacks(self) -> list[LoraWeights]:
-        return list({id(t.weights): t.weights for t in self.targets.values()}.values())
+        return sum(w.a.nbytes + w.b.nbytes for w in stacks(self.targets))
 
     @property
     def loaded(self) -> list[LoRARequest]:
@@ -95,10 +144,11 @@ class LoraRegistry:
                             "unload an adapter first")  # fmt: skip
         adapter = read_adapter(path, self.base)
         self.check(adapter)
-        slot = self._free.pop()
-        for key, (a, b, scaling) in adapter.modules.items():
-            target = self.targets[key]
-            target.weights.set_slot(slot, target.part, a, b, scaling)
+        slot = self._free[-1]
+        if self.mirror is not None:
+            self.mirror.set_lora(slot, adapter)
+        write_adapter(self.targets, slot, adapter)
+        self._free.pop()
         request = LoRARequest(name, self._next_id, str(path))
         self._next_id += 1
         self._loaded[name] = request
@@ -116,7 +166,7 @@ class LoraRegistry:
             if target is None:
                 raise LoRAError(f"target module {module!r} of layer {layer}: the model has no "
                                 "such projection that takes adapters")  # fmt: skip
-            want_in, want_out = target.weights.in_features, target.weights.parts[target.part]
+            want_in, want_out = target.whole_shape()
             if a.shape[1] != want_in or b.shape[0] != want_out:
                 raise LoRAError(f"layer {layer} {module}: the adapter is [{a.shape[1]} -> "
                                 f"{b.shape[0]}], the model's projection [{want_in} -> "
@@ -153,8 +203,9 @@ class LoraRegistry:
 
     def _free_slot(self, slot: int, lora_int_id: int) -> None:
         del self._slot[lora_int_id]
-        for weights in self._stacks():
-            weights.clear_slot(slot)
+        if self.mirror is not None:
+            self.mirror.clear_lora(slot)
+        clear_adapter(self.targets, slot)
         self._free.append(slot)
 
 

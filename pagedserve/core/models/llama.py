@@ -26,12 +26,14 @@ import torch
 from torch import nn
 
 from pagedserve.core.attention.base import AttentionBackend, AttentionMetadata
+from pagedserve.core.lora.parallel import LoraShard
 from pagedserve.core.lora.registry import LoraTarget
 from pagedserve.core.lora.weights import LoraBatch, LoraWeights
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.decoder_stack.stack import DecoderStack
 from pagedserve.core.models.layers import rope_attention_factor, rope_inv_freq, rope_tables
 from pagedserve.core.models.linear.dense import GateUpLinear, Linear, PackableLinear
+from pagedserve.core.models.linear.parallel import RowParallelLinear
 from pagedserve.core.models.linear.quantized import QuantizedGateUpLinear, QuantizedLinear
 from pagedserve.core.models.moe import DenseMLP, SparseMoE
 from pagedserve.core.ops import layer_ops
@@ -293,11 +295,16 @@ class LlamaForCausalLM(nn.Module):
     def enable_lora(self, max_loras: int, max_rank: int) -> dict[tuple[int, str], LoraTarget]:
         """Zeroed adapter stacks of `max_loras` slots beside every decoder layer's projections
         (attention's, and the MLP's where it is dense); returns where each (layer, HF module
-        name) of an adapter goes. The native decoder stack, where it applies, takes them too."""
+        name) of an adapter goes. The native decoder stack, where it applies, takes them too.
+        Under tensor parallelism (self.arch is a rank's share) each stack is this rank's share
+        of the layer's, and each target says which cut of an adapter it takes (lora/parallel.py):
+        B's rows on the column-parallel q/k/v and gate/up, A's columns on the row-parallel o and
+        down."""
         arch, dtype = self.arch, self.rope_cos.dtype
         q, kv = arch.num_heads * arch.head_size, arch.num_kv_heads * arch.head_size
         targets: dict[tuple[int, str], LoraTarget] = {}
         for i, layer in enumerate(self.decoder_layers()):
+            group = layer.o_proj.group if isinstance(layer.o_proj, RowParallelLinear) else None
             found: list[tuple[Any, tuple[str, ...], list[int]]] = [
                 (layer.qkv_proj, ("q_proj", "k_proj", "v_proj"), [q, kv, kv]),
                 (layer.o_proj, ("o_proj",), [arch.hidden_size]),
@@ -308,7 +315,12 @@ class LlamaForCausalLM(nn.Module):
                           (layer.mlp.down_proj, ("down_proj",), [arch.hidden_size])]  # fmt: skip
             for module, names, parts in found:
                 module.lora = LoraWeights(module.in_features, parts, max_loras, max_rank, dtype)
-                targets.update({(i, n): LoraTarget(module.lora, p) for p, n in enumerate(names)})
+                shard = None
+                if group is not None:  # row-parallel: A's columns; column-parallel: B's rows
+                    row = isinstance(module, RowParallelLinear)
+                    shard = LoraShard("in" if row else "out", group.rank, group.world_size)
+                targets.update({(i, n): LoraTarget(module.lora, p, shard)
+                                for p, n in enumerate(names)})  # fmt: skip
         if self.stack is not None:
             self.stack.attach_lora(self.decoder_layers())
         return targets

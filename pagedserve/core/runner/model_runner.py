@@ -218,13 +218,18 @@ class ModelRunner:
 
     def _lora_batch(self, plan: StepPlan) -> LoraBatch | None:
         """The step's token rows grouped by adapter (None: every row is the base model's)."""
-        if not self._lora_slots:
-            return None
-        slots = np.array([self._lora_slots.get(s, -1) for s in plan.seq_ids.tolist()])
-        if not (slots >= 0).any():
+        slots = self._lora_request_slots(plan)
+        if slots is None:
             return None
         token_slots = np.repeat(slots, plan.num_scheduled_tokens)
         return LoraBatch.build(token_slots, self.dtype, self.device)
+
+    def _lora_request_slots(self, plan: StepPlan) -> np.ndarray | None:
+        """Each request's adapter slot (-1: the base), or None where no request has one."""
+        if not self._lora_slots:
+            return None
+        slots = np.array([self._lora_slots.get(s, -1) for s in plan.seq_ids.tolist()])
+        return slots if (slots >= 0).any() else None
 
     def _pool(self, hidden: torch.Tensor, specs: list[PoolingSpec]) -> dict[int, list[float]]:
         if not specs:
@@ -251,7 +256,7 @@ class ModelRunner:
     def _inputs(self, plan: StepPlan, specs: list[PromptLogprobsSpec]) -> StepInputs:
         if self.tp is not None:  # the workers get the same inputs by broadcast
             rows = [(spec.row_start, len(spec.target_ids)) for spec in specs]
-            return self.tp.channel.send(plan, rows)
+            return self.tp.channel.send(plan, rows, self._lora_request_slots(plan))
         return StepInputs(
             input_ids=self._tensor(plan.input_ids, torch.long),
             positions=self._tensor(plan.positions, torch.long),

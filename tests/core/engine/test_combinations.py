@@ -45,8 +45,6 @@ EMBED = PoolerConfig()
     ("config", "resolved", "arch", "pooler", "message"),
     [
         (EngineConfig(parallel=TP2), HF, TEXT, EMBED, "task embed runs at tensor_parallel_size 1"),
-        (EngineConfig(parallel=TP2, lora=LORA), HF, TEXT, None,
-         "LoRA adapters run at tensor_parallel_size 1"),
         (EngineConfig(parallel=TP2, speculative=DRAFT), HF, TEXT, None,
          "speculative_method draft runs at tensor_parallel_size 1"),
         (EngineConfig(parallel=TP2), HF, VISION, None, "(images) runs at tensor_parallel_size 1"),
@@ -70,6 +68,8 @@ def test_refused_combinations_are_named(
     ("config", "resolved", "arch", "pooler"),
     [
         (EngineConfig(parallel=TP2), GGUF, TEXT, None),
+        (EngineConfig(parallel=TP2, lora=LORA), HF, TEXT, None),  # adapters sharded per rank
+        (EngineConfig(parallel=TP2, lora=LORA), GGUF, TEXT, None),
         (EngineConfig(lora=LORA, speculative=DRAFT), GGUF, TEXT, None),
         (EngineConfig(), HF, TEXT, EMBED),
         (EngineConfig(lora=LORA), GGUF_MMPROJ, VISION, None),  # llama.cpp's two files

@@ -12,6 +12,7 @@ from bench.common.tiny_lora import ATTENTION, MLP, write_peft_adapter
 from bench.common.tiny_models import make_hf_model, write_gguf_llama
 from bench.common.tiny_tokenizers import write_tiny_bpe
 from pagedserve import LLM
+from tests.core.lora.gguf_lora import gguf_from_peft
 from tests.core.lora.oracle import ADAPTERS, PROMPTS, QuantizedBase, hf_tokens
 
 pytest.importorskip("peft")
@@ -61,6 +62,17 @@ def oracle(model: tuple[Path, dict[str, Path]], llm: LLM) -> dict[str | None, li
         tokens[name] = hf_tokens(peft_model, prompts)
         tokens[name + "+merged"] = hf_tokens(peft_model.merge_and_unload(), prompts)
     return tokens
+
+
+@pytest.fixture(scope="session")
+def gguf_adapters(
+    model: tuple[Path, dict[str, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """ "attn" and "all" as f32 GGUF files (not "mlp": the converter drops its rsLoRA)."""
+    _, adapters = model
+    root = tmp_path_factory.mktemp("gguf-lora")
+    return {name: gguf_from_peft(adapters[name], root / f"{name}.gguf", alpha=ADAPTERS[name][1])
+            for name in ("attn", "all")}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

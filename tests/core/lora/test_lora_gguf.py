@@ -28,22 +28,11 @@ from pagedserve.core.lora_request import LoRAError, LoRARequest
 from pagedserve.core.models.families import FAMILIES
 from pagedserve.core.models.loader_gguf import GGUF_ARCHITECTURES
 from tests.core.lora.gguf_lora import converted, gguf_from_peft, write_gguf_lora
-from tests.core.lora.oracle import ADAPTERS, GREEDY, PROMPTS, QuantizedBase, ours, request
+from tests.core.lora.oracle import GREEDY, PROMPTS, QuantizedBase, ours, request
 
 TINY = LoraBase("llama", num_heads=4, num_kv_heads=2)  # bench/common/tiny_models.py's shape
 WORK = Path(__file__).resolve().parents[3] / "bench" / ".work"
 CONVERTERS = sorted(WORK.glob("llama_cpp_python-*/vendor/llama.cpp/convert_lora_to_gguf.py"))
-
-
-@pytest.fixture(scope="module")
-def gguf_adapters(
-    model: tuple[Path, dict[str, Path]], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Path]:
-    """ "attn" and "all" as f32 GGUF files (not "mlp": the converter drops its rsLoRA)."""
-    _, adapters = model
-    root = tmp_path_factory.mktemp("gguf-lora")
-    return {name: gguf_from_peft(adapters[name], root / f"{name}.gguf", alpha=ADAPTERS[name][1])
-            for name in ("attn", "all")}  # fmt: skip
 
 
 def assert_same(got: AdapterWeights, want: AdapterWeights, atol: float = 0.0) -> None:

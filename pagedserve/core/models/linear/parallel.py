@@ -1,7 +1,11 @@
 """The linear layers whose outputs meet across tensor-parallel ranks (models/tensor_parallel.py
 decides which layers they replace and cuts their weights): row-parallel (o_proj, down_proj:
 partial sums all-reduced) and the vocabulary-parallel LM head (logit slices gathered on rank 0).
-Column-parallel layers need no class: a plain Linear over this rank's slice of the outputs."""
+Column-parallel layers need no class: a plain Linear over this rank's slice of the outputs.
+
+LoRA adapters sit on each as on the layer at one rank (lora/weights.py's grouped product), over
+this rank's share of the adapter (lora/parallel.py): a row-parallel layer adds x_r A_r B to its
+partial sum, and the one all-reduce sums them with the base's."""
 
 from __future__ import annotations
 
@@ -28,10 +32,11 @@ class RowParallelLinear(Linear):
         residual: torch.Tensor | None = None,
         *,
         out_dtype: torch.dtype | None = None,
-        lora: LoraBatch | None = None,  # None: adapters are refused under tensor parallelism
+        lora: LoraBatch | None = None,  # the step's adapter rows (None: base rows only)
     ) -> torch.Tensor:
         residual = residual if self.group.is_first else None
-        return self.group.all_reduce(super().forward(x, residual, out_dtype=out_dtype))
+        partial = super().forward(x, residual, out_dtype=out_dtype, lora=lora)
+        return self.group.all_reduce(partial)
 
 
 class ParallelLMHead(Linear):
