@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.numpy import load_file, save_file
 
 from bench.common.tiny_models import randomize_
 from bench.common.tiny_tokenizers import TRAINING_CORPUS, train_tiny_bpe
@@ -34,8 +35,17 @@ IMAGE_SIZE = 56
 TOKENS_PER_IMAGE = 4
 
 
-def write_tiny_gemma3_vl(folder: Path, *, seed: int = 0) -> torch.nn.Module:
-    """Write the folder; returns the transformers model (fp32, eval) it holds."""
+def write_tiny_gemma3_vl(
+    folder: Path, *, seed: int = 0, llama_cpp: bool = False
+) -> torch.nn.Module:
+    """Write the folder; returns the transformers model (fp32, eval) it holds.
+
+    llama_cpp: a model llama.cpp's two files say all of. Its language model has six layers,
+    five sliding then a global one, and the attention scale head_dim ** -0.5: a gemma3 GGUF
+    has no key for a layer pattern or a scale. Its input projection is exact in f16, which
+    the converter writes it in whatever the type. The tower's weights are saved under
+    vision_tower.vision_model., as in Google's checkpoints and as the converter reads them
+    (transformers 5 saves them under vision_tower.)."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,7 +69,8 @@ def write_tiny_gemma3_vl(folder: Path, *, seed: int = 0) -> torch.nn.Module:
     _write(folder / "processor_config.json", {
         "processor_class": "Gemma3Processor", "image_seq_length": TOKENS_PER_IMAGE,
     })  # fmt: skip
-    config = Gemma3Config(text_config=_text_config(tokenizer.get_vocab_size()),
+    text = _text_config(tokenizer.get_vocab_size()) | (_LLAMA_CPP_TEXT if llama_cpp else {})
+    config = Gemma3Config(text_config=text,
                           vision_config=_VISION, mm_tokens_per_image=TOKENS_PER_IMAGE,
                           boi_token_index=ids["<start_of_image>"],
                           eoi_token_index=ids["<end_of_image>"],
@@ -67,8 +78,22 @@ def write_tiny_gemma3_vl(folder: Path, *, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration(config).float().eval()
     randomize_(model, seed)
+    if llama_cpp:
+        with torch.no_grad():
+            weight = model.model.multi_modal_projector.mm_input_projection_weight
+            weight.copy_(weight.half().float())
     model.save_pretrained(folder, safe_serialization=True)
+    if llama_cpp:
+        _rename_tower(folder / "model.safetensors")
     return model
+
+
+def _rename_tower(path: Path) -> None:
+    weights = load_file(str(path))
+    tower = "vision_tower."
+    renamed = {tower + "vision_model." + k.removeprefix(tower) if k.startswith(tower) else k: v
+               for k, v in weights.items()}  # fmt: skip
+    save_file(renamed, str(path), metadata={"format": "pt"})
 
 
 def _text_config(vocab_size: int) -> dict[str, Any]:
@@ -80,6 +105,11 @@ def _text_config(vocab_size: int) -> dict[str, Any]:
         bos_token_id=2, eos_token_id=4, pad_token_id=0,
     )  # fmt: skip
 
+
+_LLAMA_CPP_TEXT: dict[str, Any] = {
+    "num_hidden_layers": 6, "query_pre_attn_scalar": 16,
+    "layer_types": [*["sliding_attention"] * 5, "full_attention"],
+}  # fmt: skip
 
 _VISION = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

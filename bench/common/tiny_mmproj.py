@@ -1,17 +1,22 @@
-"""llama.cpp's two files of a vision-language model, written from a tiny Qwen2.5-VL folder.
+"""llama.cpp's two files of a vision-language model, written from a tiny Qwen2.5-VL or Gemma 3
+folder.
 
 write_gguf_qwen2_5_vl: the language model (`qwen2vl` GGUF) and the projector (`clip` GGUF, what
-convert_hf_to_gguf.py writes with --mmproj) from a folder of bench/common/tiny_vlm.py, with the
-keys, values, tensor names and types llama.cpp's converter writes (f32, or f16 for every weight
-of two dimensions or more; tests/core/multimodal/test_mmproj_llama_cpp.py holds the two equal
-where the converter is unpacked). Q8_0: the language model's weights in Q8_0 blocks, the
-projector in f32 (a quantized model beside its tower). `overrides` replaces or adds projector keys, for the tests of
-what the loader refuses.
+convert_hf_to_gguf.py writes with --mmproj) from a folder of bench/common/tiny_vlm.py;
+write_gguf_gemma3_vl: the same for Gemma 3 (a `gemma3` GGUF and a `gemma3` projector) from a
+folder of bench/common/tiny_gemma3_vl.py. Each writes the keys, values, tensor names and types
+llama.cpp's converter writes (f32, or f16 for every weight of two dimensions or more, but what
+the converter keeps apart: Gemma 3's patch and position embeddings stay f32 and its input
+projection is f16 in either; tests/core/multimodal/test_mmproj_llama_cpp.py holds the files
+equal where the converter is unpacked). Q8_0: the language model's weights in Q8_0 blocks, the
+projector in f32 (a quantized model beside its tower). `overrides` replaces or adds projector
+keys, for the tests of what the loader refuses.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,24 @@ _BLOCK = {
 }  # fmt: skip
 _MERGER = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
 PROJECTOR_TYPE = "qwen2.5vl_merger"
+# Gemma 3: its language model's norms (and q / k norms) beyond Llama's, its SigLIP tower's.
+_GEMMA3_LAYER = _LAYER | {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+}  # fmt: skip
+_SIGLIP_TOP = {
+    "embeddings.patch_embedding": "v.patch_embd", "embeddings.position_embedding": "v.position_embd",
+    "post_layernorm": "v.post_ln",
+}  # fmt: skip
+_SIGLIP_BLOCK = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2",
+    "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+}  # fmt: skip
+# The converter's Gemma 3 projector: pooled to 4 x 4 unless it says otherwise (llama.cpp's default).
+GEMMA3_DEFAULT_SCALE = 4
+_F32 = gguf.GGMLQuantizationType.F32
 
 
 def write_gguf_qwen2_5_vl(
@@ -50,6 +73,24 @@ def write_gguf_qwen2_5_vl(
     _write_language_model(folder, config, weights, lm_path, quant)
     tower = gguf.GGMLQuantizationType.F32 if qtype == "Q8_0" else quant
     _write_mmproj(folder, config, weights, mmproj_path, tower, overrides or {})
+
+
+def write_gguf_gemma3_vl(
+    folder: Path,
+    lm_path: Path,
+    mmproj_path: Path,
+    *,
+    qtype: str = "F32",
+    overrides: dict[str, Any] | None = None,
+) -> None:
+    """Both files of a Gemma 3 folder (its tower under the hub's vision_tower.vision_model.
+    names or transformers 5's vision_tower.)."""
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    quant = gguf.GGMLQuantizationType[qtype]
+    _write_gemma3_language_model(folder, config, weights, lm_path, quant)
+    tower = gguf.GGMLQuantizationType.F32 if qtype == "Q8_0" else quant
+    _write_gemma3_mmproj(folder, config, weights, mmproj_path, tower, overrides or {})
 
 
 def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
@@ -101,6 +142,106 @@ def _write_language_model(
     _finish(writer)
 
 
+def _write_gemma3_language_model(
+    folder: Path, config: dict[str, Any], weights: dict[str, np.ndarray], path: Path, quant: Any
+) -> None:
+    """The converter's Gemma3Model: norms stored as 1 + weight, the head tied (left out)."""
+    text = config["text_config"]
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_type("model")
+    writer.add_block_count(text["num_hidden_layers"])
+    writer.add_context_length(text["max_position_embeddings"])
+    writer.add_embedding_length(text["hidden_size"])
+    writer.add_feed_forward_length(text["intermediate_size"])
+    writer.add_head_count(text["num_attention_heads"])
+    writer.add_head_count_kv(text["num_key_value_heads"])
+    rope = text["rope_parameters"]
+    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
+    writer.add_key_length(text["head_dim"])
+    writer.add_value_length(text["head_dim"])
+    writer.add_file_type(int(quant))
+    writer.add_sliding_window(text["sliding_window"])
+    _add_vocabulary(writer, folder, text)
+    for name, data in weights.items():
+        if not name.startswith("language_model."):
+            continue
+        stem, kind = name.removeprefix("language_model.").rsplit(".", 1)
+        if stem.endswith("norm"):
+            data = data + np.float32(1)  # Gemma's (1 + weight), added by the converter
+        if stem in _TOP:
+            _add(writer, f"{_TOP[stem]}.{kind}", data, quant)
+            continue
+        _, _, layer, rest = stem.split(".", 3)  # model.layers.{i}.{rest}
+        _add(writer, f"blk.{layer}.{_GEMMA3_LAYER[rest]}.{kind}", data, quant)
+    _finish(writer)
+
+
+def _write_gemma3_mmproj(
+    folder: Path,
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    path: Path,
+    quant: Any,
+    overrides: dict[str, Any],
+) -> None:
+    vision = config["vision_config"]
+    pre = json.loads((folder / "preprocessor_config.json").read_text())
+    processor = json.loads((folder / "processor_config.json").read_text())
+    per_side = math.isqrt(int(processor.get("image_seq_length", 256)))
+    scale = vision["image_size"] // vision["patch_size"] // per_side
+    keys: dict[str, Any] = {
+        "clip.has_vision_encoder": True,
+        "clip.vision.projection_dim": config["text_config"]["hidden_size"],
+        "clip.vision.image_size": vision["image_size"],
+        "clip.vision.patch_size": vision["patch_size"],
+        "clip.vision.embedding_length": vision["hidden_size"],
+        "clip.vision.feed_forward_length": vision["intermediate_size"],
+        "clip.vision.block_count": vision["num_hidden_layers"],
+        "clip.vision.attention.head_count": vision["num_attention_heads"],
+        "clip.vision.image_mean": [float(x) for x in pre["image_mean"]],
+        "clip.vision.image_std": [float(x) for x in pre["image_std"]],
+        "clip.projector_type": "gemma3",
+        "clip.vision.attention.layer_norm_epsilon": float(vision.get("layer_norm_eps", 1e-6)),
+        "clip.use_gelu": True,
+    }
+    if scale > 0 and scale != GEMMA3_DEFAULT_SCALE:
+        keys["clip.vision.projector.scale_factor"] = scale
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_type("mmproj")
+    writer.add_file_type(int(quant))
+    for key, value in (keys | overrides).items():
+        _add_key(writer, key, value)
+    for name, data in weights.items():
+        if name.startswith("multi_modal_projector."):
+            _add_gemma3_projector_tensor(writer, name, data)
+        elif name.startswith("vision_tower."):
+            tower = name.removeprefix("vision_tower.").removeprefix("vision_model.")
+            _add_siglip_tensor(writer, tower, data, quant)
+    _finish(writer)
+
+
+def _add_gemma3_projector_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray) -> None:
+    """The input projection in f16 whatever the type (the converter's choice, llama.cpp
+    issue 13025), the soft embedding norm as 1 + weight."""
+    if name.endswith("mm_input_projection_weight"):
+        _add(writer, "mm.input_projection.weight", data, gguf.GGMLQuantizationType.F16)
+    else:
+        _add(writer, "mm.soft_emb_norm.weight", data + np.float32(1), _F32)
+
+
+def _add_siglip_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
+    """One SigLIP weight; the embeddings (patch and position) stay f32."""
+    stem, kind = name.rsplit(".", 1)
+    if stem in _SIGLIP_TOP:
+        embeddings = stem.startswith("embeddings.")
+        _add(writer, f"{_SIGLIP_TOP[stem]}.{kind}", data, _F32 if embeddings else quant)
+        return
+    _, _, layer, rest = stem.split(".", 3)  # encoder.layers.{i}.{rest}
+    _add(writer, f"v.blk.{layer}.{_SIGLIP_BLOCK[rest]}.{kind}", data, quant)
+
+
 def _add_vocabulary(writer: gguf.GGUFWriter, folder: Path, text: dict[str, Any]) -> None:
     """The converter's gpt2 vocabulary: tokens, types (added special tokens are control),
     merges, the special ids of config.json, the chat template."""
@@ -115,9 +256,9 @@ def _add_vocabulary(writer: gguf.GGUFWriter, folder: Path, text: dict[str, Any])
     merges = json.loads(tokenizer.to_str())["model"]["merges"]
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     writer.add_eos_token_id(text["eos_token_id"])
-    writer.add_pad_token_id(0)  # <|endoftext|>, tokenizer_config.json's pad_token
-    writer.add_bos_token_id(text["bos_token_id"])
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    writer.add_pad_token_id(tokenizer.token_to_id(tokenizer_config["pad_token"]))
+    writer.add_bos_token_id(text["bos_token_id"])
     writer.add_add_bos_token(bool(tokenizer_config.get("add_bos_token", False)))
     writer.add_chat_template(tokenizer_config["chat_template"])
 

@@ -38,7 +38,9 @@ class Gemma3ForConditionalGeneration(LlamaForCausalLM):
         if arch.vision is None or not arch.vision.tokens_per_image:
             raise ValueError("a Gemma 3 config with images needs vision_config")
         self.visual = SiglipVisionTower(arch.vision)
-        self.projector = Gemma3Projector(arch.vision)
+        # The soft embedding norm's offset is the language model's: 1 from an HF folder, 0 from
+        # llama.cpp's files (their norms hold 1 + weight).
+        self.projector = Gemma3Projector(arch.vision, norm_offset=arch.norm_offset)
 
     def encode_images(self, pixels: list[torch.Tensor], grids: list[Grid]) -> list[torch.Tensor]:
         """Each image's embeddings [tokens_per_image, hidden_size], all images in one call

@@ -5,7 +5,8 @@ patch_size patch is embedded linearly (the checkpoint's Conv2d weight, read as a
 learned position embedding is added per patch, then pre-LayerNorm blocks of bidirectional
 attention and a GELU-tanh MLP, and a final LayerNorm. The projector average-pools the patch
 grid to tokens_per_image tokens (a square), normalizes them with Gemma's RMSNorm (scale 1 +
-weight) and maps them to the language model's width. Every image has the same size, so a step's
+weight; llama.cpp's files store 1 + weight itself: offset 0) and maps them to the language
+model's width. Every image has the same size, so a step's
 images run as one batch. Plain torch (it runs once per image; the encoder cache keeps the
 result).
 """
@@ -107,30 +108,32 @@ class SiglipVisionTower(nn.Module):
 
 
 class GemmaRMSNorm(nn.Module):
-    """x / rms(x) * (1 + weight), in float32 (Gemma's form; the checkpoint stores weight)."""
+    """x / rms(x) * (offset + weight), in float32 (Gemma's form: an HF checkpoint stores
+    weight, offset 1; a GGUF stores 1 + weight, offset 0)."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, offset: float = 1.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(size))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+        return (h * (self.offset + self.weight.float())).to(x.dtype)
 
 
 class Gemma3Projector(nn.Module):
     """The tower's patches -> tokens_per_image tokens of the language model's width."""
 
-    def __init__(self, config: VisionConfig) -> None:
+    def __init__(self, config: VisionConfig, norm_offset: float = 1.0) -> None:
         super().__init__()
         self.side = config.image_size // config.patch_size  # patches per side
         self.pool = config.spatial_merge_size  # patches per side of one token
         self.mm_input_projection_weight = nn.Parameter(
             torch.empty(config.hidden_size, config.out_hidden_size)
         )
-        self.mm_soft_emb_norm = GemmaRMSNorm(config.hidden_size, config.layer_norm_eps)
+        self.mm_soft_emb_norm = GemmaRMSNorm(config.hidden_size, config.layer_norm_eps, norm_offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[images, side * side, vision hidden] -> [images, tokens, text hidden]."""
