@@ -121,16 +121,28 @@ def test_load_unload_and_refusals_at_tp2(
     tmp_path: Path,
 ) -> None:
     """Run-time loads and unloads reach the worker: "all" (every module, rank 16) is unloaded
-    and "mlp" takes its slot; the worker's share of the slot must be cleared, else "all"'s
-    attention weights would stay on rank 1 only. Refusals leave both ranks serving."""
+    while its requests run (they finish with it), then "mlp" takes its slot; the worker's share
+    of the slot must have been cleared, else "all"'s attention weights would stay on rank 1.
+    Refusals leave both ranks serving."""
     _, adapters = model
     engine = tp_llm.engine
     for name in [r.lora_name for r in engine.list_loras()]:
         engine.remove_lora(name)
     first = engine.add_lora("all", str(adapters["all"]))
-    assert _tokens(tp_llm.generate(PROMPTS, GREEDY, lora_request=first)) == oracle["all"]
     slot = engine.model_runner.lora._slot[first.lora_int_id]  # type: ignore[union-attr]
-    engine.remove_lora("all")
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"tp-all-{i}", tp_llm.tokenizer.encode(prompt), GREEDY,
+                           lora_request=first)  # fmt: skip
+    done = {d.request_id: d for d in engine.step()}
+    engine.remove_lora("all")  # while its requests run: the slot is cleared once they finish
+    assert slot in engine.model_runner.lora._retired  # type: ignore[union-attr]
+    while engine.has_unfinished():
+        for delta in engine.step():
+            if delta.request_id in done:
+                done[delta.request_id].merge(delta)
+            else:
+                done[delta.request_id] = delta
+    assert _tokens([done[f"tp-all-{i}"] for i in range(len(PROMPTS))]) == oracle["all"]
     second = engine.add_lora("mlp", str(adapters["mlp"]))
     assert engine.model_runner.lora._slot[second.lora_int_id] == slot  # type: ignore[union-attr]
     assert _tokens(tp_llm.generate(PROMPTS, GREEDY, lora_request=second)) == oracle["mlp"]
