@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,9 @@ def write_gguf_qwen2_5_vl(
     overrides: dict[str, Any] | None = None,
 ) -> None:
     """Both files from the folder's config.json, tokenizer and model.safetensors."""
-    config = json.loads((folder / "config.json").read_text())
-    weights = load_file(str(folder / "model.safetensors"))
-    quant = gguf.GGMLQuantizationType[qtype]
-    _write_language_model(folder, config, weights, lm_path, quant)
-    tower = gguf.GGMLQuantizationType.F32 if qtype == "Q8_0" else quant
-    _write_mmproj(folder, config, weights, mmproj_path, tower, overrides or {})
+    _write_pair(
+        folder, (lm_path, mmproj_path), qtype, overrides, _write_language_model, _write_mmproj
+    )
 
 
 def write_gguf_gemma3_vl(
@@ -85,12 +83,24 @@ def write_gguf_gemma3_vl(
 ) -> None:
     """Both files of a Gemma 3 folder (its tower under the hub's vision_tower.vision_model.
     names or transformers 5's vision_tower.)."""
+    writers = _write_gemma3_language_model, _write_gemma3_mmproj
+    _write_pair(folder, (lm_path, mmproj_path), qtype, overrides, *writers)
+
+
+def _write_pair(
+    folder: Path,
+    paths: tuple[Path, Path],
+    qtype: str,
+    overrides: dict[str, Any] | None,
+    write_language_model: Callable[..., None],
+    write_mmproj: Callable[..., None],
+) -> None:
     config = json.loads((folder / "config.json").read_text())
     weights = load_file(str(folder / "model.safetensors"))
     quant = gguf.GGMLQuantizationType[qtype]
-    _write_gemma3_language_model(folder, config, weights, lm_path, quant)
+    write_language_model(folder, config, weights, paths[0], quant)
     tower = gguf.GGMLQuantizationType.F32 if qtype == "Q8_0" else quant
-    _write_gemma3_mmproj(folder, config, weights, mmproj_path, tower, overrides or {})
+    write_mmproj(folder, config, weights, paths[1], tower, overrides or {})
 
 
 def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
@@ -116,29 +126,12 @@ def _write_language_model(
     folder: Path, config: dict[str, Any], weights: dict[str, np.ndarray], path: Path, quant: Any
 ) -> None:
     text = config["text_config"]
-    writer = gguf.GGUFWriter(str(path), "qwen2vl")
-    writer.add_type("model")
-    writer.add_block_count(text["num_hidden_layers"])
-    writer.add_context_length(text["max_position_embeddings"])
-    writer.add_embedding_length(text["hidden_size"])
-    writer.add_feed_forward_length(text["intermediate_size"])
-    writer.add_head_count(text["num_attention_heads"])
-    writer.add_head_count_kv(text["num_key_value_heads"])
+    writer = _language_model_writer(path, "qwen2vl", text, quant)
     rope = text["rope_parameters"]
     writer.add_rope_dimension_sections([*rope["mrope_section"], 0])
     writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
-    writer.add_file_type(int(quant))
     _add_vocabulary(writer, folder, text)
-    for name, data in weights.items():
-        if name.startswith("visual."):
-            continue
-        stem, kind = name.rsplit(".", 1)
-        if stem in _TOP:
-            _add(writer, f"{_TOP[stem]}.{kind}", data, quant)
-            continue
-        _, _, layer, rest = stem.split(".", 3)  # model.layers.{i}.{rest}
-        _add(writer, f"blk.{layer}.{_LAYER[rest]}.{kind}", data, quant)
+    _add_language_model_tensors(writer, weights, quant, _LAYER)
     _finish(writer)
 
 
@@ -147,7 +140,23 @@ def _write_gemma3_language_model(
 ) -> None:
     """The converter's Gemma3Model: norms stored as 1 + weight, the head tied (left out)."""
     text = config["text_config"]
-    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer = _language_model_writer(path, "gemma3", text, quant)
+    rope = text["rope_parameters"]
+    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    writer.add_key_length(text["head_dim"])
+    writer.add_value_length(text["head_dim"])
+    writer.add_sliding_window(text["sliding_window"])
+    _add_vocabulary(writer, folder, text)
+    _add_language_model_tensors(writer, weights, quant, _GEMMA3_LAYER, norm_shift=1.0)
+    _finish(writer)
+
+
+def _language_model_writer(
+    path: Path, architecture: str, text: dict[str, Any], quant: Any
+) -> gguf.GGUFWriter:
+    """A language model's file with the shape keys every architecture has."""
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_type("model")
     writer.add_block_count(text["num_hidden_layers"])
     writer.add_context_length(text["max_position_embeddings"])
@@ -155,27 +164,31 @@ def _write_gemma3_language_model(
     writer.add_feed_forward_length(text["intermediate_size"])
     writer.add_head_count(text["num_attention_heads"])
     writer.add_head_count_kv(text["num_key_value_heads"])
-    rope = text["rope_parameters"]
-    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
-    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
     writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
-    writer.add_key_length(text["head_dim"])
-    writer.add_value_length(text["head_dim"])
     writer.add_file_type(int(quant))
-    writer.add_sliding_window(text["sliding_window"])
-    _add_vocabulary(writer, folder, text)
+    return writer
+
+
+def _add_language_model_tensors(
+    writer: gguf.GGUFWriter,
+    weights: dict[str, np.ndarray],
+    quant: Any,
+    layer_names: dict[str, str],
+    norm_shift: float = 0.0,
+) -> None:
+    """The language model's weights (model.* and lm_head, under language_model. or not);
+    norm_shift is added to the norms (Gemma's 1 + weight, as the converter adds it)."""
     for name, data in weights.items():
-        if not name.startswith("language_model."):
+        if name.startswith(("visual.", "vision_tower.", "multi_modal_projector.")):
             continue
         stem, kind = name.removeprefix("language_model.").rsplit(".", 1)
-        if stem.endswith("norm"):
-            data = data + np.float32(1)  # Gemma's (1 + weight), added by the converter
+        if norm_shift and stem.endswith("norm"):
+            data = data + np.float32(norm_shift)
         if stem in _TOP:
             _add(writer, f"{_TOP[stem]}.{kind}", data, quant)
             continue
         _, _, layer, rest = stem.split(".", 3)  # model.layers.{i}.{rest}
-        _add(writer, f"blk.{layer}.{_GEMMA3_LAYER[rest]}.{kind}", data, quant)
-    _finish(writer)
+        _add(writer, f"blk.{layer}.{layer_names[rest]}.{kind}", data, quant)
 
 
 def _write_gemma3_mmproj(
