@@ -282,3 +282,34 @@ def test_refusals_name_what_does_not_run(folder: Path, tmp_path: Path) -> None:
     (copy / "preprocessor_config.json").write_text(json.dumps({**pre, "do_pan_and_scan": True}))
     with pytest.raises(ValueError, match="do_pan_and_scan"):
         LLM(str(copy), dtype="float32", num_pages=8)
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
+def test_n_outputs_of_an_image_request_are_each_the_single_requests(
+    folder: Path, caching: bool
+) -> None:
+    """n = 2 with an image: greedy, both outputs are the single request's tokens; seeded
+    sampling, output i is the single request seeded seed + i. With the prefix cache the
+    second output joins on the first's pages (the image's among them); without, both compute
+    the whole prompt, image included."""
+    llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=4,
+              enable_prefix_caching=caching)  # fmt: skip
+    ids, mm = _prompt(llm, folder, IMAGES[:1], QUESTION)
+    assert mm.spans()[0][1] <= (len(ids) - 1) // 4 * 4  # the image lies in full pages
+
+    def run(params: SamplingParams) -> list[list[int]]:
+        request_id = f"g3-n-{next(_IDS)}"
+        llm.engine.add_request(request_id, ids, params, multimodal=mm)
+        [out] = llm._run([request_id], False)
+        return [list(o.token_ids) for o in sorted(out.outputs, key=lambda o: o.index)]
+
+    greedy = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    [single] = run(greedy)
+    assert run(SamplingParams(n=2, temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)) == [
+        single,
+        single,
+    ]
+    seeded = {"temperature": 1.0, "max_tokens": NUM_TOKENS, "ignore_eos": True}
+    both = run(SamplingParams(n=2, seed=7, **seeded))
+    assert both == [run(SamplingParams(seed=7 + i, **seeded))[0] for i in range(2)]
+    assert both[0] != both[1]  # the two outputs did draw apart
