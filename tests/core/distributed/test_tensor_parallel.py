@@ -43,7 +43,7 @@ def _tokens_agree(reference: RequestOutput, other: RequestOutput) -> None:
     for step, (a, b) in enumerate(zip(ref.token_ids, got.token_ids, strict=True)):
         if a != b:
             assert ref.logprobs is not None
-            top = sorted((lp.logprob for lp in ref.logprobs[step].top_logprobs), reverse=True)
+            top = sorted((lp for _, lp in ref.logprobs[step].top), reverse=True)
             assert top[0] - top[1] < GAP, f"step {step}: {a} != {b} with a gap of {top[0] - top[1]}"
             return
 
