@@ -35,8 +35,8 @@ from pagedserve.core.sched.scheduler import StepPlan
 STOP, STEP, LORA_SET, LORA_CLEAR = 0, 1, 2, 3
 _HEADER = 9
 """command, tokens, requests, page-table width, sampled, prompt chunks, max q, max s, whether
-the step carries adapter slots; LORA_SET: command, slot, meta length, values length;
-LORA_CLEAR: command, slot."""
+the step carries adapter slots; LORA_SET: command, slot, meta length, values length, the
+stacks' slots and max rank (rank 0's); LORA_CLEAR: command, slot."""
 
 
 @dataclass
@@ -65,6 +65,8 @@ class LoraCommand:
 
     slot: int
     adapter: AdapterWeights | None
+    stacks: tuple[int, int] = (0, 0)
+    """Rank 0's adapter stacks: (slots, max rank)."""
 
 
 def _flat(
@@ -123,10 +125,12 @@ class StepChannel:
         self.group.broadcast(flat)
         return _inputs(header.tolist(), flat)
 
-    def send_lora(self, slot: int, adapter: AdapterWeights) -> None:
-        """The whole adapter, for every rank to write its share into `slot`."""
+    def send_lora(self, slot: int, adapter: AdapterWeights, num_slots: int, max_rank: int) -> None:
+        """The whole adapter, for every rank to write its share into `slot` (of stacks of
+        num_slots slots of rank <= max_rank)."""
         meta, values = pack_adapter(adapter)
-        self.group.broadcast_control(self._command(LORA_SET, slot, meta.numel(), values.numel()))
+        header = self._command(LORA_SET, slot, meta.numel(), values.numel(), num_slots, max_rank)
+        self.group.broadcast_control(header)
         self.group.broadcast(meta.to(self.group.device))
         self.group.broadcast(values.to(self.group.device))
 
@@ -152,13 +156,13 @@ class StepChannel:
         return _inputs(values, self.group.broadcast(flat))
 
     def _receive_lora(self, header: list[int]) -> LoraCommand:
-        command, slot, meta_size, values_size = header[:4]
+        command, slot, meta_size, values_size, num_slots, max_rank = header[:6]
         if command == LORA_CLEAR:
             return LoraCommand(slot, None)
         device = self.group.device
         meta = self.group.broadcast(torch.empty(meta_size, dtype=torch.int64, device=device))
         values = self.group.broadcast(torch.empty(values_size, dtype=torch.float32, device=device))
-        return LoraCommand(slot, unpack_adapter(meta, values))
+        return LoraCommand(slot, unpack_adapter(meta, values), (num_slots, max_rank))
 
     def stop(self) -> None:
         """Tell every worker to leave its loop (rank 0, between steps)."""

@@ -129,10 +129,11 @@ class TensorParallel:
                 self.report(f"a step's collective failed: {exc}")
                 raise
 
-    def set_lora(self, slot: int, adapter: AdapterWeights) -> None:
-        """Every worker writes its share of the (checked) adapter into `slot`."""
+    def set_lora(self, slot: int, adapter: AdapterWeights, num_slots: int, max_rank: int) -> None:
+        """Every worker writes its share of the (checked) adapter into `slot` (of stacks of
+        num_slots slots of rank <= max_rank, rank 0's)."""
         with self.stepping():
-            self.channel.send_lora(slot, adapter)
+            self.channel.send_lora(slot, adapter, num_slots, max_rank)
 
     def clear_lora(self, slot: int) -> None:
         with self.stepping():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.core.attention.base import kv_cache_dtype, kv_cache_shape
-from pagedserve.core.config import EngineConfig, ParallelConfig
+from pagedserve.core.config import EngineConfig, LoRAConfig, ParallelConfig
 from pagedserve.core.device_policy import load_for_engine
 from pagedserve.core.distributed.group import TPGroup, open_group, open_store, rank_device
 from pagedserve.core.distributed.step import LoraCommand, StepChannel, StepInputs
@@ -81,12 +81,28 @@ def share_num_pages(group: TPGroup, num_pages: int = 0) -> int:
     return int(group.broadcast_control(torch.tensor([num_pages], dtype=torch.int64)).item())
 
 
-def apply_lora(targets: dict[tuple[int, str], LoraTarget], command: LoraCommand) -> None:
-    """Rank 0's adapter write or clear, on this rank's share of the slot."""
-    if command.adapter is None:
-        clear_adapter(targets, command.slot)
-    else:
-        write_adapter(targets, command.slot, command.adapter)
+class WorkerLora:
+    """This rank's share of the adapter stacks, and rank 0's writes and clears applied to it."""
+
+    def __init__(self, model: CausalLM, config: LoRAConfig) -> None:
+        self.model = model
+        self.stacks = (config.max_loras, config.max_lora_rank) if config.enabled else (0, 0)
+        self.targets: dict[tuple[int, str], LoraTarget] = (
+            model.enable_lora(*self.stacks) if config.enabled else {}
+        )
+
+    def apply(self, command: LoraCommand) -> None:
+        """Rank 0's adapter write or clear, on this rank's share of the slot. Stacks of another
+        shape than rank 0's (a node started with other --enable-lora / --max-loras /
+        --max-lora-rank flags) are made again as rank 0's before its first write."""
+        if command.adapter is None:
+            clear_adapter(self.targets, command.slot)
+            return
+        if command.stacks != self.stacks:
+            logger.warning("LoRA stacks of (slots, max rank) %s as rank 0's, not %s",
+                           command.stacks, self.stacks)  # fmt: skip
+            self.targets, self.stacks = self.model.enable_lora(*command.stacks), command.stacks
+        write_adapter(self.targets, command.slot, command.adapter)
 
 
 @torch.inference_mode()
@@ -109,12 +125,11 @@ def serve_rank(spec: WorkerSpec, rank: int) -> None:
         kv_caches = [
             torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(arch.num_layers)
         ]
-        lora = spec.config.lora
-        targets = model.enable_lora(lora.max_loras, lora.max_lora_rank) if lora.enabled else {}
+        lora = WorkerLora(model, spec.config.lora)
         channel = StepChannel(group)
         while (message := channel.receive()) is not None:
             if isinstance(message, LoraCommand):
-                apply_lora(targets, message)
+                lora.apply(message)
             else:
                 run_step(model, kv_caches, message, spec.dtype)
     finally:

@@ -53,7 +53,9 @@ class LoraTarget:
 class LoraMirror(Protocol):
     """Where rank 0's writes and clears go too: the other tensor-parallel ranks."""
 
-    def set_lora(self, slot: int, adapter: AdapterWeights) -> None: ...
+    def set_lora(self, slot: int, adapter: AdapterWeights, num_slots: int, max_rank: int) -> None:
+        """`adapter` into `slot` of stacks of num_slots slots of rank <= max_rank."""
+        ...
 
     def clear_lora(self, slot: int) -> None: ...
 
@@ -146,7 +148,7 @@ class LoraRegistry:
         self.check(adapter)
         slot = self._free[-1]
         if self.mirror is not None:
-            self.mirror.set_lora(slot, adapter)
+            self.mirror.set_lora(slot, adapter, self.max_loras, self.max_rank)
         write_adapter(self.targets, slot, adapter)
         self._free.pop()
         request = LoRARequest(name, self._next_id, str(path))

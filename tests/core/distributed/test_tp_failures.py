@@ -20,8 +20,10 @@ import pytest
 
 from bench.common.server import Server, free_port, start_server, stop_server
 from pagedserve import LLM, SamplingParams
+from pagedserve.core.lora_request import LoRARequest
 
 PROMPT = "the quick brown fox"
+PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 FLAGS = ("--tensor-parallel-size", "2", "--dtype", "float32", "--num-pages", "64",
          "--distributed-timeout", "60")  # fmt: skip
 
@@ -41,10 +43,9 @@ def _client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
 
 
-def _offline_text(model: Path) -> str:
-    llm = LLM(str(model), dtype="float32", num_pages=64)
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    return llm.generate([PROMPT], params)[0].outputs[0].text
+def _offline_text(model: Path, lora: LoRARequest | None = None) -> str:
+    llm = LLM(str(model), dtype="float32", num_pages=64, enable_lora=lora is not None)
+    return llm.generate([PROMPT], PARAMS, lora_request=lora)[0].outputs[0].text
 
 
 def test_streaming_matches_tp1_and_sigterm_stops_the_workers(
@@ -110,7 +111,13 @@ def test_server_killed_takes_its_workers_along(tp_model: Path, tmp_path: Path) -
 
 def test_two_nodes_on_loopback(tp_model: Path, tmp_path: Path) -> None:
     """Node 1 (workers only, `pagedserve serve --node-rank 1`) meets node 0 (this process,
-    rank 0, offline) at 127.0.0.1; the ranks give TP=1's tokens; node 0's close() ends node 1."""
+    rank 0, offline) at 127.0.0.1; the ranks give TP=1's tokens; node 0's close() ends node 1.
+    Node 0 serves a LoRA adapter that node 1 was told nothing of (no --enable-lora): its rank
+    makes its stacks as rank 0's at the first adapter, and the adapter's tokens are TP=1's."""
+    pytest.importorskip("peft")
+    from bench.common.tiny_lora import write_peft_adapter
+
+    adapter = LoRARequest("attn", 0, str(write_peft_adapter(tp_model, tmp_path / "attn", r=4)))
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     node1 = subprocess.Popen(
@@ -120,12 +127,14 @@ def test_two_nodes_on_loopback(tp_model: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         llm = LLM(str(tp_model), dtype="float32", num_pages=64, tensor_parallel_size=2,
-                  nnodes=2, node_rank=0, master_port=port)  # fmt: skip
-        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-        text = llm.generate([PROMPT], params)[0].outputs[0].text
+                  nnodes=2, node_rank=0, master_port=port, enable_lora=True)  # fmt: skip
+        outputs = llm.generate([PROMPT] * 2, PARAMS, lora_request=[None, adapter])
         llm.close()
         assert node1.wait(30) == 0, node1.stdout.read() if node1.stdout else ""
     finally:
         if node1.poll() is None:
             node1.kill()
-    assert text == _offline_text(tp_model)
+    assert outputs[0].outputs[0].text != outputs[1].outputs[0].text  # the adapter tells
+    assert [o.outputs[0].text for o in outputs] == [
+        _offline_text(tp_model, lora) for lora in (None, adapter)
+    ]
