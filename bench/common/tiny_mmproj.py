@@ -200,32 +200,17 @@ def _write_gemma3_mmproj(
     overrides: dict[str, Any],
 ) -> None:
     vision = config["vision_config"]
-    pre = json.loads((folder / "preprocessor_config.json").read_text())
     processor = json.loads((folder / "processor_config.json").read_text())
     per_side = math.isqrt(int(processor.get("image_seq_length", 256)))
     scale = vision["image_size"] // vision["patch_size"] // per_side
-    keys: dict[str, Any] = {
-        "clip.has_vision_encoder": True,
-        "clip.vision.projection_dim": config["text_config"]["hidden_size"],
-        "clip.vision.image_size": vision["image_size"],
-        "clip.vision.patch_size": vision["patch_size"],
-        "clip.vision.embedding_length": vision["hidden_size"],
-        "clip.vision.feed_forward_length": vision["intermediate_size"],
-        "clip.vision.block_count": vision["num_hidden_layers"],
-        "clip.vision.attention.head_count": vision["num_attention_heads"],
-        "clip.vision.image_mean": [float(x) for x in pre["image_mean"]],
-        "clip.vision.image_std": [float(x) for x in pre["image_std"]],
+    keys = _clip_keys(folder, config, vision["image_size"]) | {
         "clip.projector_type": "gemma3",
         "clip.vision.attention.layer_norm_epsilon": float(vision.get("layer_norm_eps", 1e-6)),
         "clip.use_gelu": True,
     }
     if scale > 0 and scale != GEMMA3_DEFAULT_SCALE:
         keys["clip.vision.projector.scale_factor"] = scale
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_type("mmproj")
-    writer.add_file_type(int(quant))
-    for key, value in (keys | overrides).items():
-        _add_key(writer, key, value)
+    writer = _mmproj_writer(path, quant, keys | overrides)
     for name, data in weights.items():
         if name.startswith("multi_modal_projector."):
             _add_gemma3_projector_tensor(writer, name, data)
@@ -285,33 +270,46 @@ def _write_mmproj(
     overrides: dict[str, Any],
 ) -> None:
     vision = config["vision_config"]
+    keys = _clip_keys(folder, config, 560) | {  # 560: the converter's default for Qwen2-VL
+        "clip.projector_type": PROJECTOR_TYPE,
+        "clip.use_silu": True,
+        "clip.vision.n_wa_pattern": vision["fullatt_block_indexes"][0] + 1,
+        "clip.vision.attention.layer_norm_epsilon": 1e-6,
+    }
+    writer = _mmproj_writer(path, quant, keys | overrides)
+    for name, data in weights.items():
+        if name.startswith("visual."):
+            _add_tower_tensor(writer, name.removeprefix("visual."), data, quant)
+    _finish(writer)
+
+
+def _clip_keys(folder: Path, config: dict[str, Any], image_size: int) -> dict[str, Any]:
+    """The keys every vision projector has: the tower's shape (under either family's names)
+    and the preprocessor's mean and std."""
+    vision = config["vision_config"]
     pre = json.loads((folder / "preprocessor_config.json").read_text())
-    full = vision["fullatt_block_indexes"]
-    keys: dict[str, Any] = {
+    return {
         "clip.has_vision_encoder": True,
         "clip.vision.projection_dim": config["text_config"]["hidden_size"],
-        "clip.vision.image_size": 560,  # the converter's default for Qwen2-VL
+        "clip.vision.image_size": image_size,
         "clip.vision.patch_size": vision["patch_size"],
         "clip.vision.embedding_length": vision["hidden_size"],
         "clip.vision.feed_forward_length": vision["intermediate_size"],
-        "clip.vision.block_count": vision["depth"],
-        "clip.vision.attention.head_count": vision["num_heads"],
+        "clip.vision.block_count": vision.get("num_hidden_layers") or vision["depth"],
+        "clip.vision.attention.head_count": vision.get("num_attention_heads")
+        or vision["num_heads"],
         "clip.vision.image_mean": [float(x) for x in pre["image_mean"]],
         "clip.vision.image_std": [float(x) for x in pre["image_std"]],
-        "clip.projector_type": PROJECTOR_TYPE,
-        "clip.use_silu": True,
-        "clip.vision.n_wa_pattern": full[0] + 1,
-        "clip.vision.attention.layer_norm_epsilon": 1e-6,
-    } | overrides
+    }
+
+
+def _mmproj_writer(path: Path, quant: Any, keys: dict[str, Any]) -> gguf.GGUFWriter:
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_type("mmproj")
     writer.add_file_type(int(quant))
     for key, value in keys.items():
         _add_key(writer, key, value)
-    for name, data in weights.items():
-        if name.startswith("visual."):
-            _add_tower_tensor(writer, name.removeprefix("visual."), data, quant)
-    _finish(writer)
+    return writer
 
 
 def _add_key(writer: gguf.GGUFWriter, key: str, value: Any) -> None:

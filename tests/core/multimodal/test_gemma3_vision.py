@@ -7,7 +7,6 @@ included) and preemption."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -21,20 +20,14 @@ from bench.common.tiny_gemma3_vl import write_tiny_gemma3_vl
 from bench.common.tiny_vlm import random_image
 from pagedserve.core.engine.llm import LLM
 from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
-from pagedserve.core.multimodal.inputs import (
-    ImageFeatures,
-    MultiModalInputs,
-    content_hash,
-    expand_image_tokens,
-)
-from pagedserve.core.outputs import RequestOutput
+from pagedserve.core.multimodal.inputs import ImageFeatures, content_hash, expand_image_tokens
 from pagedserve.core.sampling_params import SamplingParams
+from tests.core.multimodal.vlm_driver import chat_prompt, greedy, messages, run
 
 transformers = pytest.importorskip("transformers")
 
 NUM_TOKENS = 10
 QUESTION = "What is in the picture?"
-_IDS = itertools.count()
 
 
 IMAGES = [random_image(70, 40, 1), random_image(56, 56, 2), random_image(70, 40, 3)]
@@ -76,25 +69,8 @@ def _features(folder: Path, images: list[Image.Image]) -> list[ImageFeatures]:
     return [processor.preprocess(im, content_hash("RGB", im.size, im.tobytes())) for im in images]
 
 
-def _messages(images: list[Image.Image], text: str) -> list[dict[str, Any]]:
-    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    return [{"role": "user", "content": parts}]
-
-
-def _prompt(llm: LLM, folder: Path, images: list[Image.Image], text: str):
-    """Our chat path: the template with image parts, the processor's prompt text, tokenized,
-    each image token expanded into the image's placeholder ids."""
-    template = llm.engine.chat_template
-    assert template is not None
-    rendered = template.render(_messages(images, text), add_generation_prompt=True)
-    processor = _processor(folder)
-    ids = llm.tokenizer.encode(processor.expand_prompt(rendered), add_special_tokens=False)
-    vocab = llm.tokenizer.vocab_size
-    return expand_image_tokens(ids, _features(folder, images), processor.image_token_id, vocab)
-
-
 def _hf_inputs(hf_processor: Any, images: list[Image.Image], text: str) -> Any:
-    rendered = hf_processor.apply_chat_template(_messages(images, text),
+    rendered = hf_processor.apply_chat_template(messages(images, text),
                                                 add_generation_prompt=True, tokenize=False)  # fmt: skip
     return hf_processor(text=rendered, images=images, return_tensors="pt")
 
@@ -103,18 +79,6 @@ def _hf_greedy(hf_model: Any, inputs: Any, num: int) -> list[int]:
     with torch.no_grad():
         out = hf_model.generate(**inputs, max_new_tokens=num, do_sample=False)
     return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-
-def _run(llm: LLM, ids: list[int], mm: MultiModalInputs | None, num: int) -> RequestOutput:
-    params = SamplingParams(temperature=0, max_tokens=num, ignore_eos=True)
-    request_id = f"g3-{next(_IDS)}"
-    llm.engine.add_request(request_id, ids, params, multimodal=mm)
-    [out] = llm._run([request_id], False)
-    return out
-
-
-def _greedy(llm: LLM, ids: list[int], mm: MultiModalInputs | None, num: int) -> list[int]:
-    return list(_run(llm, ids, mm, num).outputs[0].token_ids)
 
 
 def test_pixels_equal_transformers(folder: Path, hf_processor: Any) -> None:
@@ -135,7 +99,7 @@ def test_prompt_ids_equal_transformers(llm: LLM, folder: Path, hf_processor: Any
     """The template's text and the processor's ids: each <start_of_image> becomes the image
     sequence, whose image tokens are our placeholders (at transformers' token_type_ids)."""
     images = IMAGES[:num_images]
-    ids, mm = _prompt(llm, folder, images, QUESTION)
+    ids, mm = chat_prompt(llm, images, QUESTION)
     hf = _hf_inputs(hf_processor, images, QUESTION)
     image_token = _processor(folder).image_token_id
     ours = [image_token if t >= llm.tokenizer.vocab_size else t for t in ids]
@@ -183,20 +147,20 @@ def test_greedy_tokens_equal_transformers(cpu_isa: str, folder: Path,
                   max_num_batched_tokens=5, max_prefill_tokens_while_decoding=5,
                   enable_prefix_caching=False)  # fmt: skip
     for num_images, want in hf_greedy.items():
-        ids, mm = _prompt(whole, folder, IMAGES[:num_images], QUESTION)
+        ids, mm = chat_prompt(whole, IMAGES[:num_images], QUESTION)
         assert all(s // 5 != (e - 1) // 5 for s, e in mm.spans())  # 5-token chunks would cut
-        assert _greedy(whole, ids, mm, NUM_TOKENS) == want
-        assert _greedy(chunked, ids, mm, NUM_TOKENS) == want
+        assert greedy(whole, ids, mm, NUM_TOKENS) == want
+        assert greedy(chunked, ids, mm, NUM_TOKENS) == want
 
 
 def test_a_batch_of_an_image_request_and_a_text_request(llm: LLM, folder: Path) -> None:
     """Requests with images (one and two) and a text-only one in one batch, each with its own
     greedy tokens."""
-    one, one_mm = _prompt(llm, folder, IMAGES[1:2], "Describe it.")
-    two, two_mm = _prompt(llm, folder, IMAGES[:2], "Compare them.")
+    one, one_mm = chat_prompt(llm, IMAGES[1:2], "Describe it.")
+    two, two_mm = chat_prompt(llm, IMAGES[:2], "Compare them.")
     text_ids = llm.tokenizer.encode("<bos>Hello there, how are you today?")
-    alone = [_greedy(llm, one, one_mm, 6), _greedy(llm, two, two_mm, 6),
-             _greedy(llm, text_ids, None, 6)]  # fmt: skip
+    alone = [greedy(llm, one, one_mm, 6), greedy(llm, two, two_mm, 6),
+             greedy(llm, text_ids, None, 6)]  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     llm.engine.add_request("g3-a", one, params, multimodal=one_mm)
     llm.engine.add_request("g3-b", two, params, multimodal=two_mm)
@@ -232,15 +196,15 @@ def test_prefix_cache_by_image_and_a_hit_inside_anrandom_image(folder: Path, hf_
           "token_type_ids": token_types,
           "pixel_values": torch.from_numpy(_pixels(features[0]))[None]}  # fmt: skip
     want = _hf_greedy(hf_model, hf, 6)
-    assert _greedy(llm, ids_a, mm_a, 6) == want
+    assert greedy(llm, ids_a, mm_a, 6) == want
     images = llm.engine.model_runner.images
     assert images is not None and images.cache.misses == 1
-    again = _run(llm, ids_a, mm_a, 6)
+    again = run(llm, ids_a, mm_a, 6)
     assert again.metrics is not None and start < again.metrics.num_cached_tokens < end
     assert images.cache.hits == 1 and images.cache.misses == 1  # the encoder cache's embeddings
     assert list(again.outputs[0].token_ids) == want
     ids_b, mm_b = expand_image_tokens(ids, _features(folder, [b]), processor.image_token_id, vocab)
-    other = _run(llm, ids_b, mm_b, 6)
+    other = run(llm, ids_b, mm_b, 6)
     assert other.metrics is not None and other.metrics.num_cached_tokens <= start
 
 
@@ -256,8 +220,8 @@ def test_preempted_image_requests_recompute_the_same_tokens(llm: LLM, folder: Pa
     image again in one chunk), and both still give their greedy tokens."""
     small = LLM(str(folder), dtype="float32", num_pages=5, page_size=16,
                 enable_prefix_caching=False)  # fmt: skip
-    prompts = [_prompt(llm, folder, [image], "Tell me.") for image in IMAGES[:2]]
-    alone = [_greedy(llm, ids, mm, 30) for ids, mm in prompts]
+    prompts = [chat_prompt(llm, [image], "Tell me.") for image in IMAGES[:2]]
+    alone = [greedy(llm, ids, mm, 30) for ids, mm in prompts]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     for i, (ids, mm) in enumerate(prompts):
         small.engine.add_request(f"small-{i}", ids, params, multimodal=mm)
@@ -294,22 +258,15 @@ def test_n_outputs_of_an_image_request_are_each_the_single_requests(
     the whole prompt, image included."""
     llm = LLM(str(folder), dtype="float32", num_pages=64, page_size=4,
               enable_prefix_caching=caching)  # fmt: skip
-    ids, mm = _prompt(llm, folder, IMAGES[:1], QUESTION)
+    ids, mm = chat_prompt(llm, IMAGES[:1], QUESTION)
     assert mm.spans()[0][1] <= (len(ids) - 1) // 4 * 4  # the image lies in full pages
 
-    def run(params: SamplingParams) -> list[list[int]]:
-        request_id = f"g3-n-{next(_IDS)}"
-        llm.engine.add_request(request_id, ids, params, multimodal=mm)
-        [out] = llm._run([request_id], False)
+    def outputs(**params: Any) -> list[list[int]]:
+        out = run(llm, ids, mm, NUM_TOKENS, **params)
         return [list(o.token_ids) for o in sorted(out.outputs, key=lambda o: o.index)]
 
-    greedy = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
-    [single] = run(greedy)
-    assert run(SamplingParams(n=2, temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)) == [
-        single,
-        single,
-    ]
-    seeded = {"temperature": 1.0, "max_tokens": NUM_TOKENS, "ignore_eos": True}
-    both = run(SamplingParams(n=2, seed=7, **seeded))
-    assert both == [run(SamplingParams(seed=7 + i, **seeded))[0] for i in range(2)]
+    [single] = outputs()
+    assert outputs(n=2) == [single, single]
+    both = outputs(n=2, seed=7, temperature=1.0)
+    assert both == [outputs(seed=7 + i, temperature=1.0)[0] for i in range(2)]
     assert both[0] != both[1]  # the two outputs did draw apart

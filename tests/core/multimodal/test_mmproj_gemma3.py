@@ -9,8 +9,6 @@ files alone. What does not go together is refused by name at load."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,8 @@ from pagedserve.core.engine.llm import LLM
 from pagedserve.core.models.registry import image_processor_for, read_arch
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
-from pagedserve.core.multimodal.inputs import MultiModalInputs, content_hash, expand_image_tokens
-from pagedserve.core.sampling_params import SamplingParams
+from tests.core.multimodal import vlm_driver
+from tests.core.multimodal.vlm_driver import Oracle, assert_pairs_give, messages, write_pairs
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,7 +32,6 @@ NUM_TOKENS = 8
 QUESTION = "What is in the picture?"
 # Resized (70 x 40, stretched as transformers does) and already square.
 IMAGES = [random_image(70, 40, 1), random_image(IMAGE_SIZE, IMAGE_SIZE, 2)]
-_IDS = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -46,60 +43,18 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mo
 @pytest.fixture(scope="module")
 def files(written: tuple[Path, torch.nn.Module]) -> dict[str, tuple[Path, Path]]:
     """(language model, projector) per type."""
-    folder = written[0]
-    out = {}
-    for qtype in ("F32", "F16"):
-        pair = folder.parent / f"lm-{qtype}.gguf", folder.parent / f"mmproj-{qtype}.gguf"
-        write_gguf_gemma3_vl(folder, *pair, qtype=qtype)
-        out[qtype] = pair
-    return out
+    return write_pairs(written[0], write_gguf_gemma3_vl)
 
 
 def f16_rounded(model: torch.nn.Module) -> torch.nn.Module:
-    """The weights an f16 file holds: every one of two dimensions or more rounded to f16 but
-    the tower's patch and position embeddings (the converter keeps them in f32)."""
-    rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, param in rounded.named_parameters():
-            if param.ndim >= 2 and ".embeddings." not in name:
-                param.copy_(param.half().float())
-    return rounded
-
-
-def _llm(model: Path, mmproj: Path | None = None, **kwargs: Any) -> LLM:
-    return LLM(str(model), mmproj=str(mmproj) if mmproj else None, dtype="float32",
-               kv_cache_memory=0.02, page_size=16, **kwargs)  # fmt: skip
-
-
-def _messages(images: list[Image.Image], text: str) -> list[dict[str, Any]]:
-    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    return [{"role": "user", "content": parts}]
-
-
-def prompt(llm: LLM, images: list[Image.Image]) -> tuple[list[int], MultiModalInputs]:
-    """The chat path on the model's own files: its template with image parts, its processor's
-    prompt text, tokenized, each image token expanded into the image's placeholder ids."""
-    template, processor = llm.engine.chat_template, llm.engine.image_processor
-    assert template is not None and processor is not None
-    rendered = template.render(_messages(images, QUESTION), add_generation_prompt=True)
-    ids = llm.tokenizer.encode(processor.expand_prompt(rendered), add_special_tokens=False)
-    features = [processor.preprocess(im, content_hash("RGB", im.size, im.tobytes()))
-                for im in images]  # fmt: skip
-    return expand_image_tokens(ids, features, processor.image_token_id, llm.tokenizer.vocab_size)
-
-
-def greedy(llm: LLM, ids: list[int], mm: MultiModalInputs, num: int = NUM_TOKENS) -> list[int]:
-    request_id = f"g3-mmproj-{next(_IDS)}"
-    params = SamplingParams(temperature=0, max_tokens=num, ignore_eos=True)
-    llm.engine.add_request(request_id, ids, params, multimodal=mm)
-    [out] = llm._run([request_id], False)
-    return list(out.outputs[0].token_ids)
+    """The weights of the f16 pair: the tower's patch and position embeddings stay f32."""
+    return vlm_driver.f16_rounded(model, kept=(".embeddings.",))
 
 
 def hf_greedy(model: torch.nn.Module, folder: Path, images: list[Image.Image]) -> Any:
     """transformers' processor and greedy tokens: (its input ids, the tokens)."""
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    text = processor.apply_chat_template(_messages(images, QUESTION), add_generation_prompt=True,
+    text = processor.apply_chat_template(messages(images, QUESTION), add_generation_prompt=True,
                                          tokenize=False)  # fmt: skip
     inputs = processor(text=text, images=images, return_tensors="pt")
     with torch.no_grad():
@@ -112,21 +67,22 @@ def test_greedy_tokens_equal_transformers_and_the_hf_folder(
     written: tuple[Path, torch.nn.Module], files: dict[str, tuple[Path, Path]]
 ) -> None:
     folder, hf_model = written
-    oracles = {"F32": hf_model, "F16": f16_rounded(hf_model)}
-    from_folder = _llm(folder)
-    for qtype, (lm, mmproj) in files.items():
-        llm = _llm(lm, mmproj)
-        for num_images in (1, 2):
-            images = IMAGES[:num_images]
-            ids, mm = prompt(llm, images)
-            folder_ids, folder_mm = prompt(from_folder, images)
-            assert (ids, mm.spans()) == (folder_ids, folder_mm.spans())
-            hf_ids, want = hf_greedy(oracles[qtype], folder, images)
-            token = llm.engine.image_processor.image_token_id  # type: ignore[union-attr]
-            assert [token if t >= llm.tokenizer.vocab_size else t for t in ids] == hf_ids
-            assert greedy(llm, ids, mm) == want, (qtype, num_images)
-            if qtype == "F32":
-                assert greedy(from_folder, ids, mm) == want
+    assert_pairs_give(files, oracle(written), IMAGES, QUESTION, NUM_TOKENS, folder)
+
+
+def oracle(written: tuple[Path, torch.nn.Module]) -> Oracle:
+    """transformers' greedy tokens on the weights of a file of the type (f32, or f16-rounded),
+    on the prompt ids its processor builds, which must be ours."""
+    folder, hf_model = written
+    models = {"F32": hf_model, "F16": f16_rounded(hf_model)}
+
+    def tokens(qtype: str, llm: LLM, ids: list[int], images: list[Image.Image]) -> list[int]:
+        hf_ids, want = hf_greedy(models[qtype], folder, images)
+        token = llm.engine.image_processor.image_token_id  # type: ignore[union-attr]
+        assert [token if t >= llm.tokenizer.vocab_size else t for t in ids] == hf_ids
+        return want
+
+    return tokens
 
 
 def test_the_projector_gives_the_tower_and_the_processor(

@@ -8,8 +8,6 @@ together is refused by name at load, before any weight is read."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 from pathlib import Path
 
 import pytest
@@ -26,9 +24,16 @@ from pagedserve.core.engine.llm import LLM
 from pagedserve.core.models.mmproj_gguf import DEFAULT_WINDOW, MAX_TOKENS, MIN_TOKENS
 from pagedserve.core.models.registry import image_processor_for, read_arch
 from pagedserve.core.models.resolve import resolve_model
-from pagedserve.core.multimodal.inputs import MultiModalInputs, content_hash, expand_image_tokens
 from pagedserve.core.multimodal.processor import Qwen2VLImageProcessor
-from pagedserve.core.sampling_params import SamplingParams
+from tests.core.multimodal.vlm_driver import (
+    Oracle,
+    assert_pairs_give,
+    chat_prompt,
+    f16_rounded,
+    greedy,
+    load,
+    write_pairs,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,7 +42,7 @@ NUM_TOKENS = 8
 # real Qwen2.5-VL is: more than 2 blocks, 112-pixel windows (the converter does not write the
 # window; llama.cpp's default is 112).
 VISION = {"depth": 4, "window_size": DEFAULT_WINDOW, "fullatt_block_indexes": [1, 3]}
-_IDS = itertools.count()
+QUESTION = "What is it?"
 
 
 # 200 x 150 -> 196 x 140 pixels: 7 x 5 tokens, 2 x 2 windows of 4 x 4; 60 x 130: 2 x 5 tokens.
@@ -53,38 +58,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mo
 @pytest.fixture(scope="module")
 def files(written: tuple[Path, torch.nn.Module]) -> dict[str, tuple[Path, Path]]:
     """(language model, projector) per type."""
-    folder = written[0]
-    out = {}
-    for qtype in ("F32", "F16"):
-        pair = folder.parent / f"lm-{qtype}.gguf", folder.parent / f"mmproj-{qtype}.gguf"
-        write_gguf_qwen2_5_vl(folder, *pair, qtype=qtype)
-        out[qtype] = pair
-    return out
-
-
-def _llm(model: Path, mmproj: Path | None = None) -> LLM:
-    return LLM(str(model), mmproj=str(mmproj) if mmproj else None, dtype="float32",
-               kv_cache_memory=0.02, page_size=16)  # fmt: skip
-
-
-def _prompt(llm: LLM, images: list[Image.Image]) -> tuple[list[int], MultiModalInputs]:
-    """The chat path: the model's template with image parts, its processor, expanded ids."""
-    template, processor = llm.engine.chat_template, llm.engine.image_processor
-    assert template is not None and processor is not None
-    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": "What is it?"}]
-    rendered = template.render([{"role": "user", "content": parts}], add_generation_prompt=True)
-    ids = llm.tokenizer.encode(rendered, add_special_tokens=False)
-    features = [processor.preprocess(im, content_hash("RGB", im.size, im.tobytes()))
-                for im in images]  # fmt: skip
-    return expand_image_tokens(ids, features, processor.image_token_id, llm.tokenizer.vocab_size)
-
-
-def _greedy(llm: LLM, ids: list[int], mm: MultiModalInputs) -> list[int]:
-    request_id = f"mmproj-{next(_IDS)}"
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
-    llm.engine.add_request(request_id, ids, params, multimodal=mm)
-    [out] = llm._run([request_id], False)
-    return list(out.outputs[0].token_ids)
+    return write_pairs(written[0], write_gguf_qwen2_5_vl)
 
 
 def _hf_greedy(model: torch.nn.Module, ids: list[int], images: list[Image.Image],
@@ -107,34 +81,19 @@ def _hf_greedy(model: torch.nn.Module, ids: list[int], images: list[Image.Image]
     return out[0, input_ids.shape[1] :].tolist()
 
 
-def _f16_rounded(model: torch.nn.Module) -> torch.nn.Module:
-    """The weights an f16 file holds: every one of two dimensions or more rounded to f16."""
-    rounded = copy.deepcopy(model)
-    with torch.no_grad():
-        for param in rounded.parameters():
-            if param.ndim >= 2:
-                param.copy_(param.half().float())
-    return rounded
-
-
 def test_greedy_tokens_equal_transformers_and_the_hf_folder(
     written: tuple[Path, torch.nn.Module], files: dict[str, tuple[Path, Path]]
 ) -> None:
     folder, hf_model = written
-    oracles = {"F32": hf_model, "F16": _f16_rounded(hf_model)}
-    from_folder = _llm(folder)
-    for qtype, (lm, mmproj) in files.items():
-        llm = _llm(lm, mmproj)
-        assert llm.engine.image_processor is not None
-        for num_images in (1, 2):
-            images = IMAGES[:num_images]
-            ids, mm = _prompt(llm, images)
-            folder_ids, folder_mm = _prompt(from_folder, images)
-            assert (ids, mm.spans()) == (folder_ids, folder_mm.spans())
-            want = _hf_greedy(oracles[qtype], ids, images, llm.tokenizer.vocab_size)
-            assert _greedy(llm, ids, mm) == want, (qtype, num_images)
-            if qtype == "F32":
-                assert _greedy(from_folder, ids, mm) == want
+    assert_pairs_give(files, oracle(hf_model), IMAGES, QUESTION, NUM_TOKENS, folder)
+
+
+def oracle(hf_model: torch.nn.Module) -> Oracle:
+    """transformers' greedy tokens on the weights of a file of the type: f32, or f16-rounded."""
+    models = {"F32": hf_model, "F16": f16_rounded(hf_model)}
+    return lambda qtype, llm, ids, images: _hf_greedy(
+        models[qtype], ids, images, llm.tokenizer.vocab_size
+    )
 
 
 def test_the_projector_gives_the_tower_and_the_processor(
@@ -182,13 +141,13 @@ def test_what_does_not_go_with_a_projector_is_refused_at_load(
     llama = tmp_path / "llama.gguf"
     write_gguf_llama(llama)
     with pytest.raises(ValueError, match="is a text-only 'llama' model"):
-        _llm(llama, mmproj)
+        load(llama, mmproj)
     with pytest.raises(ValueError, match="HF folder"):
-        _llm(folder, mmproj)
+        load(folder, mmproj)
     with pytest.raises(ValueError, match="is not a projector file.*'qwen2vl'"):
-        _llm(lm, lm)  # the two files swapped round
+        load(lm, lm)  # the two files swapped round
     with pytest.raises(FileNotFoundError, match="no such .gguf file"):
-        _llm(lm, tmp_path / "missing.gguf")
+        load(lm, tmp_path / "missing.gguf")
 
 
 def test_the_flag(tmp_path: Path) -> None:
@@ -211,5 +170,5 @@ def test_a_quantized_language_model_beside_its_tower(
     assert not every_linear_quantized(resolve_model(str(lm), mmproj=str(mmproj)), config, False)
     llm = LLM(str(lm), mmproj=str(mmproj), kv_cache_memory=0.02, page_size=16)
     assert "Q8_0" in llm.engine.model_runner.model.quantization
-    ids, mm = _prompt(llm, IMAGES[:1])
-    assert len(_greedy(llm, ids, mm)) == NUM_TOKENS
+    ids, mm = chat_prompt(llm, IMAGES[:1], QUESTION)
+    assert len(greedy(llm, ids, mm, NUM_TOKENS)) == NUM_TOKENS

@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gguf
@@ -23,21 +25,23 @@ import numpy as np
 import pytest
 
 from bench.common.server import free_port
-from pagedserve.core.sampling_params import SamplingParams
+from pagedserve.core.engine.llm import LLM
+from pagedserve.core.multimodal.inputs import MultiModalInputs
 from tests.core.multimodal.test_mmproj_gguf import (
     IMAGES,
-    _f16_rounded,
-    _greedy,
-    _hf_greedy,
-    _llm,
-    _prompt,
+    NUM_TOKENS,
+    QUESTION,
     files,  # noqa: F401 (fixtures)
+    oracle,
     written,  # noqa: F401
 )
+from tests.core.multimodal.vlm_driver import assert_pairs_give, chat_prompt, load, messages, run
 
 WORK = Path(__file__).resolve().parents[3] / "bench" / ".work"
 CONVERTERS = sorted(WORK.glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-LLAMA_SERVER = WORK / "llama.cpp-build" / "bin" / "llama-server"
+# The native build, else the portable AVX2 one (LLAMA_CPP_NATIVE=OFF).
+_SERVERS = [WORK / f"llama.cpp-build{s}" / "bin" / "llama-server" for s in ("", "-avx2")]
+LLAMA_SERVER = next((p for p in _SERVERS if p.is_file()), _SERVERS[0])
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -80,53 +84,98 @@ def _same_file(theirs: Path, ours: Path) -> None:
     assert tensors[0] == tensors[1]
 
 
-@pytest.fixture(scope="module")
-def converted(written, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:  # noqa: F811
-    root = tmp_path_factory.mktemp("converted")
+def convert_pairs(folder: Path, root: Path) -> dict[str, tuple[Path, Path]]:
+    """llama.cpp's converter's (language model, projector) of the folder, per type."""
     out = {}
     for qtype in ("F32", "F16"):
         pair = root / f"lm-{qtype}.gguf", root / f"mmproj-{qtype}.gguf"
-        _convert(written[0], pair[0], qtype)
-        _convert(written[0], pair[1], qtype, "--mmproj")
+        _convert(folder, pair[0], qtype)
+        _convert(folder, pair[1], qtype, "--mmproj")
         out[qtype] = pair
     return out
 
 
-def test_the_converter_writes_our_fixtures_bytes(converted, files) -> None:  # noqa: F811
-    for qtype, pair in converted.items():
-        for theirs, ours in zip(pair, files[qtype], strict=True):
-            _same_file(theirs, ours)
-
-
-def test_its_files_give_transformers_greedy_tokens(written, converted) -> None:  # noqa: F811
-    folder, hf_model = written
-    oracles = {"F32": hf_model, "F16": _f16_rounded(hf_model)}
-    for qtype, (lm, mmproj) in converted.items():
-        llm = _llm(lm, mmproj)
-        for num_images in (1, 2):
-            ids, mm = _prompt(llm, IMAGES[:num_images])
-            want = _hf_greedy(oracles[qtype], ids, IMAGES[:num_images], llm.tokenizer.vocab_size)
-            assert _greedy(llm, ids, mm) == want, (qtype, num_images)
-
-
-@pytest.mark.skipif(not LLAMA_SERVER.is_file(), reason="llama-server is not built in bench/.work")
-def test_llama_server_agrees_on_the_same_files(converted, tmp_path: Path) -> None:
-    lm, mmproj = converted["F32"]
-    llm = _llm(lm, mmproj)
+@contextmanager
+def llama_server(lm: Path, mmproj: Path, log_dir: Path) -> Iterator[str]:
+    """`llama-server -m LM --mmproj MMPROJ` on a free port, one slot; yields its base URL."""
     port = free_port()
     env = {**os.environ, "LLAMA_MEDIA_MARKER": "<__media__>"}  # else a random one
     cmd = [str(LLAMA_SERVER), "-m", str(lm), "--mmproj", str(mmproj), "--port", str(port),
            "-np", "1", "-c", "1024", "-t", "2", "--no-warmup"]  # fmt: skip
-    with (tmp_path / "llama-server.log").open("wb") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log_path = log_dir / "llama-server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         base_url = f"http://127.0.0.1:{port}"
-        _wait(server, base_url, tmp_path / "llama-server.log")
-        for num_images in (1, 2):
-            _agree(llm, base_url, num_images)
+        _wait(process, base_url, log_path)
+        yield base_url
     finally:
-        server.terminate()
-        server.wait(30)
+        process.terminate()
+        process.wait(30)
+
+
+def agree(
+    llm: LLM, base_url: str, prompt: tuple[list[int], MultiModalInputs], marked: str, images
+) -> None:
+    """llama-server on `marked` (the prompt's text with llama.cpp's media marker where each
+    image goes) and the images as PNGs counts our prompt's tokens and gives our greedy tokens
+    up to a near-tie of ours. (Its n_probs lists are not used: with an image in the prompt,
+    this build's start a step or two late and come short.)"""
+    ids, mm = prompt
+    out = run(llm, ids, mm, NUM_TOKENS, ignore_eos=False, logprobs=3)
+    pngs = []
+    for image in images:
+        buf = io.BytesIO()
+        image.save(buf, "PNG")
+        pngs.append(base64.b64encode(buf.getvalue()).decode())
+    body = {"prompt": {"prompt_string": marked, "multimodal_data": pngs}, "n_predict": NUM_TOKENS,
+            "temperature": 0, "n_probs": 3, "return_tokens": True, "cache_prompt": False}  # fmt: skip
+    theirs = httpx.post(base_url + "/completion", json=body, timeout=120).json()
+    assert theirs["tokens_evaluated"] == len(ids), theirs  # the same image tokens
+    steps = zip(out.outputs[0].logprobs or [], theirs["tokens"], strict=True)
+    for i, (ours, token) in enumerate(steps):
+        if token != ours.token_id:
+            assert ours.top[0][1] - ours.top[1][1] < NEAR_TIE, (i, ours.top, token)
+            return
+
+
+@pytest.fixture(scope="module")
+def converted(written, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:  # noqa: F811
+    return convert_pairs(written[0], tmp_path_factory.mktemp("converted"))
+
+
+def test_the_converter_writes_our_fixtures_bytes(converted, files) -> None:  # noqa: F811
+    assert_same_files(converted, files)
+
+
+def assert_same_files(
+    converted: dict[str, tuple[Path, Path]], ours: dict[str, tuple[Path, Path]]
+) -> None:
+    """The converter's pairs hold our writer's keys and tensors, type by type."""
+    for qtype, pair in converted.items():
+        for theirs, mine in zip(pair, ours[qtype], strict=True):
+            _same_file(theirs, mine)
+
+
+def test_its_files_give_transformers_greedy_tokens(written, converted) -> None:  # noqa: F811
+    assert_pairs_give(converted, oracle(written[1]), IMAGES, QUESTION, NUM_TOKENS)
+
+
+@pytest.mark.skipif(not LLAMA_SERVER.is_file(), reason="llama-server is not built in bench/.work")
+def test_llama_server_agrees_on_the_same_files(converted, tmp_path: Path) -> None:
+    """Our template's text with each image as llama.cpp's media marker (mtmd wraps the image
+    in <|vision_start|> / <|vision_end|> itself); the images are multiples of 28 pixels, so
+    neither side resizes them."""
+    lm, mmproj = converted["F32"]
+    llm = load(lm, mmproj)
+    template = llm.engine.chat_template
+    assert template is not None
+    with llama_server(lm, mmproj, tmp_path) as base_url:
+        for num_images in (1, 2):
+            images = IMAGES[:num_images]
+            text = template.render(messages(images, QUESTION), add_generation_prompt=True)
+            marked = text.replace("<|vision_start|><|image_pad|><|vision_end|>", "<__media__>")
+            agree(llm, base_url, chat_prompt(llm, images, QUESTION), marked, images)
 
 
 def _wait(server: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
@@ -139,34 +188,3 @@ def _wait(server: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
             pass
         time.sleep(0.25)
     raise AssertionError("llama-server not ready: " + log.read_text())
-
-
-def _agree(llm, base_url: str, num_images: int) -> None:
-    """Our template's text with each image as llama.cpp's media marker (mtmd wraps the image
-    in <|vision_start|> / <|vision_end|> itself), the PNGs as multimodal_data; the images are
-    multiples of 28 pixels, so neither side resizes them."""
-    images = IMAGES[:num_images]
-    ids, mm = _prompt(llm, images)
-    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
-    llm.engine.add_request(f"llama-server-{num_images}", ids, params, multimodal=mm)
-    [out] = llm._run([f"llama-server-{num_images}"], False)
-    template = llm.engine.chat_template
-    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": "What is it?"}]
-    text = template.render([{"role": "user", "content": parts}], add_generation_prompt=True)
-    prompt = text.replace("<|vision_start|><|image_pad|><|vision_end|>", "<__media__>")
-    pngs = []
-    for image in images:
-        buf = io.BytesIO()
-        image.save(buf, "PNG")
-        pngs.append(base64.b64encode(buf.getvalue()).decode())
-    body = {"prompt": {"prompt_string": prompt, "multimodal_data": pngs}, "n_predict": 8,
-            "temperature": 0, "n_probs": 3, "return_tokens": True, "cache_prompt": False}  # fmt: skip
-    theirs = httpx.post(base_url + "/completion", json=body, timeout=120).json()
-    assert theirs["tokens_evaluated"] == len(ids)  # the same image tokens
-    # Greedy tokens agree up to a near-tie of ours. (Its n_probs lists are not used: with an
-    # image in the prompt, this build's start a step or two late and come short.)
-    steps = zip(out.outputs[0].logprobs or [], theirs["tokens"], strict=True)
-    for i, (ours, token) in enumerate(steps):
-        if token != ours.token_id:
-            assert ours.top[0][1] - ours.top[1][1] < NEAR_TIE, (i, ours.top, token)
-            return

@@ -5,7 +5,6 @@ that cut through an image), plus the prefix cache keyed by the image."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,14 @@ from PIL import Image
 
 from bench.common.tiny_vlm import MAX_PIXELS, MIN_PIXELS, random_image, write_tiny_qwen2_5_vl
 from pagedserve.core.engine.llm import LLM
-from pagedserve.core.multimodal.inputs import MultiModalInputs, content_hash, expand_image_tokens
 from pagedserve.core.multimodal.mrope import mrope_positions
 from pagedserve.core.multimodal.processor import Qwen2VLImageProcessor
-from pagedserve.core.outputs import RequestOutput
 from pagedserve.core.sampling_params import SamplingParams
+from tests.core.multimodal.vlm_driver import chat_prompt, greedy, run
 
 transformers = pytest.importorskip("transformers")
 
 NUM_TOKENS = 12
-_IDS = itertools.count()
 
 
 IMAGES = [random_image(112, 84, 1), random_image(60, 130, 2), random_image(112, 84, 3)]
@@ -75,20 +72,6 @@ def _hf_pixels(images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
     return out["pixel_values"], out["image_grid_thw"]
 
 
-def _prompt(llm: LLM, folder: Path, images: list[Image.Image], text: str):
-    """Our chat path: the template with image parts, tokenized, image tokens expanded."""
-    template = llm.engine.chat_template
-    assert template is not None
-    parts = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    rendered = template.render([{"role": "user", "content": parts}], add_generation_prompt=True)
-    ids = llm.tokenizer.encode(rendered, add_special_tokens=False)
-    processor = _processor(folder)
-    features = [processor.preprocess(im, content_hash("RGB", im.size, im.tobytes()))
-                for im in images]  # fmt: skip
-    vocab = llm.tokenizer.vocab_size
-    return expand_image_tokens(ids, features, processor.image_token_id, vocab)
-
-
 def _hf_greedy(hf_model: torch.nn.Module, ids: list[int], images: list[Image.Image],
                image_token: int, num: int) -> list[int]:  # fmt: skip
     pixels, grids = _hf_pixels(images)
@@ -100,18 +83,6 @@ def _hf_greedy(hf_model: torch.nn.Module, ids: list[int], images: list[Image.Ima
             attention_mask=torch.ones_like(input_ids), max_new_tokens=num, do_sample=False,
         )  # fmt: skip
     return out[0, len(ids) :].tolist()
-
-
-def _run(llm: LLM, ids: list[int], mm: MultiModalInputs, num: int) -> RequestOutput:
-    params = SamplingParams(temperature=0, max_tokens=num, ignore_eos=True)
-    request_id = f"vl-{next(_IDS)}"
-    llm.engine.add_request(request_id, ids, params, multimodal=mm)
-    [out] = llm._run([request_id], False)
-    return out
-
-
-def _greedy(llm: LLM, ids: list[int], mm: MultiModalInputs, num: int) -> list[int]:
-    return list(_run(llm, ids, mm, num).outputs[0].token_ids)
 
 
 def test_pixels_equal_transformers(folder: Path) -> None:
@@ -136,7 +107,7 @@ def test_tower_equals_transformers(llm: LLM, hf_model: torch.nn.Module) -> None:
 
 
 def test_rotary_positions_equal_transformers(llm: LLM, folder: Path, hf_model) -> None:
-    ids, mm = _prompt(llm, folder, IMAGES[:2], "Compare them.")
+    ids, mm = chat_prompt(llm, IMAGES[:2], "Compare them.")
     image_token = hf_model.config.image_token_id
     hf_ids = torch.tensor([[image_token if t >= llm.tokenizer.vocab_size else t for t in ids]])
     _, grids = _hf_pixels(IMAGES[:2])
@@ -152,14 +123,14 @@ def test_rotary_positions_equal_transformers(llm: LLM, folder: Path, hf_model) -
 def test_greedy_tokens_equal_transformers(llm: LLM, chunked: LLM, folder: Path, hf_model,
                                           num_images: int) -> None:  # fmt: skip
     images = IMAGES[:num_images]
-    ids, mm = _prompt(llm, folder, images, "What is in the picture?")
+    ids, mm = chat_prompt(llm, images, "What is in the picture?")
     # the chunked engine's 16-token chunks cut through an image
     assert any(s // 16 != (e - 1) // 16 for s, e in mm.spans())
     image_token = hf_model.config.image_token_id
     hf_ids = [image_token if t >= llm.tokenizer.vocab_size else t for t in ids]
     want = _hf_greedy(hf_model, hf_ids, images, image_token, NUM_TOKENS)
-    assert _greedy(llm, ids, mm, NUM_TOKENS) == want
-    assert _greedy(chunked, ids, mm, NUM_TOKENS) == want
+    assert greedy(llm, ids, mm, NUM_TOKENS) == want
+    assert greedy(chunked, ids, mm, NUM_TOKENS) == want
 
 
 def test_prefix_cache_hits_the_same_image_only(llm: LLM, folder: Path) -> None:
@@ -167,30 +138,30 @@ def test_prefix_cache_hits_the_same_image_only(llm: LLM, folder: Path) -> None:
     same size reuses none of them (its placeholder ids differ)."""
     a, _, b = IMAGES  # a and b: the same size, other pixels
     text = "Describe the picture in a few words, please. " * 2
-    ids_a, mm_a = _prompt(llm, folder, [a], text)
-    ids_b, mm_b = _prompt(llm, folder, [b], text)
+    ids_a, mm_a = chat_prompt(llm, [a], text)
+    ids_b, mm_b = chat_prompt(llm, [b], text)
     assert len(ids_a) == len(ids_b) > 48 and ids_a != ids_b
     start, end = mm_a.spans()[0]
     assert ids_a[:start] == ids_b[:start] and ids_a[end:] == ids_b[end:]
-    first = _run(llm, ids_a, mm_a, 4)
-    again = _run(llm, ids_a, mm_a, 4)
+    first = run(llm, ids_a, mm_a, 4)
+    again = run(llm, ids_a, mm_a, 4)
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
     assert again.metrics is not None and again.metrics.num_cached_tokens >= 48 > end
-    other = _run(llm, ids_b, mm_b, 4)
+    other = run(llm, ids_b, mm_b, 4)
     assert other.metrics is not None and other.metrics.num_cached_tokens <= start
 
 
 def test_n_outputs_and_a_batch_of_image_requests(llm: LLM, folder: Path, hf_model) -> None:
     """n = 2 greedy outputs of one image prompt are its greedy tokens twice, and requests with
     different images and text-only ones run in one batch, each with its own tokens."""
-    ids, mm = _prompt(llm, folder, IMAGES[1:2], "Describe it.")
-    alone = _greedy(llm, ids, mm, 6)
+    ids, mm = chat_prompt(llm, IMAGES[1:2], "Describe it.")
+    alone = greedy(llm, ids, mm, 6)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2)
     llm.engine.add_request("vl-n2", ids, params, multimodal=mm)
     [out] = llm._run(["vl-n2"], False)
     assert [list(o.token_ids) for o in out.outputs] == [alone, alone]
-    other_ids, other_mm = _prompt(llm, folder, IMAGES[:2], "Compare.")
-    other_alone = _greedy(llm, other_ids, other_mm, 6)
+    other_ids, other_mm = chat_prompt(llm, IMAGES[:2], "Compare.")
+    other_alone = greedy(llm, other_ids, other_mm, 6)
     text_ids = llm.tokenizer.encode("Hello there, how are you today?")
     text_alone = list(llm.generate([text_ids], SamplingParams(temperature=0, max_tokens=6,
                                                               ignore_eos=True))[0]
@@ -210,8 +181,8 @@ def test_preempted_image_requests_recompute_the_same_tokens(llm: LLM, folder: Pa
     image embeddings again at their rows), and both still give their greedy tokens."""
     small = LLM(str(folder), dtype="float32", num_pages=6, page_size=16,
                 enable_prefix_caching=False)  # fmt: skip
-    prompts = [_prompt(llm, folder, [image], "Tell me.") for image in IMAGES[:2]]
-    alone = [_greedy(llm, ids, mm, 40) for ids, mm in prompts]
+    prompts = [chat_prompt(llm, [image], "Tell me.") for image in IMAGES[:2]]
+    alone = [greedy(llm, ids, mm, 40) for ids, mm in prompts]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for i, (ids, mm) in enumerate(prompts):
         small.engine.add_request(f"small-{i}", ids, params, multimodal=mm)
