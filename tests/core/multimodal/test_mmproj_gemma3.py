@@ -24,7 +24,14 @@ from pagedserve.core.models.registry import image_processor_for, read_arch
 from pagedserve.core.models.resolve import resolve_model
 from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
 from tests.core.multimodal import vlm_driver
-from tests.core.multimodal.vlm_driver import Oracle, assert_pairs_give, messages, write_pairs
+from tests.core.multimodal.vlm_driver import (
+    Oracle,
+    assert_pairs_give,
+    chat_prompt,
+    greedy,
+    messages,
+    write_pairs,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,3 +144,16 @@ def test_the_other_familys_files_are_refused(
         read_arch(resolve_model(str(qwen_lm), mmproj=str(mmproj)))
     with pytest.raises(ValueError, match="for a 'qwen2vl' language model.*'gemma3' model"):
         read_arch(resolve_model(str(lm), mmproj=str(qwen_mmproj)))
+
+
+def test_a_quantized_language_model_beside_its_tower(
+    written: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """A Q8_0 Gemma 3 language model keeps its blocks on the quantized kernels beside the
+    projector's dense tower (--dtype auto), and answers an image."""
+    lm, mmproj = tmp_path / "lm-q8_0.gguf", tmp_path / "mmproj.gguf"
+    write_gguf_gemma3_vl(written[0], lm, mmproj, qtype="Q8_0")
+    llm = LLM(str(lm), mmproj=str(mmproj), kv_cache_memory=0.02, page_size=16)
+    assert "Q8_0" in llm.engine.model_runner.model.quantization
+    ids, mm = chat_prompt(llm, IMAGES[:1], QUESTION)
+    assert len(greedy(llm, ids, mm, NUM_TOKENS)) == NUM_TOKENS
