@@ -2,11 +2,12 @@
 
 It joins the group, loads its shard of the model, allocates its heads' paged KV cache (as many
 pages as rank 0 says, so the page tables mean the same everywhere), then runs what rank 0
-broadcasts, step after step, until rank 0 says stop. Under --enable-lora it holds its share of
-every adapter slot (models' enable_lora) and writes or clears a slot when rank 0 says so, between
-steps (rank 0 has read and checked the adapter: a worker never reads an adapter's file). It never samples: its share of the logits
-goes to rank 0. It exits when its parent process does (a killed server leaves no worker
-behind), and a peer that vanishes mid-step makes its collective fail, which ends it.
+broadcasts, step after step, until rank 0 says stop. It never samples: its share of the logits
+goes to rank 0. Under --enable-lora it holds its share of every adapter slot (the model's
+enable_lora) and writes or clears a slot when rank 0 says so, between steps (rank 0 has read and
+checked the adapter: a worker never reads an adapter's file). It exits when its parent process
+does (a killed server leaves no worker behind), and a peer that vanishes mid-step makes its
+collective fail, which ends it.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ class WorkerLora:
             clear_adapter(self.targets, command.slot)
             return
         if command.stacks != self.stacks:
-            logger.warning("LoRA stacks of (slots, max rank) %s as rank 0's, not %s",
-                           command.stacks, self.stacks)  # fmt: skip
+            logger.warning("LoRA stacks made again as rank 0's (slots, max rank) %s, not "
+                           "this node's %s", command.stacks, self.stacks)  # fmt: skip
             self.targets, self.stacks = self.model.enable_lora(*command.stacks), command.stacks
         write_adapter(self.targets, command.slot, command.adapter)
 

@@ -1,7 +1,8 @@
 """A real `pagedserve serve --tensor-parallel-size 2` process (gloo, float32) with an adapter from
 --lora-modules and one loaded at run time, through the OpenAI SDK: each adapter's greedy text
-is TP=1's (whose tokens are transformers + PEFT's); an unknown adapter is a 404 and a file that does not parse a 400, and
-both ranks keep serving; unloaded, the adapter is gone (fixtures in conftest.py)."""
+is TP=1's (whose tokens are transformers + PEFT's); unloaded, an adapter is a 404
+model_not_found; a file that does not parse is a 400 naming it; both ranks keep serving
+(fixtures in conftest.py)."""
 
 from __future__ import annotations
 
