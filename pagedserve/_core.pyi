@@ -72,7 +72,7 @@ class KvEventLog:
     def __len__(self) -> int: ...
     def drain(self, page_size: typing.SupportsInt | typing.SupportsIndex) -> tuple[typing.Any, ...]:
         """
-        (kinds, hashes, parent_hashes, has_parent, token_ids), oldest first; empties it
+        (kinds, hashes, parent_hashes, has_parent, salts, token_ids), oldest first; empties it
         """
     @property
     def enabled(self) -> bool: ...

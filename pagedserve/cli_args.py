@@ -198,13 +198,16 @@ def configs_from_args(
         server_values["allow_runtime_lora_updating"] = True
     server_values["allowed_origins"] = tuple(server_values.get("allowed_origins", ()))
     server = ServerConfig(**server_values)
+    kv_events = KVEventsConfig.from_json(values.get("kv_events_config") or "{}")
+    if server.served_model_name:  # `{model}` is the name clients send (vLLM's served name)
+        kv_events = kv_events.with_model(server.served_model_name)
     engine = EngineConfig(
         model=ModelConfig(model=args.model, **pick(ModelConfig)),
         cache=CacheConfig(**pick(CacheConfig)),
         scheduler=SchedulerConfig(**pick(SchedulerConfig)),
         parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
         speculative=SpeculativeConfig(**pick(SpeculativeConfig)),
-        kv_events=KVEventsConfig.from_json(values.get("kv_events_config") or "{}"),
+        kv_events=kv_events,
         lora=LoRAConfig(**{**pick(LoRAConfig), "lora_modules": _lora_modules(values)}),
     )
     return server, engine

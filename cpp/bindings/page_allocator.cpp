@@ -40,15 +40,15 @@ py::array_t<T> copy_out(const std::vector<T>& v) {
     return a;
 }
 
-// The log's records as numpy copies (kinds, hashes, parent_hashes, has_parent, token_ids
-// [num_stored, page_size]), then empty.
+// The log's records as numpy copies (kinds, hashes, parent_hashes, has_parent, salts,
+// token_ids [num_stored, page_size]), then empty.
 py::tuple drain(KvEventLog& log, int32_t page_size) {
     const py::ssize_t width = page_size;
     const py::ssize_t num_stored = static_cast<py::ssize_t>(log.token_ids.size()) / width;
     py::array_t<int32_t> tokens = copy_out(log.token_ids);
     py::tuple out = py::make_tuple(copy_out(log.kinds), copy_out(log.hashes),
                                    copy_out(log.parent_hashes), copy_out(log.has_parent),
-                                   tokens.reshape({num_stored, width}));
+                                   copy_out(log.salts), tokens.reshape({num_stored, width}));
     log.clear();
     return out;
 }
@@ -58,7 +58,8 @@ void bind_kv_event_log(py::module_& m) {
         .def_readwrite("enabled", &KvEventLog::enabled)
         .def("__len__", &KvEventLog::size)
         .def("drain", &drain, py::arg("page_size"),
-             "(kinds, hashes, parent_hashes, has_parent, token_ids), oldest first; empties it");
+             "(kinds, hashes, parent_hashes, has_parent, salts, token_ids), oldest first; "
+             "empties it");
 }
 
 }  // namespace

@@ -147,7 +147,7 @@ void PageAllocator::unregister(int32_t page) {
     auto it = cached_.find(info.hash);
     if (it != cached_.end() && it->second == page) {
         cached_.erase(it);
-        if (events_.enabled) events_.removed(info.hash);
+        if (events_.enabled) events_.removed(info.hash, info.salt);
     }
     info.registered = false;
     ++info.generation;  // children that named this page as parent no longer match
@@ -212,12 +212,12 @@ int32_t PageAllocator::register_page(int32_t page, int32_t parent, uint32_t pare
     info.parent = parent;
     info.parent_generation = parent_generation;
     info.hash = h;
-    info.salt = salt;
+    info.salt = parent == kNoPage ? salt : pages_[parent].salt;  // the chain's seed
     info.registered = true;
     cached_.emplace(h, page);
     if (events_.enabled)
-        events_.stored(h, parent == kNoPage ? nullptr : &pages_[parent].hash, token_ids,
-                       page_size_);
+        events_.stored(h, parent == kNoPage ? nullptr : &pages_[parent].hash, info.salt,
+                       token_ids, page_size_);
     return page;
 }
 

@@ -211,4 +211,50 @@ TEST(event_log_records_stores_and_evictions_in_order) {
     a.release_all(pages);
 }
 
+TEST(event_log_records_each_pages_chain_salt) {
+    // The same tokens cached for adapter 7 and for the base: two roots whose tokens alone do not
+    // tell them apart. Each record carries its chain's seed, the child too (registered here with
+    // another salt: a child's salt is its root's), and so does each removal.
+    PageAllocator a(4, 2, true);
+    a.events().enabled = true;
+    const std::vector<int32_t> tokens = {1, 2, 3, 4};
+    std::vector<int32_t> adapter, base;
+    CHECK(a.allocate(2, adapter));
+    CHECK(a.allocate(2, base));
+    CHECK(a.register_page(adapter[0], PageAllocator::kNoPage, 0, tokens.data(), 7) == adapter[0]);
+    CHECK(a.register_page(adapter[1], adapter[0], a.generation(adapter[0]), tokens.data() + 2, 0) ==
+          adapter[1]);
+    CHECK(register_chain(a, base, tokens) == base);
+    pagedserve::KvEventLog& log = a.events();
+    CHECK(log.size() == 4 && log.salts.size() == 4 && log.token_ids.size() == 8);
+    CHECK(log.salts == std::vector<uint64_t>({7, 7, 0, 0}));
+    const uint64_t root7 = pagedserve::hash_page(7, tokens.data(), 2);
+    const uint64_t root0 = pagedserve::hash_page(0, tokens.data(), 2);
+    CHECK(log.hashes[0] == root7 && log.hashes[2] == root0 && root7 != root0);
+    CHECK(log.parent_hashes[1] == root7 && log.parent_hashes[3] == root0);
+    log.clear();
+    CHECK(log.size() == 0 && log.salts.empty() && log.token_ids.empty());
+    // Each chain is found under its own salt (the child's 0 at registration changed nothing).
+    std::vector<int32_t> hits;
+    CHECK(a.match_prefix(tokens.data(), 2, hits, 7) == 2 && hits == adapter);
+    a.release_all(hits);
+    CHECK(a.match_prefix(tokens.data(), 2, hits, 0) == 2 && hits == base);
+    a.release_all(hits);
+    a.release_all(adapter);
+    a.release_all(base);
+    std::vector<int32_t> fresh;
+    CHECK(a.allocate(4, fresh));  // evicts all four, least recently used first
+    CHECK(log.kinds == std::vector<int8_t>(4, pagedserve::KvEventLog::kRemoved));
+    CHECK(log.salts.size() == 4 && log.token_ids.empty());
+    const uint64_t child7 = pagedserve::hash_page(root7, tokens.data() + 2, 2);
+    int32_t num_adapters = 0;
+    for (size_t i = 0; i < log.size(); ++i) {
+        const bool adapters = log.hashes[i] == root7 || log.hashes[i] == child7;
+        CHECK(log.salts[i] == (adapters ? 7u : 0u));
+        num_adapters += adapters ? 1 : 0;
+    }
+    CHECK(num_adapters == 2);
+    a.release_all(fresh);
+}
+
 int main() { return check::run_all_tests(); }

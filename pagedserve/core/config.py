@@ -333,8 +333,9 @@ class KVEventsConfig:
     max_queue_size: int = 100_000
     """Batches waiting for the publisher thread before the engine drops new ones."""
     topic: str = ""
-    """The first frame of every published message; `{model}` in it becomes the model's name
-    (llm-d's `kv@POD_IP@{model}`)."""
+    """The first frame of every published message; `{model}` in it becomes the model's name as
+    clients send it in `model` (--served-model-name, a --models-dir name, else the file or
+    folder's name; llm-d's `kv@POD_IP@{model}`)."""
 
     def __post_init__(self) -> None:
         if self.publisher not in KV_EVENTS_PUBLISHERS:
@@ -350,6 +351,10 @@ class KVEventsConfig:
     def enabled(self) -> bool:
         return self.enable_kv_cache_events and self.publisher != "null"
 
+    def with_model(self, name: str) -> KVEventsConfig:
+        """`{model}` in the topic replaced by `name` (a topic without it stays as it is)."""
+        return replace(self, topic=self.topic.replace("{model}", name))
+
     def for_model(self, index: int, name: str) -> KVEventsConfig:
         """The config of a several-model server's index-th model (its place in /v1/models):
         `{model}` in the topic becomes its name, and each address it binds (the PUB endpoint
@@ -358,8 +363,7 @@ class KVEventsConfig:
         name + `_index`."""
         replay = self.replay_endpoint
         return replace(
-            self,
-            topic=self.topic.replace("{model}", name),
+            self.with_model(name),
             endpoint=_offset(self.endpoint, index) if binds(self.endpoint) else self.endpoint,
             replay_endpoint=_offset(replay, index) if replay is not None else None,
         )

@@ -2,8 +2,8 @@
 (llm-d's and Dynamo's decode vLLM's msgpack arrays), rebuilds the replica's cached-prefix index
 from the events and must hold exactly the allocator's cache after every step of a storm of
 requests in a small KV cache (evictions and preemptions), and again from the replay socket.
-Stored pages name their LoRA adapter (the native allocator's salted hashes, read back), and a
-several-model server gives each model its own sockets or refuses to start."""
+Stored pages name their LoRA adapter (the salt the native allocator's log records with each
+page), and a several-model server gives each model its own sockets or refuses to start."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from pagedserve.core.config import (
     CacheConfig,
     EngineConfig,
     KVEventsConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
 )
-from pagedserve.core.engine.kv_events import PageAdapters, page_hash, to_events
+from pagedserve.core.engine.kv_events import PageAdapters, to_events
 from pagedserve.core.engine.llm_engine import LLMEngine
 from pagedserve.core.models.resolve import ResolvedModel
 from pagedserve.core.sampling_params import SamplingParams
@@ -37,6 +38,27 @@ from pagedserve.openai_compat.model_catalog import check_kv_events_addresses
 
 PAGE_SIZE = 16
 TOPIC = b"kv@replica-0"
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def page_hash(parent_hash: int, token_ids: list[int]) -> int:
+    """The oracle of the allocator's chained page hash (`hash_page` in
+    cpp/src/page_allocator.cpp), in Python: a first page's hash is page_hash(salt, its tokens),
+    so a router's copy can check which salt a chain was seeded with."""
+
+    def finalize(h: int) -> int:  # splitmix64's finalizer, as the C++ one
+        h ^= h >> 30
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 27
+        h = (h * 0x94D049BB133111EB) & _MASK64
+        return h ^ (h >> 31)
+
+    h = finalize((parent_hash + _GOLDEN) & _MASK64)
+    for token in token_ids:
+        h = ((h ^ (token & 0xFFFFFFFF)) * _GOLDEN) & _MASK64
+        h ^= h >> 29
+    return finalize(h)
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +261,7 @@ def test_records_become_vllm_events() -> None:
         hashes=np.array([10, 11, 10, 11, 12], dtype=np.uint64),
         parent_hashes=np.array([0, 10, 0, 0, 2**64 - 1], dtype=np.uint64),
         has_parent=np.array([0, 1, 0, 0, 1], dtype=np.uint8),
+        salts=np.zeros(5, dtype=np.uint64),
         token_ids=tokens,
     )
     assert to_events(records, 2, "CPU") == [
@@ -248,24 +271,57 @@ def test_records_become_vllm_events() -> None:
     ]
 
 
-def test_the_python_page_hash_is_the_allocators() -> None:
-    """page_hash (how the events find a first page's adapter) = the native chained hash."""
+def test_a_stored_page_is_named_by_its_records_salt() -> None:
+    """The adapter comes from the log's salt, not from the page's hash or tokens: a root whose
+    hash is the base's hash of its tokens (as a collision would make it) but whose record says
+    adapter 5 is adapter 5's; a child of the base's root in one chain but of another salt
+    starts an event of its own."""
+    row = [3, 4]
+    records = KvEventRecords(
+        kinds=np.array([0, 0, 0], dtype=np.int8),
+        hashes=np.array([page_hash(0, row), 21, 22], dtype=np.uint64),
+        parent_hashes=np.array([0, page_hash(0, row), 21], dtype=np.uint64),
+        has_parent=np.array([0, 1, 1], dtype=np.uint8),
+        salts=np.array([5, 5, 0], dtype=np.uint64),
+        token_ids=np.array([row, [5, 6], [7, 8]], dtype=np.int32),
+    )
+    adapters = PageAdapters()
+    adapters.note(5, "attn")
+    assert to_events(records, 2, "CPU", adapters) == [
+        ["BlockStored", [page_hash(0, row), 21], None, [3, 4, 5, 6], 2, 5, "CPU", "attn"],
+        ["BlockStored", [22], 21, [7, 8], 2, None, "CPU", None],
+    ]
+
+
+def test_the_log_records_each_pages_chain_seed() -> None:
+    """Every record of a chain carries the salt its root was registered with (a child's own
+    salt argument does not count: its hash chains from its parent's), and the hashes are the
+    oracle's chain from that salt."""
     allocator = core.PageAllocator(4, 4, True)
     allocator.kv_events.enabled = True
     rows = [[1, 2, 3, 4], [5, -6, 7, 2**31 - 1], [0, 0, 0, 0]]
     pages = allocator.allocate(3)
     assert pages is not None
     parent = -1
-    for page, row in zip(pages, rows, strict=True):
+    for page, row, salt in zip(pages, rows, (9, 0, 4), strict=True):
         generation = allocator.generation(parent) if parent >= 0 else 0
-        allocator.register_page(page, parent, generation, np.array(row, dtype=np.int32), 9)
+        allocator.register_page(page, parent, generation, np.array(row, dtype=np.int32), salt)
         parent = page
-    _, hashes, _, _, _ = allocator.kv_events.drain(4)
+    records = KvEventRecords(*allocator.kv_events.drain(4))
     expected, h = [], 9
     for row in rows:
         h = page_hash(h, row)
         expected.append(h)
-    assert hashes.tolist() == expected
+    assert records.hashes.tolist() == expected
+    assert records.salts.dtype == np.uint64 and records.salts.tolist() == [9, 9, 9]
+    assert records.token_ids.tolist() == rows
+    for page in reversed(pages):
+        allocator.release(page)
+    assert allocator.allocate(4) is not None  # evicts the chain: removals keep the salt
+    removed = KvEventRecords(*allocator.kv_events.drain(4))
+    assert removed.kinds.tolist() == [KvEventRecords.REMOVED] * 3
+    assert sorted(removed.hashes.tolist()) == sorted(expected)
+    assert removed.salts.tolist() == [9, 9, 9] and removed.token_ids.shape == (0, 4)
 
 
 def test_stored_pages_name_their_adapter() -> None:
@@ -303,6 +359,78 @@ def test_stored_pages_name_their_adapter() -> None:
     assert child[0][2] == again[0][1][0]
 
 
+def test_an_engine_names_each_adapters_pages_by_its_id_and_name(tmp_path: Path) -> None:
+    """A real engine with a LoRA adapter, loaded, then unloaded and loaded again (a new id),
+    and the base model: one prompt for each caches three roots of the same tokens, which only
+    their salt tells apart. From the replay socket, each chain is one BlockStored with its
+    adapter's lora_id (its LoRARequest.lora_int_id) and lora_name (None for the base), hashed
+    from that id (the oracle), and the stored hashes are the allocator's cache."""
+    pytest.importorskip("peft")
+    from transformers import AutoTokenizer
+
+    from bench.common.tiny_lora import ATTENTION, write_peft_adapter
+    from bench.common.tiny_models import make_hf_model
+    from bench.common.tiny_tokenizers import write_tiny_bpe
+
+    base = tmp_path / "base"
+    write_tiny_bpe(base)
+    model = make_hf_model("llama", seed=3, vocab_size=len(AutoTokenizer.from_pretrained(base)))
+    model.save_pretrained(base, safe_serialization=True)
+    adapter = str(write_peft_adapter(model, tmp_path / "attn", r=8, targets=ATTENTION, seed=1))
+    events = KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*", topic=TOPIC.decode(),
+    )  # fmt: skip
+    engine = LLMEngine.from_config(EngineConfig(
+        model=ModelConfig(model=str(base), dtype="float32", quantization="none",
+                          max_model_len=128),
+        cache=CacheConfig(num_pages=32, page_size=PAGE_SIZE),
+        lora=LoRAConfig(enable_lora=True),
+        kv_events=events,
+    ))  # fmt: skip
+    try:
+        text = "The same words for every adapter, long enough for two full pages. " * 3
+        prompt = engine.tokenizer.encode(text)[: 2 * PAGE_SIZE + 5]
+        params = SamplingParams(temperature=0, max_tokens=2)
+        first = engine.add_lora("attn", adapter)
+        engine.add_request("base", prompt, params)
+        engine.add_request("first", prompt, params, lora_request=first)
+        while engine.has_unfinished():
+            engine.step()
+        engine.remove_lora("attn")
+        second = engine.add_lora("attn", adapter)  # the same name under a new id
+        assert first.lora_int_id != second.lora_int_id
+        engine.add_request("second", prompt, params, lora_request=second)
+        while engine.has_unfinished():
+            engine.step()
+        cached = set(engine.scheduler.cached_page_hashes())
+        publisher = engine.kv_events
+        assert publisher is not None
+        deadline = time.monotonic() + 5
+        while publisher.num_published < publisher.num_queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        batches = replay_batches(str(publisher.replay_endpoint), 0)
+    finally:
+        engine.close()
+    stored = [e for _, p in batches for e in msgpack.unpackb(p)[1] if e[0] == "BlockStored"]
+    assert not [e for _, p in batches for e in msgpack.unpackb(p)[1] if e[0] == "BlockRemoved"]
+    by_adapter = {(e[5], e[7]): e for e in stored}
+    assert len(stored) == len(by_adapter) == 3, [(e[5], e[7], len(e[1])) for e in stored]
+    assert set(by_adapter) == {(None, None), (first.lora_int_id, "attn"),
+                               (second.lora_int_id, "attn")}  # fmt: skip
+    roots = set()
+    for (lora_id, _), (_, hashes, parent, tokens, block_size, _, medium, _) in by_adapter.items():
+        assert parent is None and block_size == PAGE_SIZE and medium == "CPU"
+        assert tokens == prompt[: 2 * PAGE_SIZE]
+        h = lora_id or 0
+        for i, page in enumerate(hashes):
+            h = page_hash(h, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+            assert page == h, (lora_id, i)
+        roots.add(hashes[0])
+    assert len(roots) == 3
+    assert {h for e in stored for h in e[1]} == cached
+
+
 def test_each_model_of_a_pool_gets_its_own_sockets() -> None:
     """vLLM's data-parallel rule per model (its place in the catalog): bound tcp ports + index,
     ipc / inproc names + _index, a * port left to the system; `{model}` in the topic."""
@@ -320,6 +448,24 @@ def test_each_model_of_a_pool_gets_its_own_sockets() -> None:
     check_kv_events_addresses([(n, connects.for_model(i, n)) for i, n in enumerate("abc")])
     with pytest.raises(ValueError, match="model 2's port 65537"):
         replace(config, endpoint="tcp://*:65535").for_model(2, "x")
+
+
+def test_model_in_the_topic_is_the_served_model_name() -> None:
+    """`{model}` is the name clients send: --served-model-name where given (filled from the
+    flags), else left for the engine, which fills in the model's own name (the one /v1/models
+    then lists)."""
+    from pagedserve.cli_args import build_parser, configs_from_args
+
+    def topic(*flags: str) -> str:
+        events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                             "topic": "kv@10.0.0.1@{model}"})  # fmt: skip
+        args = build_parser().parse_args(["serve", "m.gguf", "--kv-events-config", events, *flags])
+        return configs_from_args(args, {})[1].kv_events.topic
+
+    assert topic("--served-model-name", "smol") == "kv@10.0.0.1@smol"
+    assert topic() == "kv@10.0.0.1@{model}"
+    plain = KVEventsConfig(topic="kv")
+    assert plain.with_model("smol") == plain
 
 
 @pytest.mark.parametrize(

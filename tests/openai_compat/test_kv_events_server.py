@@ -5,8 +5,9 @@ centralized mode), gaps are filled from the replay socket, and the index is keye
 prefixes, for the base model and an adapter, in a cache small enough to evict, the index must
 say what the server's cache holds: the replay from sequence 0 rebuilds the same index, and a
 prompt's hit (usage's cached_tokens, /metrics' prefix cache hits) is the prefix of full pages
-the index holds for that prompt and adapter. A --models-dir server publishes each model on its
-own sockets, under its own topic."""
+the index holds for that prompt and adapter; the server runs under --served-model-name, and
+the topic of each batch read live names the model by it. A --models-dir server publishes each
+model on its own sockets, under its own topic (the model's name in the catalog)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from tests.core.test_kv_events import replay_batches
 pytest.importorskip("peft")
 PAGE_SIZE = 16
 TOPIC = "kv@127.0.0.1@"  # llm-d's kv@<pod>@<model>: the server fills in {model}
+SERVED = "tiny-llama"  # --served-model-name: the name clients send, and {model} in the topic
 QUIET_S = 0.6  # no batch for this long after the last response: the server has published all
 
 
@@ -144,21 +146,26 @@ def server(
 ) -> Iterator[Server]:
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": sockets[1],
               "replay_endpoint": replay, "topic": TOPIC + "{model}"}  # fmt: skip
-    flags = [str(model_dir / "base"), "--lora-modules", f"attn={model_dir / 'attn'}",
-             "--api-key", API_KEY, "--dtype", "float32", "--quantization", "none",
-             "--max-model-len", "128", "--num-pages", "14", "--max-num-seqs", "3",
+    flags = [str(model_dir / "base"), "--served-model-name", SERVED,
+             "--lora-modules", f"attn={model_dir / 'attn'}", "--api-key", API_KEY,
+             "--dtype", "float32", "--quantization", "none", "--max-model-len", "128",
+             "--num-pages", "14", "--max-num-seqs", "3",
              "--kv-events-config", json.dumps(events)]  # fmt: skip
     srv = start_server(tmp_path_factory.mktemp("server"), *flags)
     yield srv
     assert stop_server(srv) == 0, srv.log()
 
 
-def _sync(router: Router, sub: zmq.Socket, server: Server, replay: str) -> None:
+def _sync(router: Router, sub: zmq.Socket, server: Server, replay: str) -> int:
     """Read live batches until the server has been quiet for QUIET_S, filling any gap (the
-    first batches go out before the PUB has connected) and the tail from the replay socket."""
+    first batches go out before the PUB has connected) and the tail from the replay socket;
+    returns how many were read live. Each live batch's topic names the model as clients name
+    it (--served-model-name)."""
+    num_live = 0
     while sub.poll(QUIET_S * 1000):
         topic, seq_bytes, payload = sub.recv_multipart()
-        assert topic.decode() == TOPIC + server.model
+        assert server.model == SERVED and topic.decode() == TOPIC + SERVED
+        num_live += 1
         seq = int.from_bytes(seq_bytes, "big")
         if seq > router.next_seq:
             for old, old_payload in replay_batches(replay, router.next_seq):
@@ -167,6 +174,7 @@ def _sync(router: Router, sub: zmq.Socket, server: Server, replay: str) -> None:
         router.apply(seq, payload)
     for seq, payload in replay_batches(replay, router.next_seq):
         router.apply(seq, payload)
+    return num_live
 
 
 def _prompts(server: Server) -> list[tuple[str, str]]:
@@ -190,7 +198,7 @@ def test_a_router_index_from_the_events_is_the_servers_cache(
 
     with ThreadPoolExecutor(3) as pool:  # 3 at once in 14 pages: evictions
         list(pool.map(lambda pair: complete(*pair), _prompts(server)))
-    _sync(router, sub, server, replay)
+    num_live = _sync(router, sub, server, replay)
     assert router.num_removed > 0 and router.num_stored > 14  # it evicted
     assert router.adapters == {None, "attn"}
     # The system prompt's first page is cached twice: once per adapter, under other hashes.
@@ -209,7 +217,7 @@ def test_a_router_index_from_the_events_is_the_servers_cache(
               ("attn", base[0]), (None, adapted[0])]  # fmt: skip
     hits = []
     for lora_name, tokens in probes:
-        _sync(router, sub, server, replay)
+        num_live += _sync(router, sub, server, replay)
         prompt = tokens + [tokens[0]]
         expected = router.cached_tokens(lora_name, prompt)
         hits_before = server.metric("vllm:prefix_cache_hits_total")
@@ -223,6 +231,10 @@ def test_a_router_index_from_the_events_is_the_servers_cache(
             time.sleep(0.05)
         assert server.metric("vllm:prefix_cache_hits_total") - hits_before == expected
         hits.append(expected)
+    # Batches were read live, each under the topic that names the model as clients do. (The
+    # first ones may all come from the replay: libzmq attaches a connecting PUB to a bound SUB
+    # only once the SUB is polled.)
+    assert num_live > 0
     assert hits[0] == len(base[0]) > 0  # the index's chain, whole, found where it said
     assert hits[1] > 0
     # Under the other adapter only the shared system prompt's pages are found, not the chain.

@@ -1,7 +1,8 @@
 // The prefix cache's change log for routers (vLLM's KV events): which page hashes entered and
-// left the cache, in order. The page allocator appends a record per page as it registers or
-// drops one (only while enabled); the engine drains the log once per step and publishes it, so
-// no Python runs per page.
+// left the cache, in order, each with the salt its hash chain was seeded with (a LoRA adapter's
+// id, 0 for the base model: vLLM's lora_id). The page allocator appends a record per page as it
+// registers or drops one (only while enabled); the engine drains the log once per step and
+// publishes it, so no Python runs per page.
 #pragma once
 
 #include <cstddef>
@@ -19,17 +20,18 @@ struct KvEventLog {
     std::vector<uint64_t> hashes;         // the page's chained hash, one per record
     std::vector<uint64_t> parent_hashes;  // stored records: the parent page's hash (else 0)
     std::vector<uint8_t> has_parent;      // stored records: 0 for a sequence's first page
+    std::vector<uint64_t> salts;          // the page's chain seed (its root's salt; 0: none)
     std::vector<int32_t> token_ids;       // stored records only: page_size ids each, in order
 
-    void stored(uint64_t hash, const uint64_t* parent_hash, const int32_t* tokens,
+    void stored(uint64_t hash, const uint64_t* parent_hash, uint64_t salt, const int32_t* tokens,
                 int32_t page_size) {
-        push(kStored, hash);
+        push(kStored, hash, salt);
         parent_hashes.push_back(parent_hash != nullptr ? *parent_hash : 0);
         has_parent.push_back(parent_hash != nullptr ? 1 : 0);
         token_ids.insert(token_ids.end(), tokens, tokens + page_size);
     }
-    void removed(uint64_t hash) {
-        push(kRemoved, hash);
+    void removed(uint64_t hash, uint64_t salt) {
+        push(kRemoved, hash, salt);
         parent_hashes.push_back(0);
         has_parent.push_back(0);
     }
@@ -39,13 +41,15 @@ struct KvEventLog {
         hashes.clear();
         parent_hashes.clear();
         has_parent.clear();
+        salts.clear();
         token_ids.clear();
     }
 
   private:
-    void push(int8_t kind, uint64_t hash) {
+    void push(int8_t kind, uint64_t hash, uint64_t salt) {
         kinds.push_back(kind);
         hashes.push_back(hash);
+        salts.push_back(salt);
     }
 };
 

@@ -66,7 +66,7 @@ class PageAllocator {
     // chain is broken (the parent left the cache, or another live page owns the hash: a
     // collision); the caller then stops registering that sequence.
     // `salt`: as match_prefix's (it matters for the first page; later ones inherit it through
-    // their parent's identity).
+    // their parent's identity, and the event log records the root's salt for every page).
     int32_t register_page(int32_t page, int32_t parent, uint32_t parent_generation,
                           const int32_t* token_ids, uint64_t salt = 0);
     bool is_registered(int32_t page) const { return pages_[page].registered; }
@@ -86,7 +86,7 @@ class PageAllocator {
         uint32_t parent_generation = 0; // parent's generation at registration
         uint32_t generation = 0;
         uint64_t hash = 0;
-        uint64_t salt = 0;  // the sequence's cache salt at registration (checked for roots)
+        uint64_t salt = 0;  // its chain's seed: the root's cache salt (checked for roots)
         bool registered = false;
         bool in_lru = false;
     };

@@ -1,9 +1,10 @@
 """KV events for prefix-aware routers (llm-d, NVIDIA Dynamo), on vLLM's wire format.
 
-The page allocator logs each page hash that enters or leaves its prefix cache (native); the
-engine drains the log once per step into one batch (the records become events in one pass,
-which also follows each page's adapter), and a publisher thread, the only owner of the ZeroMQ
-sockets, sends it, so a step never waits on the network.
+The page allocator logs each page hash that enters or leaves its prefix cache, with the salt
+its chain was seeded with (native); the engine drains the log once per step into one batch
+(the records become events in one pass, each stored page named by its salt's adapter), and a
+publisher thread, the only owner of the ZeroMQ sockets, sends it, so a step never waits on
+the network.
 
 The wire (vLLM's `--kv-events-config` publisher, msgpack arrays as msgspec's array_like
 structs encode them: vLLM's positional form, which routers that also read its newer named-field
@@ -27,7 +28,6 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from pagedserve.core.config import EngineConfig, KVEventsConfig, binds
@@ -40,63 +40,21 @@ _POLL_S = 0.05  # how long the thread waits for a batch before it looks at repla
 _CLOSE_LINGER_MS = 500  # at shutdown, how long the last batches may take to leave
 
 
-def page_hash(parent_hash: int, token_ids: list[int]) -> int:
-    """The page allocator's chained page hash (`hash_page` in cpp/src/page_allocator.cpp), in
-    Python: a first page's hash is page_hash(salt, its tokens), so the events can tell which
-    adapter's salt a stored root page carries (the log records no salt)."""
-    h = _finalize((parent_hash + _GOLDEN) & _MASK64)
-    for token in token_ids:
-        h = ((h ^ (token & 0xFFFFFFFF)) * _GOLDEN) & _MASK64
-        h ^= h >> 29
-    return _finalize(h)
-
-
-def _finalize(h: int) -> int:  # splitmix64's finalizer, as the C++ one
-    h ^= h >> 30
-    h = (h * 0xBF58476D1CE4E5B9) & _MASK64
-    h ^= h >> 27
-    h = (h * 0x94D049BB133111EB) & _MASK64
-    return h ^ (h >> 31)
-
-
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
 class PageAdapters:
-    """Which adapter each cached page belongs to, so BlockStored names it (vLLM's lora_id and
-    lora_name; None for the base). The engine thread's: a request's adapter is noted when it is
-    added; a stored page inherits its parent's adapter, and a first page is the one whose id
-    (its cache salt) hashes to the page's hash."""
+    """The names of the adapters requests have run with, so BlockStored names a page's adapter
+    (vLLM's lora_id and lora_name; None for the base). The adapter of each page is the salt
+    its hash chain was seeded with, which the allocator's log records; this adds the name. The
+    engine thread's: a request's adapter is noted when it is added."""
 
     def __init__(self) -> None:
         self.names: dict[int, str] = {}
         """Adapter id (the cache salt) -> name, for every adapter a request has run with."""
-        self._salts: dict[int, int | None] = {}  # cached page hash -> its salt (None: unknown)
-        self._warned = False
 
     def note(self, lora_int_id: int, lora_name: str) -> None:
         self.names[lora_int_id] = lora_name
 
-    def stored(self, page: int, parent: int | None, token_ids: list[int]) -> int | None:
-        """The salt of a page entering the cache (0: the base), remembered until it leaves."""
-        if parent is not None:
-            salt = self._salts.get(parent)
-        elif not self.names:  # no adapter has run: every page is the base's (no hashing)
-            salt = 0
-        else:
-            salt = next((s for s in (0, *self.names) if page_hash(s, token_ids) == page), None)
-        if salt is None and not self._warned:
-            self._warned = True
-            logger.warning("KV events: a stored page's adapter is unknown; sent as the base's")
-        self._salts[page] = salt
-        return salt
-
-    def removed(self, page: int) -> None:
-        self._salts.pop(page, None)
-
-    def lora(self, salt: int | None) -> tuple[int | None, str | None]:
-        """(lora_id, lora_name) of a salt: (None, None) for the base."""
+    def lora(self, salt: int) -> tuple[int | None, str | None]:
+        """(lora_id, lora_name) of a salt: (None, None) for the base (0)."""
         if not salt:
             return None, None
         return salt, self.names.get(salt)
@@ -111,12 +69,11 @@ def to_events(
     events: list[list[Any]] = []
     kinds, hashes = records.kinds.tolist(), records.hashes.tolist()
     parents, has_parent = records.parent_hashes.tolist(), records.has_parent.tolist()
-    tokens = records.token_ids.tolist()
+    salts, tokens = records.salts.tolist(), records.token_ids.tolist()
     stored = 0  # index into tokens: stored records carry a row each
     for i, kind in enumerate(kinds):
         last = events[-1] if events else None
         if kind == KvEventRecords.REMOVED:
-            adapters.removed(hashes[i])
             if last is not None and last[0] == "BlockRemoved":
                 last[1].append(hashes[i])
             else:
@@ -125,7 +82,7 @@ def to_events(
         parent = parents[i] if has_parent[i] else None
         row = tokens[stored]
         stored += 1
-        lora_id, lora_name = adapters.lora(adapters.stored(hashes[i], parent, row))
+        lora_id, lora_name = adapters.lora(salts[i])
         if (last is not None and last[0] == "BlockStored" and parent == last[1][-1]
                 and last[5] == lora_id):  # fmt: skip
             last[1].append(hashes[i])
@@ -271,13 +228,13 @@ def start_kv_events(
     config: EngineConfig, scheduler: Scheduler, device: str, model_name: str
 ) -> KvEventPublisher | None:
     """The publisher of the prefix cache's changes, when --kv-events-config turns it on (the
-    scheduler's allocator then logs them); None when off. `{model}` left in the topic (a
-    single-model server's) becomes `model_name`."""
+    scheduler's allocator then logs them); None when off. `{model}` still in the topic (a
+    single-model server's without --served-model-name) becomes `model_name`."""
     if not config.kv_events.enabled:
         return None
     scheduler.enable_kv_events()
     medium = "GPU" if device.startswith("cuda") else "CPU"
-    events = replace(config.kv_events, topic=config.kv_events.topic.replace("{model}", model_name))
+    events = config.kv_events.with_model(model_name)
     publisher = KvEventPublisher(events, config.cache.page_size, medium)
     replay = f"; replay at {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
     logger.info("KV events of %s: %s %s, topic %r%s", model_name,

@@ -225,4 +225,6 @@ class KvEventRecords:
     hashes: np.ndarray  # uint64 [n]: the page's chained hash
     parent_hashes: np.ndarray  # uint64 [n]: stored records: the parent page's hash
     has_parent: np.ndarray  # uint8 [n]: stored records: 0 for a sequence's first page
+    salts: np.ndarray  # uint64 [n]: the salt the page's chain was seeded with (its LoRA
+    # adapter's id, 0 for the base model)
     token_ids: np.ndarray  # int32 [number of stored records, page_size], in their order
