@@ -24,6 +24,7 @@ namespace {
 template <int kBits, int kGroup, bool kHalf>
 struct QuantBf16 {
     static constexpr Format kFormat{kBits, kGroup, kHalf};
+    static constexpr int kGroupRows = 4;  // rows per group call (sweep's groups)
 
     // bf16 pairs of features (4s, 4s + 1) -> lo and (4s + 2, 4s + 3) -> hi of 16 columns, from
     // the u8 operand of one vpdpbusd step: u as float by the 2^23 trick, then its top half.
@@ -94,8 +95,9 @@ void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
 template <typename T, bool kDequantBf16 = false>
 void run_products(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
                   int num_threads) {
-    const bool tiles = !kDequantBf16 && a.amx_from_rows > 0 && a.m >= a.amx_from_rows &&
-                       amx_usable(true);
+    // AMX-INT8 tiles take int8 rows only: int16 ones run on vpdpbusd at every row count.
+    const bool tiles = !kDequantBf16 && !a.int16_activations && a.amx_from_rows > 0 &&
+                       a.m >= a.amx_from_rows && amx_usable(true);
     with_kernel<T, kDequantBf16>(a, [&](auto kernel) {
         run_kernel<decltype(kernel)>(typed<T>(a, acts, row_bytes), num_threads, tiles);
     });

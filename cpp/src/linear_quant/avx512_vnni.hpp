@@ -67,9 +67,21 @@ PAGEDSERVE_QUANT_TARGET inline __m512i step_values(const std::uint8_t* block, st
     return _mm512_and_si512(s < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
 }
 
+// Group g of block b for rows R0 .. R - 1 of the micro-tile: G::group over up to G::kGroupRows
+// rows at a time (4 int8 rows, 2 int16 ones: 8 int32 sums), so that each activation broadcast
+// feeds both half tiles within the 32 registers.
+template <typename G, int R, int R0 = 0, typename Args>
+PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE void groups(const Args& a, std::int64_t row0,
+                                                            std::int64_t b, std::int64_t g,
+                                                            const std::uint8_t* block,
+                                                            __m512 (&acc)[R][2]) {
+    constexpr int Q = R - R0 < G::kGroupRows ? R - R0 : G::kGroupRows;
+    G::template group<Q, R>(a, row0, R0, b, g, block, acc);
+    if constexpr (R0 + Q < R) groups<G, R, R0 + Q>(a, row0, b, g, block, acc);
+}
+
 // Rows row0 .. row0 + R - 1 times one tile, for either kernel G: accumulators zeroed, then per
-// block (prefetching a block's worth of the next panel) and group, G::group over up to 4 rows at
-// a time (so that each activation broadcast feeds both half tiles within the 32 registers).
+// block (prefetching a block's worth of the next panel) and group, the groups above.
 template <typename G, int R, typename Args>
 PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE void sweep(const Args& a, std::int64_t row0,
                                                            const std::uint8_t* w,
@@ -81,14 +93,7 @@ PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE void sweep(const Args& a, std::i
         for (std::int64_t i = 0; i <= block_bytes / 64 && line < prefetch.lines; ++i, ++line)
             _mm_prefetch(prefetch.begin + 64 * line, _MM_HINT_T1);
         const std::uint8_t* block = w + b * block_bytes;
-        for (std::int64_t g = 0; g < G::kFormat.groups(); ++g) {
-            if constexpr (R > 4) {
-                G::template group<4, R>(a, row0, 0, b, g, block, acc);
-                G::template group<R - 4, R>(a, row0, 4, b, g, block, acc);
-            } else {
-                G::template group<R, R>(a, row0, 0, b, g, block, acc);
-            }
-        }
+        for (std::int64_t g = 0; g < G::kFormat.groups(); ++g) groups<G, R>(a, row0, b, g, block, acc);
     }
 }
 
@@ -97,13 +102,21 @@ PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE void sweep(const Args& a, std::i
 template <int kBits, int kGroup, bool kHalf>
 struct QuantBf16;
 
-template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false>
+// kActParts: 1 for int8 activation rows, 2 for int16 ones (QuantLinearArgs::int16_activations:
+// each row's hi and lo int8 parts, q = 255 hi + lo, layout.hpp). A step's weight registers meet
+// both parts, whose int32 sums are kept apart and folded as 255 isum(hi) + isum(lo), exact in
+// int32 (|.| <= 255 x 32 x 255 x 127 < 2^31): the AVX2 kernel's int16 fold (avx2.hpp), so its
+// bits.
+template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false,
+          int kActParts = 1>
 struct QuantKernel {
     static_assert(!kDequantBf16 || PAGEDSERVE_QUANT_HW_BF16, "dequant-bf16 needs AVX512-BF16");
+    static_assert(!kDequantBf16 || kActParts == 1, "dequant-bf16 takes bf16 x, not int16 rows");
     using Args = QuantArgs<T>;
     using Weight = std::uint8_t;
     static constexpr Format kFormat{kBits, kGroup, kHalf};
     static constexpr bool kDequant = kDequantBf16;
+    static constexpr int kGroupRows = 4 / kActParts;  // rows per group call: 8 int32 sums
     static constexpr std::int64_t kSteps = kGroup / 4;  // vpdpbusd steps per group
 
     static std::int64_t tile_elements(std::int64_t k) {
@@ -130,27 +143,36 @@ struct QuantKernel {
     PAGEDSERVE_QUANT_TARGET PAGEDSERVE_QUANT_INLINE static void group(
         const Args& a, std::int64_t row0, int r0, std::int64_t b, std::int64_t g,
         const std::uint8_t* block, __m512 (&acc)[R][2]) {
+        constexpr int P = kActParts;
         const std::uint8_t* act[Q];
         for (int r = 0; r < Q; ++r) act[r] = a.acts + (row0 + r0 + r) * a.act_row_bytes;
-        __m512i isum[Q][2];
-        for (int r = 0; r < Q; ++r) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
+        __m512i isum[Q][P][2];
+        for (int r = 0; r < Q; ++r)
+            for (int p = 0; p < P; ++p) isum[r][p][0] = isum[r][p][1] = _mm512_setzero_si512();
         for (std::int64_t s = g * kSteps; s < (g + 1) * kSteps; ++s) {
             const __m512i w0 = step_values<kBits>(block, s, 0);
             const __m512i w1 = step_values<kBits>(block, s, 1);
             for (int r = 0; r < Q; ++r) {
-                std::int32_t x4;
-                std::memcpy(&x4, act[r] + kBlockK * b + 4 * s, sizeof(x4));
-                const __m512i xv = _mm512_set1_epi32(x4);
-                isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], w0, xv);
-                isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], w1, xv);
+                for (int p = 0; p < P; ++p) {  // part p of row r: k bytes after part p - 1
+                    std::int32_t x4;
+                    std::memcpy(&x4, act[r] + p * a.k + kBlockK * b + 4 * s, sizeof(x4));
+                    const __m512i xv = _mm512_set1_epi32(x4);
+                    isum[r][p][0] = _mm512_dpbusd_epi32(isum[r][p][0], w0, xv);
+                    isum[r][p][1] = _mm512_dpbusd_epi32(isum[r][p][1], w1, xv);
+                }
             }
         }
         for (int h = 0; h < 2; ++h) {
             const quant_detail::HalfScales sc =
                 quant_detail::half_scales<kHalf>(kFormat, block, g, h);
             for (int r = 0; r < Q; ++r) {
-                const ActivationRow row(act[r], a.k);
-                acc[r0 + r][h] = quant_detail::fold_group(acc[r0 + r][h], isum[r][h], sc, row.d[b],
+                __m512i sum = isum[r][0][h];
+                if constexpr (P == 2) {  // 255 isum(hi) + isum(lo)
+                    sum = _mm512_sub_epi32(_mm512_slli_epi32(sum, 8), sum);
+                    sum = _mm512_add_epi32(sum, isum[r][P - 1][h]);
+                }
+                const ActivationRow row(act[r], a.k, P);
+                acc[r0 + r][h] = quant_detail::fold_group(acc[r0 + r][h], sum, sc, row.d[b],
                                                           row.group_sum(kFormat, b, g));
             }
         }
@@ -192,19 +214,27 @@ QuantArgs<T> typed(const QuantLinearArgs& a, const std::uint8_t* acts, std::int6
     return t;
 }
 
-// run(K{}) for the kernel K of a's weight format, x of dtype T.
-template <typename T, bool kDequantBf16 = false, typename Run>
-void with_kernel(const QuantLinearArgs& a, Run run) {
+// run(K{}) for the kernel K of a's weight format, x of dtype T, P activation parts.
+template <typename T, bool kDequantBf16 = false, int P = 1, typename Run>
+void with_format(const QuantLinearArgs& a, Run run) {
     const Format f = quant_detail::format_of(a.ggml_type);
     if (f.bits == 4 && f.half_scales)  // Q4_0, Q4_1
-        return run(QuantKernel<T, 4, 32, true, kDequantBf16>{});
+        return run(QuantKernel<T, 4, 32, true, kDequantBf16, P>{});
     if (f.bits == 4)  // Q4_K
-        return run(QuantKernel<T, 4, 32, false, kDequantBf16>{});
+        return run(QuantKernel<T, 4, 32, false, kDequantBf16, P>{});
     if (f.half_scales)  // Q8_0
-        return run(QuantKernel<T, 8, 32, true, kDequantBf16>{});
+        return run(QuantKernel<T, 8, 32, true, kDequantBf16, P>{});
     if (f.group_size == 32)  // Q5_K
-        return run(QuantKernel<T, 8, 32, false, kDequantBf16>{});
-    run(QuantKernel<T, 8, 16, false, kDequantBf16>{});  // Q6_K
+        return run(QuantKernel<T, 8, 32, false, kDequantBf16, P>{});
+    run(QuantKernel<T, 8, 16, false, kDequantBf16, P>{});  // Q6_K
+}
+
+// with_format for a's activation rows: int8, or int16 (a.int16_activations; never dequant-bf16).
+template <typename T, bool kDequantBf16 = false, typename Run>
+void with_kernel(const QuantLinearArgs& a, Run run) {
+    if constexpr (!kDequantBf16)
+        if (a.int16_activations) return with_format<T, false, 2>(a, run);
+    with_format<T, kDequantBf16>(a, run);
 }
 
 }  // namespace

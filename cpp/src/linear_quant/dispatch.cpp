@@ -66,16 +66,20 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
 }
 
 // int16_activations: int16 rows (quantize_activations16) on the int8 kernels, each taking them
-// as two int8 parts: the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2
-// up, the AVX-512 levels included (their kernels have no int16 variant: the AVX2 one serves
-// them), else the portable loops.
+// as two int8 parts: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (never its AMX
+// tiles), else the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2 up,
+// else the portable loops.
 void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k, 2);
     thread_local std::vector<std::uint8_t> acts;  // as quant_linear's int8 rows
     if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
     quant_detail::quantize_activations16(args.x, args.float32, args.x_stride, args.m, args.k,
                                          acts.data(), num_threads, force_portable);
-#if PAGEDSERVE_X86  // the AVX2 kernel from level avx2 up
+#if PAGEDSERVE_X86  // the VNNI kernel, else the AVX2 one from level avx2 up
+    if (!force_portable && vnni_supported()) {
+        return hardware_bf16() ? quant_detail::quant_linear_avx512_bf16(args, acts.data(), row_bytes, num_threads)
+                               : quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, num_threads);
+    }
     if (!force_portable && cpu_isa_at_least(CpuIsa::kAvx2))
         return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, num_threads)
                           : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, num_threads);
@@ -86,6 +90,7 @@ void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force
 }  // namespace
 
 const char* quant_linear_int16_path() {
+    if (vnni_supported()) return "avx512-vnni";
     if (avx_vnni()) return "avx2-vnni";
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
 }

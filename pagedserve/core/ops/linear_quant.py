@@ -19,9 +19,10 @@ activations (SmolLM2-135M). AVX2 + FMA from ISA level avx2 up, portable loops el
 int16_activations (issue 42): x rounded to int16 per 32 features (d = max|x| / 32512) and
 carried as two int8 parts q = 255 hi + lo through the int8 kernels, whose int32 sums stay exact:
 2^-15 of a block's largest value where int8 keeps 2^-7, at about twice the int8 multiplies.
-SmolLM2-135M gives the dequantized model's greedy tokens with it. The AVX2 kernel (or its
-AVX-VNNI copy) from ISA level avx2 up, the AVX-512 levels included; portable loops elsewhere
-(quant_linear_int16_path()); the same bits on every level.
+SmolLM2-135M gives the dequantized model's greedy tokens with it. The AVX512-VNNI kernel from
+ISA level avx512 on CPUs that have it (never AMX tiles), else the AVX2 kernel (or its AVX-VNNI
+copy) from level avx2 up; portable loops elsewhere (quant_linear_int16_path()); the same bits on
+every level.
 
 Batch-invariant like the bf16 kernel: each output is the same operations in the same order
 whatever the number of rows; the AMX-INT8 tiles give the VNNI path's bits (exact int32 sums),
@@ -57,8 +58,8 @@ def quant_linear_float_path() -> str:
 
 
 def quant_linear_int16_path() -> str:
-    """The path int16_activations=True runs at the active ISA level: "avx2-vnni", "avx2" or
-    "portable"."""
+    """The path int16_activations=True runs at the active ISA level: "avx512-vnni",
+    "avx2-vnni", "avx2" or "portable"."""
     return str(_core.quant_linear_int16_path())
 
 

@@ -255,6 +255,25 @@ def test_quant_linear_on_tiles_is_the_vnni_path_bit_for_bit(tiles: str, qtype: Q
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K])
+def test_int16_rows_never_take_tiles(tiles: str, qtype: Q) -> None:
+    """AMX-INT8 tiles take int8 rows only: int16 ones (two int8 parts) stay on vpdpbusd at any
+    threshold, with the same bits."""
+    n, k, m = 70, 256, 45
+    packed = pack_quant_weight(int(qtype), row_addresses(gguf_rows(qtype, n, k, seed=4)), k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    outs = []
+    for amx_from in (0, 1):
+        before = core.linear_amx_items()
+        out = torch.empty(m, n)
+        core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
+                          out.data_ptr(), n, True, m, n, k, 0, 2, False, False, amx_from,
+                          False, True)  # fmt: skip
+        assert core.linear_amx_items() == before
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_stack_runs_quantized_projections_on_tiles(emulated: None, tmp_path: Path) -> None:
     """bf16 with the native attention: the decoder stack passes the int8 threshold to every
     quantized projection; the hidden states are the VNNI run's bit for bit."""
