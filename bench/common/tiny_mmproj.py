@@ -15,6 +15,7 @@ keys, for the tests of what the loader refuses.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -80,11 +81,14 @@ def write_gguf_gemma3_vl(
     *,
     qtype: str = "F32",
     overrides: dict[str, Any] | None = None,
+    swapped_mlp: bool = False,
 ) -> None:
     """Both files of a Gemma 3 folder (its tower under the hub's vision_tower.vision_model.
-    names or transformers 5's vision_tower.)."""
-    writers = _write_gemma3_language_model, _write_gemma3_mmproj
-    _write_pair(folder, (lm_path, mmproj_path), qtype, overrides, *writers)
+    names or transformers 5's vision_tower.). swapped_mlp: the tower's fc1 named ffn_down and
+    fc2 ffn_up, as older projector files have them (llama.cpp tells them by shape)."""
+    mmproj = functools.partial(_write_gemma3_mmproj, swapped_mlp=swapped_mlp)
+    _write_pair(folder, (lm_path, mmproj_path), qtype, overrides, _write_gemma3_language_model,
+                mmproj)  # fmt: skip
 
 
 def _write_pair(
@@ -198,6 +202,7 @@ def _write_gemma3_mmproj(
     path: Path,
     quant: Any,
     overrides: dict[str, Any],
+    swapped_mlp: bool = False,
 ) -> None:
     vision = config["vision_config"]
     processor = json.loads((folder / "processor_config.json").read_text())
@@ -216,7 +221,7 @@ def _write_gemma3_mmproj(
             _add_gemma3_projector_tensor(writer, name, data)
         elif name.startswith("vision_tower."):
             tower = name.removeprefix("vision_tower.").removeprefix("vision_model.")
-            _add_siglip_tensor(writer, tower, data, quant)
+            _add_siglip_tensor(writer, tower, data, quant, swapped_mlp)
     _finish(writer)
 
 
@@ -229,7 +234,9 @@ def _add_gemma3_projector_tensor(writer: gguf.GGUFWriter, name: str, data: np.nd
         _add(writer, "mm.soft_emb_norm.weight", data + np.float32(1), _F32)
 
 
-def _add_siglip_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any) -> None:
+def _add_siglip_tensor(
+    writer: gguf.GGUFWriter, name: str, data: np.ndarray, quant: Any, swapped_mlp: bool
+) -> None:
     """One SigLIP weight; the embeddings (patch and position) stay f32."""
     stem, kind = name.rsplit(".", 1)
     if stem in _SIGLIP_TOP:
@@ -237,7 +244,10 @@ def _add_siglip_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, qua
         _add(writer, f"{_SIGLIP_TOP[stem]}.{kind}", data, _F32 if embeddings else quant)
         return
     _, _, layer, rest = stem.split(".", 3)  # encoder.layers.{i}.{rest}
-    _add(writer, f"v.blk.{layer}.{_SIGLIP_BLOCK[rest]}.{kind}", data, quant)
+    part = _SIGLIP_BLOCK[rest]
+    if swapped_mlp and part in ("ffn_up", "ffn_down"):
+        part = "ffn_down" if part == "ffn_up" else "ffn_up"
+    _add(writer, f"v.blk.{layer}.{part}.{kind}", data, quant)
 
 
 def _add_vocabulary(writer: gguf.GGUFWriter, folder: Path, text: dict[str, Any]) -> None:

@@ -113,6 +113,7 @@ _SIGLIP_BLOCK_PARTS = {
     "attn_out": "self_attn.out_proj", "ln1": "layer_norm1", "ln2": "layer_norm2",
     "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
 }  # fmt: skip
+_MLP_SWAP = {"ffn_up": "ffn_down", "ffn_down": "ffn_up"}
 
 
 @dataclass(frozen=True)
@@ -312,15 +313,29 @@ def mmproj_image_processor(mmproj: Mmproj, image_token_id: int) -> ImageProcesso
     )  # fmt: skip
 
 
-def _gemma3_name(name: str, path: Path) -> str:
-    """The checkpoint's name of a Gemma 3 projector tensor."""
-    if name in _GEMMA3_TOP_NAMES:
-        return _GEMMA3_TOP_NAMES[name]
-    match = _BLOCK_RE.fullmatch(name)
-    if match is None or match.group(2) not in _SIGLIP_BLOCK_PARTS:
-        raise ValueError(f"mmproj {path}: tensor {name!r} is not part of a supported tower")
-    layer, part, kind = match.groups()
-    return f"{_SIGLIP}encoder.layers.{layer}.{_SIGLIP_BLOCK_PARTS[part]}.{kind}"
+def _gemma3_names(reader: GGUFReader, mmproj: Mmproj) -> dict[str, str]:
+    """The checkpoint's name of each Gemma 3 projector tensor. Older files name the MLP's two
+    layers the other way round (fc1 as ffn_down); as llama.cpp does, they are told by shape:
+    an ffn_down that takes the tower's width (not its MLP's) is fc1."""
+    width = mmproj.vision.hidden_size
+    swapped = mmproj.vision.intermediate_size != width and any(
+        t.name.endswith(".ffn_down.weight") and int(t.shape[0]) == width for t in reader.tensors
+    )
+    names = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        if name in _GEMMA3_TOP_NAMES:
+            names[name] = _GEMMA3_TOP_NAMES[name]
+            continue
+        match = _BLOCK_RE.fullmatch(name)
+        if match is None or match.group(2) not in _SIGLIP_BLOCK_PARTS:
+            raise ValueError(f"mmproj {mmproj.path}: tensor {name!r} is not part of a "
+                             "supported tower")  # fmt: skip
+        layer, part, kind = match.groups()
+        if swapped and part in _MLP_SWAP:
+            part = _MLP_SWAP[part]
+        names[name] = f"{_SIGLIP}encoder.layers.{layer}.{_SIGLIP_BLOCK_PARTS[part]}.{kind}"
+    return names
 
 
 def _hf_name(name: str, path: Path) -> str:
@@ -341,7 +356,7 @@ def count_mmproj_weights(mmproj: Mmproj) -> int:
     """How many weights iter_mmproj_weights yields."""
     reader = gguf_reader(mmproj.path)
     if mmproj.family == "gemma3":
-        return len({_gemma3_name(t.name, mmproj.path) for t in reader.tensors})
+        return len(set(_gemma3_names(reader, mmproj).values()))
     names = {_hf_name(t.name, mmproj.path) for t in reader.tensors if t.name not in _PATCH}
     return len(names) + 1  # + the patch embedding
 
@@ -350,9 +365,10 @@ def iter_mmproj_weights(mmproj: Mmproj) -> Iterator[tuple[str, torch.Tensor]]:
     """(transformers' name, float32 tensor) for every weight of the tower and projector."""
     if mmproj.family == "gemma3":
         reader = gguf_reader(mmproj.path)
+        names = _gemma3_names(reader, mmproj)
         for tensor in reader.tensors:
             data = np.require(to_numpy(tensor), requirements=["C", "W"])
-            yield _gemma3_name(tensor.name, mmproj.path), torch.from_numpy(data)
+            yield names[tensor.name], torch.from_numpy(data)
         return
     yield from _iter_qwen2_5_vl_weights(mmproj)
 

@@ -29,6 +29,7 @@ from tests.core.multimodal.vlm_driver import (
     assert_pairs_give,
     chat_prompt,
     greedy,
+    load,
     messages,
     write_pairs,
 )
@@ -157,3 +158,15 @@ def test_a_quantized_language_model_beside_its_tower(
     assert "Q8_0" in llm.engine.model_runner.model.quantization
     ids, mm = chat_prompt(llm, IMAGES[:1], QUESTION)
     assert len(greedy(llm, ids, mm, NUM_TOKENS)) == NUM_TOKENS
+
+
+def test_older_files_with_the_mlp_names_swapped(
+    written: tuple[Path, torch.nn.Module], files: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """A projector whose fc1 is named ffn_down and fc2 ffn_up (older files; llama.cpp tells
+    them by shape) gives the same tokens as the converter's names."""
+    lm, mmproj = tmp_path / "lm.gguf", tmp_path / "mmproj-swapped.gguf"
+    write_gguf_gemma3_vl(written[0], lm, mmproj, swapped_mlp=True)
+    swapped, today = load(lm, mmproj), load(*files["F32"])
+    ids, mm = chat_prompt(today, IMAGES[:1], QUESTION)
+    assert greedy(swapped, ids, mm, NUM_TOKENS) == greedy(today, ids, mm, NUM_TOKENS)
