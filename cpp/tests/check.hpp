@@ -1,11 +1,16 @@
 // A tiny test runner for the C++ unit tests (no gtest): TEST(name) registers a function,
 // CHECK(cond) records a failure with its location and returns from the test, and
-// run_all_tests() runs everything and returns the process exit code.
+// run_all_tests() runs everything (but the tests CHECK_SKIP names, comma-separated: what an
+// emulated run need not repeat) and returns the process exit code; each line gives the test's
+// wall time.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,17 +32,31 @@ struct Registrar {
     }
 };
 
+// Whether CHECK_SKIP (comma-separated test names) names `name`.
+inline bool skipped(const char* name) {
+    const char* list = std::getenv("CHECK_SKIP");
+    if (list == nullptr) return false;
+    const std::string names = std::string(",") + list + ",";
+    return names.find(std::string(",") + name + ",") != std::string::npos;
+}
+
 inline int run_all_tests() {
     int failed = 0;
     for (const Case& c : registry()) {
+        if (skipped(c.name)) {
+            std::fprintf(stderr, "SKIP %s (CHECK_SKIP)\n", c.name);
+            continue;
+        }
         bool ok = true;
+        const auto start = std::chrono::steady_clock::now();
         try {
             c.body(ok);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "  exception: %s\n", e.what());
             ok = false;
         }
-        std::fprintf(stderr, "%s %s\n", ok ? "PASS" : "FAIL", c.name);
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+        std::fprintf(stderr, "%s %s (%.2f s)\n", ok ? "PASS" : "FAIL", c.name, took.count());
         failed += ok ? 0 : 1;
     }
     std::fprintf(stderr, "%zu tests, %d failed\n", registry().size(), failed);

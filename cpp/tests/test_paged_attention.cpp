@@ -4,6 +4,7 @@
 // run under ASan/UBSan (tests/native/test_cpp_sanitized.py), built with -march=native, so on an
 // AVX-512 (BF16) machine the intrinsic paths run there too.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -324,15 +325,17 @@ void test_window_and_softcap_match_naive() {
 
 // An int8, fp8 or fp16 cache (fp32 or bf16 queries): the kernels widen its rows to exactly the
 // values the naive loop sees (to_int8, to_fp8, to_fp16), so the fp32 and bf16 tolerances hold as
-// they are; windows and soft caps too.
-void test_stored_cache_matches_naive(KvQuant stored) {
+// they are; windows and soft caps too. head_sizes: all three (with and without a vector step),
+// or fewer (the emulated run).
+void test_stored_cache_matches_naive(KvQuant stored,
+                                     const std::vector<std::int64_t>& head_sizes = {64, 128, 96}) {
     std::mt19937 rng(stored == KvQuant::kInt8 ? 17 : stored == KvQuant::kFp16 ? 23 : 29);
     const std::vector<std::int32_t> q_lens = {1, 1, 37, 20, 1}, seq_lens = {17, 130, 100, 20, 1};
     const char* name = stored == KvQuant::kInt8 ? "int8" : stored == KvQuant::kFp16 ? "fp16" : "fp8";
     const std::string exact = std::string(name) + " cache matches the naive loop";
     const std::string fast = std::string(name) + " cache, fast decode scoring";
     for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-        for (const std::int64_t head_size : {64, 128, 96}) {
+        for (const std::int64_t head_size : head_sizes) {
             for (const std::int64_t window : {0, 5, 40}) {
                 Case c{2, 3, head_size, 16, q_lens, seq_lens, dtype, window, 0.0f};
                 c.logit_softcap = window == 5 ? 0.3f : 0.0f;
@@ -606,6 +609,15 @@ void test_level_equals_portable() {
 
 }  // namespace
 
+// f(), its wall time on stderr (where the run's time goes, under sanitizers or emulation).
+template <typename F>
+void timed(const char* name, F f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    std::fprintf(stderr, "    %s %.2f s\n", name, took.count());
+}
+
 // The part of the run a level belongs to: ctest runs the parts side by side (-j), each under its
 // own timeout (the sanitized build's longest test; on an AVX-512 CPU the vector levels alone
 // took over its 300 s under load when they were one part).
@@ -614,13 +626,30 @@ const char* part_of(CpuIsa level) {
     return level == CpuIsa::kAvx512 ? "avx512" : "vector";
 }
 
+// Under an emulated CPU (tests/native/test_cpp_x86_64_qemu.py: qemu's TCG runs this test ~150x
+// slower than a native run on some hosts) the CPU's best vector level alone, each cache kind
+// once against the naive loop: what proves the build runs there; the native runs keep the rest.
+int run_emulated_part() {
+    const CpuIsa best = cpu_isa_supported();
+    set_cpu_isa(best);
+    std::printf("  %s kernels\n", paged_attention_cpu_path());
+    timed("matches_naive", test_attention_matches_naive);
+    timed("matches_naive_bf16", test_attention_matches_naive_bf16);
+    for (const KvQuant stored : {KvQuant::kInt8, KvQuant::kFp16, KvQuant::kFp8E4m3})
+        timed("stored_cache", [&] { test_stored_cache_matches_naive(stored, {64}); });
+    if (failures == 0) std::puts("test_paged_attention: ok");
+    return failures == 0 ? 0 : 1;
+}
+
 // Every test at every ISA level this CPU runs: each level has its own copy of the kernels
 // (avx2_vnni runs avx2's, neon_dotprod neon's: not run twice here). One argument runs one part
-// (part_of): `portable`, `vector` (avx2 or neon) or `avx512`; none runs them all.
+// (part_of): `portable`, `vector` (avx2 or neon) or `avx512`; none runs them all; `emulated`
+// runs run_emulated_part.
 int main(int argc, char** argv) {
     const std::string part = argc > 1 ? argv[1] : "";
+    if (part == "emulated") return run_emulated_part();
     if (!(part.empty() || part == "portable" || part == "vector" || part == "avx512")) {
-        std::fprintf(stderr, "usage: test_paged_attention [portable|vector|avx512]\n");
+        std::fprintf(stderr, "usage: test_paged_attention [portable|vector|avx512|emulated]\n");
         return 2;
     }
     const CpuIsa best = cpu_isa_supported();
@@ -634,18 +663,22 @@ int main(int argc, char** argv) {
                "a vector level runs its own kernels");
         if (level == CpuIsa::kNeon)
             expect(std::strcmp(paged_attention_cpu_path(), "neon") == 0, "neon runs the NEON copy");
-        test_attention_matches_naive();
-        test_attention_matches_naive_bf16();
-        test_window_and_softcap_match_naive();
-        test_cache_write_round_trip();
-        test_stored_cache_matches_naive(KvQuant::kInt8);
-        test_8bit_cache_write<std::int8_t>(KvQuant::kInt8, quantize_row, "int8");
-        test_stored_cache_matches_naive(KvQuant::kFp16);
-        test_fp16_cache_write();
-        test_stored_cache_matches_naive(KvQuant::kFp8E4m3);
-        test_8bit_cache_write<std::uint8_t>(KvQuant::kFp8E4m3, quantize_row_fp8, "fp8");
-        test_bad_inputs_throw();
-        if (level != CpuIsa::kPortable) test_level_equals_portable();
+        timed("matches_naive", test_attention_matches_naive);
+        timed("matches_naive_bf16", test_attention_matches_naive_bf16);
+        timed("window_and_softcap", test_window_and_softcap_match_naive);
+        timed("cache_write_round_trip", test_cache_write_round_trip);
+        timed("int8_cache", [] { test_stored_cache_matches_naive(KvQuant::kInt8); });
+        timed("int8_write", [] {
+            test_8bit_cache_write<std::int8_t>(KvQuant::kInt8, quantize_row, "int8");
+        });
+        timed("fp16_cache", [] { test_stored_cache_matches_naive(KvQuant::kFp16); });
+        timed("fp16_write", test_fp16_cache_write);
+        timed("fp8_cache", [] { test_stored_cache_matches_naive(KvQuant::kFp8E4m3); });
+        timed("fp8_write", [] {
+            test_8bit_cache_write<std::uint8_t>(KvQuant::kFp8E4m3, quantize_row_fp8, "fp8");
+        });
+        timed("bad_inputs", test_bad_inputs_throw);
+        if (level != CpuIsa::kPortable) timed("level_equals_portable", test_level_equals_portable);
     }
     test_half_conversions();
     test_e4m3_conversions();
