@@ -233,16 +233,18 @@ def pack_for_dispatch(
     model.pack_weights(keep_unpacked=dispatch.keeps_weights)
     kept = model.route_linears(dispatch.torch_from)
     layers = model.decoder_layers()
-    # AMX-INT8 tiles take int8 activation rows only: int16 and float ones never reach them.
-    int8 = bool(model.quantization) and mc.quantized_activations == "int8"
+    # AMX-INT8 tiles take int8 activation rows and int16 ones (two tile products); float rows
+    # never reach them. The activations are set first, so the calibration times what runs.
+    if model.quantization and mc.quantized_activations != "int8":
+        model.use_quantized_activations(mc.quantized_activations)
+    tiles = bool(model.quantization) and mc.quantized_activations in ("int8", "int16")
     int8_from, int8_note = quantized_amx_choice(
-        list(layers[0].modules()) if layers and int8 else [],
+        list(layers[0].modules()) if layers and tiles else [],
         calibration_rows(config.scheduler.max_num_batched_tokens),
         dtype,
     )
     model.use_amx(dispatch.amx_from, int8_from, dispatch.amx_tile_order)
     if model.quantization and mc.quantized_activations != "int8":
-        model.use_quantized_activations(mc.quantized_activations)
         note = f"{mc.quantized_activations} activations"
         int8_note = "; ".join(n for n in (int8_note, note) if n)
     if int8_note:

@@ -95,9 +95,8 @@ void run_kernel(const typename K::Args& a, int num_threads, bool tiles) {
 template <typename T, bool kDequantBf16 = false>
 void run_products(const QuantLinearArgs& a, const std::uint8_t* acts, std::int64_t row_bytes,
                   int num_threads) {
-    // AMX-INT8 tiles take int8 rows only: int16 ones run on vpdpbusd at every row count.
-    const bool tiles = !kDequantBf16 && !a.int16_activations && a.amx_from_rows > 0 &&
-                       a.m >= a.amx_from_rows && amx_usable(true);
+    const bool tiles = !kDequantBf16 && a.amx_from_rows > 0 && a.m >= a.amx_from_rows &&
+                       amx_usable(true);
     with_kernel<T, kDequantBf16>(a, [&](auto kernel) {
         run_kernel<decltype(kernel)>(typed<T>(a, acts, row_bytes), num_threads, tiles);
     });

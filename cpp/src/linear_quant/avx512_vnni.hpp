@@ -106,7 +106,7 @@ struct QuantBf16;
 // each row's hi and lo int8 parts, q = 255 hi + lo, layout.hpp). A step's weight registers meet
 // both parts, whose int32 sums are kept apart and folded as 255 isum(hi) + isum(lo), exact in
 // int32 (|.| <= 255 x 32 x 255 x 127 < 2^31): the AVX2 kernel's int16 fold (avx2.hpp), so its
-// bits.
+// bits (AMX-INT8 tiles: two tile products, folded alike; amx.hpp).
 template <typename T, int kBits, int kGroup, bool kHalf, bool kDequantBf16 = false,
           int kActParts = 1>
 struct QuantKernel {
@@ -116,6 +116,7 @@ struct QuantKernel {
     using Weight = std::uint8_t;
     static constexpr Format kFormat{kBits, kGroup, kHalf};
     static constexpr bool kDequant = kDequantBf16;
+    static constexpr int kParts = kActParts;
     static constexpr int kGroupRows = 4 / kActParts;  // rows per group call: 8 int32 sums
     static constexpr std::int64_t kSteps = kGroup / 4;  // vpdpbusd steps per group
 

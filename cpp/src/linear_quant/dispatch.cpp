@@ -66,8 +66,8 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
 }
 
 // int16_activations: int16 rows (quantize_activations16) on the int8 kernels, each taking them
-// as two int8 parts: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (never its AMX
-// tiles), else the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2 up,
+// as two int8 parts: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (its AMX-INT8
+// tiles from amx_from_rows rows, two tile products a group), else the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2 up,
 // else the portable loops.
 void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k, 2);

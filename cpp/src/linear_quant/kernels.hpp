@@ -22,8 +22,8 @@
 //   neon_i8mm (USMMLA)        neon_i8mm.cpp     USMMLA 2 x 2 blocks (neon.hpp's, for +i8mm)
 //
 // int16 activation rows (two int8 parts, layout.hpp) run on the int8 kernels' products, each
-// part's sums kept apart: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (never on
-// AMX tiles), else the AVX2 kernel from level avx2 (its AVX-VNNI copy at avx2_vnni), else the
+// part's sums kept apart: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (and its
+// AMX-INT8 tiles, two products a group), else the AVX2 kernel from level avx2 (its AVX-VNNI copy at avx2_vnni), else the
 // portable loops (aarch64 included); the same bits on every path.
 //
 // With float_activations (linear_quant.hpp) no int8 rows: x as fp32, weights dequantized in

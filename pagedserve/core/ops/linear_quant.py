@@ -20,7 +20,8 @@ int16_activations (issue 42): x rounded to int16 per 32 features (d = max|x| / 3
 carried as two int8 parts q = 255 hi + lo through the int8 kernels, whose int32 sums stay exact:
 2^-15 of a block's largest value where int8 keeps 2^-7, at about twice the int8 multiplies.
 SmolLM2-135M gives the dequantized model's greedy tokens with it. The AVX512-VNNI kernel from
-ISA level avx512 on CPUs that have it (never AMX tiles), else the AVX2 kernel (or its AVX-VNNI
+ISA level avx512 on CPUs that have it (and its AMX-INT8 tiles from amx_from_rows rows, two tile
+products a group), else the AVX2 kernel (or its AVX-VNNI
 copy) from level avx2 up; portable loops elsewhere (quant_linear_int16_path()); the same bits on
 every level.
 
@@ -149,7 +150,7 @@ def quant_linear_eager(
     gated_width: int,
     amx_from_rows: int = 0,  # calls of at least this many rows on AMX-INT8 tiles (0: never)
     float_activations: bool = False,  # x kept in fp32 (no int8 rounding; amx_from_rows unused)
-    int16_activations: bool = False,  # x rounded to int16, not int8 (amx_from_rows unused)
+    int16_activations: bool = False,  # x rounded to int16, not int8
 ) -> None:
     """quant_linear's body."""
     _check(out, x, packed, ggml_type, bias, residual, gated_width, amx_from_rows,

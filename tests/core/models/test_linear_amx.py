@@ -255,10 +255,13 @@ def test_quant_linear_on_tiles_is_the_vnni_path_bit_for_bit(tiles: str, qtype: Q
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K])
-def test_int16_rows_never_take_tiles(tiles: str, qtype: Q) -> None:
-    """AMX-INT8 tiles take int8 rows only: int16 ones (two int8 parts) stay on vpdpbusd at any
-    threshold, with the same bits."""
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K])
+def test_int16_rows_on_tiles_are_the_vnni_path_bit_for_bit(tiles: str, qtype: Q) -> None:
+    """int16 rows (two int8 parts) take AMX-INT8 tiles from the threshold, two tile products a
+    group folded as 255 hi + lo: the VNNI path's bits (45 rows: two A tiles, the second
+    partial)."""
+    if tiles == "hardware" and not QUANT_HARDWARE:
+        pytest.skip("this CPU has no AMX-INT8 tiles (or Linux did not grant them)")
     n, k, m = 70, 256, 45
     packed = pack_quant_weight(int(qtype), row_addresses(gguf_rows(qtype, n, k, seed=4)), k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
@@ -269,7 +272,7 @@ def test_int16_rows_never_take_tiles(tiles: str, qtype: Q) -> None:
         core.quant_linear(int(qtype), x.data_ptr(), k, False, packed.data_ptr(), 0, 0, 0,
                           out.data_ptr(), n, True, m, n, k, 0, 2, False, False, amx_from,
                           False, True)  # fmt: skip
-        assert core.linear_amx_items() == before
+        assert (core.linear_amx_items() > before) == (amx_from == 1)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
 
