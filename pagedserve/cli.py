@@ -34,7 +34,9 @@ def _url(config: ServerConfig) -> str:
 
 def _announce(config: ServerConfig, engine: EngineClient) -> None:
     model = engine.model_info
-    name = config.served_model_name or model.name
+    name = config.model_name or model.name
+    if len(config.served_model_name) > 1:
+        name += f" (also as {', '.join(config.served_model_name[1:])})"
     tokens = model.num_pages * model.page_size
     kv = f" in {model.kv_cache_dtype}" if model.kv_cache_dtype else ""
     print(

@@ -81,7 +81,7 @@ _FLAGS: list[tuple[type, str, dict[str, Any]]] = [
     (ServerConfig, "host", {}),
     (ServerConfig, "port", {"type": int}),
     (ServerConfig, "api_key", {}),
-    (ServerConfig, "served_model_name", {}),
+    (ServerConfig, "served_model_name", {"nargs": "+", "metavar": "NAME"}),
     (ServerConfig, "allowed_origins", {"nargs": "+", "metavar": "ORIGIN"}),
     (ServerConfig, "ui", {"action": argparse.BooleanOptionalAction}),
     (ServerConfig, "log_level", {"choices": ["debug", "info", "warning", "error"]}),
@@ -196,13 +196,15 @@ def configs_from_args(
     server_values.setdefault("api_key", env.get(API_KEY_ENV) or None)
     if env.get(LORA_UPDATING_ENV, "").lower() in ("1", "true"):
         server_values["allow_runtime_lora_updating"] = True
+    model, names = _model_and_names(args.model, tuple(values.get("served_model_name") or ()))
     server_values["allowed_origins"] = tuple(server_values.get("allowed_origins", ()))
-    server = ServerConfig(**server_values)
+    server = ServerConfig(**{**server_values, "served_model_name": names})
     kv_events = KVEventsConfig.from_json(values.get("kv_events_config") or "{}")
-    if server.served_model_name:  # `{model}` is the name clients send (vLLM's served name)
-        kv_events = kv_events.with_model(server.served_model_name)
+    if server.model_name:  # `{model}` is the name responses carry (vLLM's first served name)
+        kv_events = kv_events.with_model(server.model_name)
+    _check_adapter_names(server.served_model_name, _lora_modules(values))
     engine = EngineConfig(
-        model=ModelConfig(model=args.model, **pick(ModelConfig)),
+        model=ModelConfig(model=model, **pick(ModelConfig)),
         cache=CacheConfig(**pick(CacheConfig)),
         scheduler=SchedulerConfig(**pick(SchedulerConfig)),
         parallel=ParallelConfig(**{**_parallel_env(env), **pick(ParallelConfig)}),
@@ -211,6 +213,24 @@ def configs_from_args(
         lora=LoRAConfig(**{**pick(LoRAConfig), "lora_modules": _lora_modules(values)}),
     )
     return server, engine
+
+
+def _model_and_names(model: str, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """MODEL and the served names. --served-model-name takes every word up to the next flag, so
+    `--served-model-name NAME MODEL` (MODEL after it, as the one-name flag always read it) ends
+    with the MODEL: with no MODEL before the flag and several words, the last is the MODEL."""
+    if model or len(names) < 2:
+        return model, names
+    return names[-1], names[:-1]
+
+
+def _check_adapter_names(
+    served: tuple[str, ...], lora_modules: tuple[tuple[str, str], ...]
+) -> None:
+    """An adapter named like the model would never run: a request naming it gets the base."""
+    taken = sorted({name for name, _ in lora_modules} & set(served))
+    if taken:
+        raise ValueError(f"lora_modules: {', '.join(taken)} is also a --served-model-name")
 
 
 def models_from_args(args: argparse.Namespace) -> ModelsConfig:

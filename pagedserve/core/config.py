@@ -334,7 +334,7 @@ class KVEventsConfig:
     """Batches waiting for the publisher thread before the engine drops new ones."""
     topic: str = ""
     """The first frame of every published message; `{model}` in it becomes the model's name as
-    clients send it in `model` (--served-model-name, a --models-dir name, else the file or
+    responses carry it (the first --served-model-name, a --models-dir name, else the file or
     folder's name; llm-d's `kv@POD_IP@{model}`)."""
 
     def __post_init__(self) -> None:

@@ -90,7 +90,7 @@ def create_app(
         state = ServerState(config, models, limits, catalog=True, on_loaded=on_ready)
     else:
         assert load_engine is not None, "create_app needs load_engine or models"
-        spec = ModelSpec(config.served_model_name or "", load_engine, preload=True)
+        spec = ModelSpec(config.model_name or "", load_engine, preload=True)
         state = ServerState(config, [spec], limits, on_loaded=on_ready, on_fatal=on_fatal)
 
     @asynccontextmanager

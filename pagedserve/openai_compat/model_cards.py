@@ -19,14 +19,20 @@ def model_cards(state: ServerState) -> list[dict[str, Any]]:
     cards = []
     for model in state.pool.states():
         ctx = loaded.get(model.name)
-        card = _loaded_card(state, ctx) if ctx is not None else _card(state, model)
-        card["status"] = {"value": model.status}
-        if model.status == "failed" and model.error:
-            card["status"]["error"] = model.error
-        cards.append(card)
-        if ctx is not None:  # its LoRA adapters, `parent` the model (lora/serving.py)
-            cards += lora_cards(ctx, state.started)
+        if ctx is None:
+            cards.append(_with_status(_card(state, model), model))
+            continue
+        for name in (ctx.model_name, *ctx.aliases):  # a card per served name (vLLM's list)
+            cards.append(_with_status(_loaded_card(state, ctx, name), model))
+        cards += lora_cards(ctx, state.started)  # `parent` the first name (lora/serving.py)
     return cards
+
+
+def _with_status(card: dict[str, Any], model: ModelState) -> dict[str, Any]:
+    card["status"] = {"value": model.status}
+    if model.status == "failed" and model.error:
+        card["status"]["error"] = model.error
+    return card
 
 
 def _card(state: ServerState, model: ModelState) -> dict[str, Any]:
@@ -40,10 +46,10 @@ def _card(state: ServerState, model: ModelState) -> dict[str, Any]:
     }
 
 
-def _loaded_card(state: ServerState, ctx: ServingContext) -> dict[str, Any]:
+def _loaded_card(state: ServerState, ctx: ServingContext, name: str) -> dict[str, Any]:
     info = ctx.engine.model_info
     return {
-        "id": ctx.model_name,
+        "id": name,
         "object": "model",
         "created": state.started,
         "owned_by": "pagedserve",

@@ -18,8 +18,11 @@ class ServerConfig:
     api_key: str | None = None
     """Clients must send `Authorization: Bearer KEY` (default: env PAGEDSERVE_API_KEY). /health
     and /metrics stay open."""
-    served_model_name: str | None = None
-    """Model name clients send and responses carry. Default: the model's own name."""
+    served_model_name: tuple[str, ...] = ()
+    """Names clients may send as `model` (one or more, as vLLM takes them); /v1/models lists
+    each. The first is the one responses, metrics' model_name, KV events' {model} and adapters'
+    parent carry. Default: the model's own name. MODEL goes before the flag, or right after
+    its names (with no MODEL before it, the flag's last word is MODEL)."""
     allowed_origins: tuple[str, ...] = ()
     """Origins allowed by CORS (e.g. http://localhost:3000, or *). Default: none."""
     max_body_bytes: int = 32 * 1024 * 1024
@@ -61,6 +64,9 @@ class ServerConfig:
     """Largest image (data: URL, download or file) accepted, in bytes."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.served_model_name, str):  # one name given from Python
+            object.__setattr__(self, "served_model_name", (self.served_model_name,))
+        _check_names(self.served_model_name)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
@@ -89,6 +95,19 @@ class ServerConfig:
             raise ValueError(
                 f"log_level must be debug, info, warning or error, got {self.log_level!r}"
             )
+
+    @property
+    def model_name(self) -> str | None:
+        """The name responses carry: the first served_model_name (None: the model's own)."""
+        return self.served_model_name[0] if self.served_model_name else None
+
+
+def _check_names(names: tuple[str, ...]) -> None:
+    if not all(names):
+        raise ValueError("served_model_name: a name must not be empty")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"served_model_name: {', '.join(twice)} given more than once")
 
 
 def parse_mm_limit(text: str) -> int:

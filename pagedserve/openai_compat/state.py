@@ -53,7 +53,7 @@ class ServerState:
     ) -> None:
         self.config = config
         self.started = int(time.time())
-        self.metrics = ServerMetrics(config.served_model_name or "", lambda: None)
+        self.metrics = ServerMetrics(config.model_name or "", lambda: None)
         self.store = ResponseStore(config.response_store_size, config.response_store_mb << 20,
                                    config.response_store_ttl)  # fmt: skip
         self._store_watched = False
@@ -74,6 +74,8 @@ class ServerState:
             tool_call_parser=self.config.tool_call_parser,
             reasoning_parser=self.config.reasoning_parser,
             media=media_config(self.config),
+            # the single model's other --served-model-name names (a catalog's models have one)
+            aliases=() if self.pool.catalog else self.config.served_model_name[1:],
         )
         return ModelServices(ctx, self.store)
 

@@ -463,6 +463,7 @@ def test_model_in_the_topic_is_the_served_model_name() -> None:
         return configs_from_args(args, {})[1].kv_events.topic
 
     assert topic("--served-model-name", "smol") == "kv@10.0.0.1@smol"
+    assert topic("--served-model-name", "smol", "gpt-4o") == "kv@10.0.0.1@smol"  # the first
     assert topic() == "kv@10.0.0.1@{model}"
     plain = KVEventsConfig(topic="kv")
     assert plain.with_model("smol") == plain

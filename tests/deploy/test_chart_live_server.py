@@ -94,7 +94,7 @@ def test_probes_and_scrapes_need_no_key_the_api_does(pod: Pod) -> None:
     assert httpx.get(pod.url + "/metrics").status_code == 200
     assert httpx.get(pod.url + "/v1/models").status_code == 401
     models = httpx.get(pod.url + "/v1/models", headers=pod.headers()).json()
-    assert [m["id"] for m in models["data"]] == [pod.config.served_model_name] == ["smollm2"]
+    assert [m["id"] for m in models["data"]] == list(pod.config.served_model_name) == ["smollm2"]
 
 
 def _samples(text: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from bench.common.server import free_port
 from pagedserve import cli, cli_args
 from pagedserve.cli_args import build_parser, configs_from_args, field_docs
 from pagedserve.core.config import CacheConfig
+from pagedserve.openai_compat.server_config import ServerConfig
 
 
 def _configs(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -46,12 +47,45 @@ def test_bad_value_names_the_field() -> None:
         _configs(["--page-size", "3"])
 
 
+def test_served_model_name_takes_one_name_or_several() -> None:
+    """--served-model-name NAME [NAME ...] (vLLM's); the first is the name responses carry.
+    MODEL goes before the flag or right after its names, so `--served-model-name NAME MODEL`
+    reads as it always did."""
+    server, engine = _configs(["m.gguf", "--served-model-name", "smol"])
+    assert (server.served_model_name, server.model_name) == (("smol",), "smol")
+    assert engine.model.model == "m.gguf"
+    server, engine = _configs(["--served-model-name", "smol", "m.gguf"])
+    assert (server.served_model_name, engine.model.model) == (("smol",), "m.gguf")
+    server, engine = _configs(["--served-model-name", "smol"])  # the bundled model, named
+    assert (server.served_model_name, engine.model.model) == (("smol",), "")
+    server, engine = _configs(["m.gguf", "--served-model-name", "smol", "gpt-4o", "--port", "9"])
+    assert (server.served_model_name, server.model_name) == (("smol", "gpt-4o"), "smol")
+    assert (engine.model.model, server.port) == ("m.gguf", 9)
+    server, engine = _configs(["--served-model-name", "smol", "gpt-4o", "m.gguf"])
+    assert (server.served_model_name, engine.model.model) == (("smol", "gpt-4o"), "m.gguf")
+    server, _ = _configs([])
+    assert (server.served_model_name, server.model_name) == ((), None)
+    assert ServerConfig(served_model_name="one").served_model_name == ("one",)
+
+
+def test_served_model_names_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="served_model_name: smol given more than once"):
+        _configs(["m.gguf", "--served-model-name", "smol", "smol"])
+    with pytest.raises(ValueError, match="served_model_name: a name must not be empty"):
+        _configs(["m.gguf", "--served-model-name", "smol", ""])
+    with pytest.raises(ValueError, match="lora_modules: alias is also a --served-model-name"):
+        _configs(["m.gguf", "--served-model-name", "smol", "alias", "--lora-modules", "alias=a"])
+    with pytest.raises(SystemExit):  # argparse's usage error: the flag needs a name
+        build_parser().parse_args(["serve", "m.gguf", "--served-model-name"])
+
+
 def test_help_comes_from_docstrings() -> None:
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     text = serve.format_help()
     first_words = field_docs(CacheConfig)["page_size"].split()[:3]
     assert " ".join(first_words) in " ".join(text.split())
     assert "--num-pages" not in text  # advanced: hidden
+    assert "--served-model-name NAME [NAME ...]" in text
 
 
 def test_serve_exits_1_when_the_model_cannot_load(tmp_path: Path) -> None:
@@ -108,6 +142,9 @@ def test_models_flags_reach_the_pool_and_refuse_a_model_beside_them(
     assert not cli_args.models_from_args(parser.parse_args(["serve", "--idle-unload", "5"])).catalog
     with pytest.raises(ValueError, match="served-model-name"):
         cli_args.models_from_args(parser.parse_args(["serve", "--models-dir", "d", "x.gguf"]))
+    several = ["serve", "--models-dir", "d", "--served-model-name", "a", "b", "--port", "9"]
+    with pytest.raises(ValueError, match="served-model-name"):
+        cli_args.models_from_args(parser.parse_args(several))
     for argv, message in (
         (["--models-dir", str(tmp_path)], "no model found"),
         (["--models-dir", str(tmp_path), "--max-loaded-models", "-1"], "max_loaded_models"),

@@ -59,15 +59,18 @@ class ServingContext:
     """The LoRA adapter this context's requests run with (for_model; None: the base model)."""
     media: MediaConfig = field(default_factory=MediaConfig)
     """Where images may come from and how many (ServerConfig's media fields)."""
+    aliases: tuple[str, ...] = ()
+    """Other names the model answers to (--served-model-name's after the first); responses
+    still carry model_name."""
 
     def check_model(self, model: str | None) -> None:
         self.for_model(model)
 
     def for_model(self, model: str | None) -> ServingContext:
-        """This context for a request naming `model`: itself for the model's own name (or
+        """This context for a request naming `model`: itself for the model's own names (or
         none), a copy that runs the adapter and answers with its name for a loaded LoRA
         adapter's; else 404 model_not_found."""
-        if not model or model == self.model_name:
+        if not model or model == self.model_name or model in self.aliases:
             return self
         for lora in self.engine.list_loras():
             if lora.lora_name == model:
