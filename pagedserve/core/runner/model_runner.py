@@ -182,9 +182,10 @@ class ModelRunner:
         """`sample_seqs`: the sequences of plan.sample_seq_ids that sample, in that order
         (all of them but the embedding requests, whose chunks are `pooling_specs`)."""
         with self._collectives():  # every rank's forward and logits; then rank 0 samples alone
-            inputs = self._inputs(plan, prompt_specs)
+            slots = self._lora_request_slots(plan)  # once: the broadcast and our LoraBatch
+            inputs = self._inputs(plan, prompt_specs, slots)
             m = self.model
-            lora = self._lora_batch(plan)
+            lora = self._lora_batch(plan, slots)
             images = self.images.step(plan) if self.images is not None else None
             if images is not None and self.images is not None:
                 vlm = self.images.model
@@ -216,9 +217,9 @@ class ModelRunner:
             result.verified = {first: (d, int(accepted[row])) for row, first, d in checks.groups}
         return result
 
-    def _lora_batch(self, plan: StepPlan) -> LoraBatch | None:
-        """The step's token rows grouped by adapter (None: every row is the base model's)."""
-        slots = self._lora_request_slots(plan)
+    def _lora_batch(self, plan: StepPlan, slots: np.ndarray | None) -> LoraBatch | None:
+        """The step's token rows grouped by adapter, from each request's slot (None: every row
+        is the base model's)."""
         if slots is None:
             return None
         token_slots = np.repeat(slots, plan.num_scheduled_tokens)
@@ -253,10 +254,12 @@ class ModelRunner:
     def _collectives(self) -> contextlib.AbstractContextManager[None]:
         return self.tp.stepping() if self.tp is not None else contextlib.nullcontext()
 
-    def _inputs(self, plan: StepPlan, specs: list[PromptLogprobsSpec]) -> StepInputs:
+    def _inputs(
+        self, plan: StepPlan, specs: list[PromptLogprobsSpec], lora_slots: np.ndarray | None
+    ) -> StepInputs:
         if self.tp is not None:  # the workers get the same inputs by broadcast
             rows = [(spec.row_start, len(spec.target_ids)) for spec in specs]
-            return self.tp.channel.send(plan, rows, self._lora_request_slots(plan))
+            return self.tp.channel.send(plan, rows, lora_slots)
         return StepInputs(
             input_ids=self._tensor(plan.input_ids, torch.long),
             positions=self._tensor(plan.positions, torch.long),
