@@ -47,10 +47,10 @@ inline void scores_transposed_avx2(const float* q, const float* k_t, std::int64_
 // accumulators in registers, each value register loaded once per key and slice (one vector:
 // 64 columns, 8 chains; two or three: 32 columns, 8 or 12 chains).
 //
-// V is float (sc.v_pages: fp32 cache pages, or bf16 ones widened once into scratch) or Bf16
-// (sc.v_raw: the bf16 cache pages themselves, each value register widened as it is loaded: a
-// decode item's few vectors read each value once, so widening into scratch first only added a
-// store and a load per register). Widening is exact: the same bits either way.
+// V is float (sc.v_pages: fp32 cache pages, or bf16 / fp16 ones widened once into scratch), or
+// Bf16 or Half (sc.v_raw: the bf16 or fp16 cache pages themselves, each value register widened
+// as it is loaded: a decode item's few vectors read each value once, so widening into scratch
+// first only added a store and a load per register). Widening is exact: the same bits either way.
 inline float widen(float x) { return x; }
 inline float widen(Bf16 x) {
     const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
@@ -58,6 +58,7 @@ inline float widen(Bf16 x) {
     std::memcpy(&f, &bits, sizeof(f));
     return f;
 }
+inline float widen(Half x) { return half_to_float(x.bits); }
 
 template <typename V>
 inline __m256 load_values8(const V* row) {
@@ -65,6 +66,7 @@ inline __m256 load_values8(const V* row) {
         return _mm256_loadu_ps(row);
     } else {
         const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+        if constexpr (std::is_same_v<V, Half>) return _mm256_cvtph_ps(bits);  // F16C: exact
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
     }
 }

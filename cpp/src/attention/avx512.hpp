@@ -53,8 +53,11 @@ inline void transpose_rows(const std::uint32_t* const rows[16], std::int64_t col
     }
 }
 
-// 16 floats from 16 fp32 or bf16 values.
+// 16 floats from 16 fp32, bf16 or fp16 values (all exact).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const Half* p) {  // maskz: GCC 12 warns on _mm512_cvtph_ps's undefined
+    return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline __m512 load16(const Bf16* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

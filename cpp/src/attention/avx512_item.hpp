@@ -9,20 +9,35 @@
 // summed by a tree rounds differently. That per-key dot is still the decode path when the caller
 // turns batch_invariant off: no transpose, each key row read once from the cache.
 
-// Raw cache rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows.
+// The rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows: the
+// cache's own rows (of type K), or for an 8-bit cache (int8 or fp8: KvCacheView::quant; K =
+// float) fp32 rows widened page by page into sc.k / sc.v by the loops' widen_page, from where
+// the item kernels take the fp32 cache's path (the same bits as the loops over the same rows).
 // Returns the number of keys in the block.
-template <typename T>
+template <typename K, int kD>
 std::int64_t gather_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                           std::int64_t num_keys, Scratch& sc) {
     const KvCacheView& c = a.cache;
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
-        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
-        const T* k = static_cast<const T*>(c.data) +
-                     page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n), index = (key0 + n) / c.page_size;
+        const K* k = nullptr;
+        const K* v = nullptr;
+        if constexpr (std::is_same_v<K, float>) {
+            if (is_8bit(c.quant)) {
+                float* k_rows = sc.k.data() + n * kD;
+                float* v_rows = sc.v.data() + n * kD;
+                widen_page(a, w, index, num_keys, np, kD, k_rows, v_rows, sc);
+                k = k_rows, v = v_rows;
+            }
+        }
+        if (!k) {
+            k = static_cast<const K*>(c.data) + page_offset<K>(a, w, index, num_keys, sc);
+            v = k + c.kv_stride();
+        }
         for (std::int64_t j = 0; j < np; ++j) {
-            sc.k_rows[n + j] = k + j * c.head_size;
-            sc.v_rows[n + j] = k + c.kv_stride() + j * c.head_size;
+            sc.k_rows[n + j] = k + j * kD;
+            sc.v_rows[n + j] = v + j * kD;
         }
         n += np;
     }
@@ -39,9 +54,10 @@ void transpose_keys(Scratch& sc, std::int64_t n) {
         const std::uint32_t* rows[kChunk];
         for (int j = 0; j < kChunk; ++j) {
             const void* row = sc.zero.data();
-            if (c0 + j < n && std::is_same_v<T, Bf16> && !kDp) {  // widen to fp32 first
+            if (c0 + j < n && !std::is_same_v<T, float> && !kDp) {  // widen to fp32 first
                 float* f = sc.k.data() + (c0 + j) * kD;
-                load_row(static_cast<const T*>(sc.k_rows[c0 + j]), f, kD);
+                const T* k = static_cast<const T*>(sc.k_rows[c0 + j]);
+                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(k + d));
                 row = f;
             } else if (c0 + j < n) {
                 row = sc.k_rows[c0 + j];
@@ -177,9 +193,12 @@ void load_raw_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     }
 }
 
-template <typename T, int kD>
+// One work item: queries and outputs of type T (the activations'), key and value rows of type K
+// (T's cache; Half: an fp16 cache, widened in registers; or float: an 8-bit cache widened block
+// by block).
+template <typename T, typename K, int kD>
 void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
-    constexpr bool kDp = std::is_same_v<T, Bf16> && kHasDpbf16;
+    constexpr bool kDp = std::is_same_v<K, Bf16> && kHasDpbf16;
     const std::int64_t m_len = w.rows * (a.num_heads / a.cache.num_kv_heads);
     const std::int64_t q_len = a.query_start_loc[w.req + 1] - a.query_start_loc[w.req];
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
@@ -189,25 +208,27 @@ void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) 
     const bool dot = !a.batch_invariant && m_len < kDotMaxRows;
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
-        const std::int64_t n = gather_block<T>(a, w, key0, num_keys, sc);
+        const std::int64_t n = gather_block<K, kD>(a, w, key0, num_keys, sc);
         if (dot) {
-            attend_block_dot_avx512<T, kD, kDp>(a, sc, m_len, key0, n, first_pos);
+            attend_block_dot_avx512<K, kD, kDp>(a, sc, m_len, key0, n, first_pos);
             continue;
         }
-        transpose_keys<T, kD, kDp>(sc, n);
+        transpose_keys<K, kD, kDp>(sc, n);
         if (m_len < kWidenMinRows) {  // few vectors (decode): values straight from the cache
-            attend_block_avx512<T, T, kD, kDp>(a, sc, m_len, key0, n, first_pos);
+            attend_block_avx512<K, K, kD, kDp>(a, sc, m_len, key0, n, first_pos);
             continue;
         }
-        // Many row chunks share this block's values: widen bf16 once, not once per chunk (the
-        // same values either way, so the same sums).
-        if constexpr (std::is_same_v<T, Bf16>) {
+        // Many row chunks share this block's values: widen bf16 or fp16 once, not once per
+        // chunk (the same values either way, so the same sums).
+        if constexpr (!std::is_same_v<K, float>) {
             for (std::int64_t j = 0; j < n; ++j) {
-                load_row(static_cast<const T*>(sc.v_rows[j]), sc.v.data() + j * kD, kD);
-                sc.v_rows[j] = sc.v.data() + j * kD;
+                const K* v = static_cast<const K*>(sc.v_rows[j]);
+                float* f = sc.v.data() + j * kD;
+                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(v + d));
+                sc.v_rows[j] = f;
             }
         }
-        attend_block_avx512<T, float, kD, kDp>(a, sc, m_len, key0, n, first_pos);
+        attend_block_avx512<K, float, kD, kDp>(a, sc, m_len, key0, n, first_pos);
     }
     finish_item<T, kD>(a, w, sc);
 }

@@ -131,7 +131,7 @@ struct Scratch {
     std::vector<const float*> k_pages, v_pages;
     std::vector<const void*> k_rows, v_rows;  // raw cache rows of the block's keys (AVX-512 path)
     std::vector<std::uint16_t> q_bf16;        // raw bf16 query rows (dpbf16 path)
-    std::vector<const void*> v_raw;           // raw bf16 value pages, when not widened (AVX2)
+    std::vector<const void*> v_raw;           // raw bf16 / fp16 value pages, not widened (AVX2)
     Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
@@ -314,11 +314,12 @@ void widen_page(const AttentionArgs& a, const WorkItem& w, std::int64_t index, s
 }
 
 // Points at (fp32) or converts (bf16, int8, fp8, fp16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.k_pages / sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy
-// transposes bf16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
-// (raw_values), leaves bf16 values in the cache (sc.v_raw) for the value step to widen. An
-// int8, fp8 or fp16 cache (KvCacheView::quant) is widened to fp32 rows here, at every level, and from
-// there takes the fp32 path. Returns the number of keys in the block.
+// num_keys into sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy transposes bf16
+// and fp16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
+// (raw_values), leaves their values in the cache (sc.v_raw) for the value step to widen. An
+// int8 or fp8 cache (KvCacheView::quant), and fp16 below AVX2, is widened to fp32 rows here and
+// from there takes the fp32 path. Every widening is exact or one multiply by the row's scale,
+// so the same bits at every level. Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                         std::int64_t num_keys, std::int64_t d_len, bool raw_values, Scratch& sc) {
@@ -327,6 +328,21 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
+#if PAGEDSERVE_ISA_AVX2
+        if (c.quant == KvQuant::kFp16 && d_len % 8 == 0) {  // as bf16 below, with F16C
+            const Half* halves = static_cast<const Half*>(c.data) +
+                                 page_offset<Half>(a, w, (key0 + n) / c.page_size, num_keys, sc);
+            transpose_keys_avx2(halves, np, d_len, sc.k_t.data(), sc.width, n);
+            if (raw_values) {
+                sc.v_raw[p] = halves + c.kv_stride();
+            } else {
+                widen_halves(halves + c.kv_stride(), sc.v.data() + n * d_len, np * d_len);
+                sc.v_pages[p] = sc.v.data() + n * d_len;
+            }
+            n += np;
+            continue;
+        }
+#endif
         if (c.quant != KvQuant::kNone) {
             float* k = sc.k.data() + n * d_len;
             float* v = sc.v.data() + n * d_len;
@@ -453,7 +469,7 @@ void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int6
 }
 
 // Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item
-// (raw_values: its bf16 values are still in the cache, sc.v_raw; the AVX2 copy only).
+// (raw_values: its bf16 or fp16 values are still in the cache, sc.v_raw; the AVX2 copy only).
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
                  std::int64_t n, std::int64_t first_pos, bool raw_values) {
@@ -470,7 +486,9 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
         constexpr int kPv = kR == 3 ? 3 : std::min(kR, 2);  // 8 or 12 value accumulators
         for (int r = 0; r < kR; r += kPv) {
             float* acc = sc.acc.data() + (m + r) * d_len;
-            if (raw_values) {
+            if (raw_values && a.cache.quant == KvQuant::kFp16) {
+                accumulate_values_avx2<kD, kPv, Half>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
+            } else if (raw_values) {
                 accumulate_values_avx2<kD, kPv, Bf16>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
             } else {
                 accumulate_values_avx2<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
@@ -523,10 +541,11 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    // A decode item's few vectors read each bf16 value once: the AVX2 value step widens them
-    // from the cache itself (its steps exist for head sizes known at compile time).
-    const bool raw_values = PAGEDSERVE_ISA_AVX2 && std::is_same_v<T, Bf16> && kD != 0 &&
-                            m_len < kWidenMinRows && c.quant == KvQuant::kNone;
+    // A decode item's few vectors read each bf16 or fp16 value once: the AVX2 value step widens
+    // them from the cache itself (its steps exist for head sizes known at compile time).
+    const bool raw_values = PAGEDSERVE_ISA_AVX2 && kD != 0 && m_len < kWidenMinRows &&
+                            ((std::is_same_v<T, Bf16> && c.quant == KvQuant::kNone) ||
+                             c.quant == KvQuant::kFp16);
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
         const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, raw_values, sc);
@@ -550,13 +569,16 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #include "attention/avx512_item.hpp"
 #endif
 
-// The AVX-512 item kernels take head sizes that are multiples of 32 and caches in the
-// activations' dtype; the rest (int8 caches included) take the loops, compiled for the level.
+// The AVX-512 item kernels take head sizes that are multiples of 32: caches in the activations'
+// dtype and fp16 ones as they are, 8-bit ones (int8, fp8) widened block by block to fp32 rows;
+// other head sizes take the loops, compiled for the level.
 template <typename T, int kD>
 void attend(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #if PAGEDSERVE_ISA_AVX512
     if constexpr (kD != 0 && kD % 32 == 0) {
-        if (a.cache.quant == KvQuant::kNone) return attend_item_avx512<T, kD>(a, w, sc);
+        if (a.cache.quant == KvQuant::kNone) return attend_item_avx512<T, T, kD>(a, w, sc);
+        if (a.cache.quant == KvQuant::kFp16) return attend_item_avx512<T, Half, kD>(a, w, sc);
+        return attend_item_avx512<T, float, kD>(a, w, sc);
     }
 #endif
     attend_item<T, kD>(a, w, sc);
