@@ -42,35 +42,94 @@ inline void scores_transposed_avx2(const float* q, const float* k_t, std::int64_
     for (; c < n; c += kChunk) score_pass_avx2<kD, kR, 2>(q, k_t, c, width, s);
 }
 
-// accumulate_values's: acc rows += weights . V over keys [0, n) for kR query vectors (rows of s,
-// stride s_stride; rows of acc, stride kD), in slices of kCols columns: kR x kCols / 8
-// accumulators in registers, each value register loaded once per key and slice (one vector:
-// 64 columns, 8 chains; two or three: 32 columns, 8 or 12 chains).
-//
-// V is float (sc.v_pages: fp32 cache pages, or bf16 / fp16 ones widened once into scratch), or
-// Bf16 or Half (sc.v_raw: the bf16 or fp16 cache pages themselves, each value register widened
-// as it is loaded: a decode item's few vectors read each value once, so widening into scratch
-// first only added a store and a load per register). Widening is exact: the same bits either way.
-inline float widen(float x) { return x; }
-inline float widen(Bf16 x) {
+// Rows of a cache page: float, Bf16 or Half values (head_size apart), or the 8-bit layout of
+// paged_attention.hpp (Int8Code or E4m3Code: head_size one-byte codes, then the row's float32
+// scale). Every widening to fp32 is exact, or for 8-bit codes the one multiply by the row's scale
+// that the loops' widening does (dequantize_rows, widen_e4m3_rows): the same bits either way.
+struct Int8Code {
+    std::int8_t bits;
+};
+struct E4m3Code {
+    std::uint8_t bits;
+};
+template <typename V>
+constexpr bool kScaledRows = std::is_same_v<V, Int8Code> || std::is_same_v<V, E4m3Code>;
+
+// Elements from one row to the next.
+template <typename V>
+constexpr std::int64_t row_stride(std::int64_t d_len) {
+    return kScaledRows<V> ? d_len + kKvScaleBytes : d_len;
+}
+
+// The row's scale (8-bit rows), else 1 (unused).
+template <typename V>
+inline float row_scale(const V* row, std::int64_t d_len) {
+    float scale = 1.0f;
+    if constexpr (kScaledRows<V>) std::memcpy(&scale, row + d_len, sizeof(scale));
+    return scale;
+}
+
+inline float widen(float x, float) { return x; }
+inline float widen(Bf16 x, float) {
     const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
     float f;
     std::memcpy(&f, &bits, sizeof(f));
     return f;
 }
-inline float widen(Half x) { return half_to_float(x.bits); }
+inline float widen(Half x, float) { return half_to_float(x.bits); }
+inline float widen(Int8Code x, float scale) { return static_cast<float>(x.bits) * scale; }
+inline float widen(E4m3Code x, float scale) { return e4m3_to_float(x.bits) * scale; }
 
+// 8 floats from 8 values of a row whose scale is `scale` (all lanes).
 template <typename V>
-inline __m256 load_values8(const V* row) {
+inline __m256 load_values8(const V* p, __m256 scale) {
     if constexpr (std::is_same_v<V, float>) {
-        return _mm256_loadu_ps(row);
-    } else {
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
-        if constexpr (std::is_same_v<V, Half>) return _mm256_cvtph_ps(bits);  // F16C: exact
+        return _mm256_loadu_ps(p);
+    } else if constexpr (std::is_same_v<V, Bf16> || std::is_same_v<V, Half>) {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        if constexpr (std::is_same_v<V, Half>) return _mm256_cvtph_ps(bits);  // F16C
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    } else {
+        const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+        if constexpr (std::is_same_v<V, Int8Code>) {
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), scale);
+        } else {
+            // A code is the fp16 of 2^-8 its value with its bits moved (the sign to bit 15, the
+            // other seven to bits 13..7): F16C, then scale x 256 (a power of two away from scale:
+            // the same exact product, so the scalar widening's rounding). 0x7f / 0xff: NaN.
+            const __m128i wide = _mm_cvtepu8_epi16(codes), low7 = _mm_set1_epi16(0x7f);
+            const __m128i magnitude = _mm_and_si128(wide, low7);
+            __m128i half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(wide, _mm_set1_epi16(0x80)), 8),
+                                        _mm_slli_epi16(magnitude, 7));
+            const __m128i nan = _mm_cmpeq_epi16(magnitude, low7);
+            half = _mm_or_si128(half, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
+            return _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_mul_ps(scale, _mm256_set1_ps(256.0f)));
+        }
     }
 }
 
+// np rows of type V widened to fp32 rows of dst, d_len apart.
+template <typename V>
+inline void widen_rows_avx2(const V* rows, std::int64_t np, std::int64_t d_len, float* dst) {
+    for (std::int64_t j = 0; j < np; ++j) {
+        const V* row = rows + j * row_stride<V>(d_len);
+        const float scale = row_scale(row, d_len);
+        const __m256 scale8 = _mm256_set1_ps(scale);
+        std::int64_t d = 0;
+        for (; d + 8 <= d_len; d += 8) _mm256_storeu_ps(dst + j * d_len + d, load_values8(row + d, scale8));
+        for (; d < d_len; ++d) dst[j * d_len + d] = widen(row[d], scale);
+    }
+}
+
+// accumulate_values's: acc rows += weights . V over keys [0, n) for kR query vectors (rows of s,
+// stride s_stride; rows of acc, stride kD), in slices of kCols columns: kR x kCols / 8
+// accumulators in registers, each value register loaded once per key and slice (one vector:
+// 64 columns, 8 chains; two or three: 32 columns, 8 or 12 chains).
+//
+// V is float (sc.v_pages: fp32 cache pages, or others widened once into scratch), or any other
+// row type above (sc.v_raw: the cache pages themselves, each value register widened as it is
+// loaded: a decode item's few vectors read each value once, so widening into scratch first only
+// added a store and a load per register).
 template <int kD, int kR, typename V = float>
 inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::int64_t n,
                                    const Scratch& sc, std::int64_t page_size, float* acc) {
@@ -89,13 +148,15 @@ inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::i
                 page = static_cast<const V*>(sc.v_raw[p]);
             }
             for (std::int64_t j = 0; j < page_keys; ++j) {
-                const V* vr = page + j * kD + d0;
+                const V* row = page + j * row_stride<V>(kD);
+                const V* vr = row + d0;
+                const __m256 scale = _mm256_set1_ps(row_scale(row, kD));
                 // Each value register loaded once and kept (the empty asm): folded into each
                 // row's FMA as a memory operand (GCC's choice), the loads doubled and 1,024-token
                 // prefills ran 20 % slower.
                 __m256 v[kRegs];
                 for (int x = 0; x < kRegs; ++x) {
-                    v[x] = load_values8(vr + 8 * x);
+                    v[x] = load_values8(vr + 8 * x, scale);
                     asm("" : "+x"(v[x]));
                 }
                 for (int r = 0; r < kR; ++r) {
@@ -109,20 +170,22 @@ inline void accumulate_values_avx2(const float* s, std::int64_t s_stride, std::i
     }
 }
 
-// load_block's transpose: keys [0, np) of one page (rows of k, d_len apart: fp32, or the bf16
-// cache page itself, widened in registers) into columns [col, col + np) of k_t ([d_len][width]),
-// 8 x 8 at a time by unpacks and lane permutes (the scalar loop stored one float per
-// instruction); the last np % 8 keys, or a head size that is not a multiple of 8, one by one. A
-// copy: the same bits.
+// load_block's transpose: keys [0, np) of one page (rows of k of any row type above, widened in
+// registers) into columns [col, col + np) of k_t ([d_len][width]), 8 x 8 at a time by unpacks
+// and lane permutes (the scalar loop stored one float per instruction); the last np % 8 keys, or
+// a head size that is not a multiple of 8, one by one. The same bits as widening first.
 template <typename K>
 inline void transpose_keys_avx2(const K* k, std::int64_t np, std::int64_t d_len, float* k_t,
                                 std::int64_t width, std::int64_t col) {
+    const std::int64_t stride = row_stride<K>(d_len);
     std::int64_t j = 0;
     if (d_len % 8 == 0) {
         for (; j + 8 <= np; j += 8) {
+            __m256 scale[8];
+            for (int i = 0; i < 8; ++i) scale[i] = _mm256_set1_ps(row_scale(k + (j + i) * stride, d_len));
             for (std::int64_t d = 0; d < d_len; d += 8) {
                 __m256 r[8], t[8];
-                for (int i = 0; i < 8; ++i) r[i] = load_values8(k + (j + i) * d_len + d);
+                for (int i = 0; i < 8; ++i) r[i] = load_values8(k + (j + i) * stride + d, scale[i]);
                 for (int i = 0; i < 8; i += 2) {
                     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -144,8 +207,11 @@ inline void transpose_keys_avx2(const K* k, std::int64_t np, std::int64_t d_len,
             }
         }
     }
-    for (; j < np; ++j)
-        for (std::int64_t d = 0; d < d_len; ++d) k_t[d * width + col + j] = widen(k[j * d_len + d]);
+    for (; j < np; ++j) {
+        const K* row = k + j * stride;
+        const float scale = row_scale(row, d_len);
+        for (std::int64_t d = 0; d < d_len; ++d) k_t[d * width + col + j] = widen(row[d], scale);
+    }
 }
 
 // exp_nonpositive on 8 lanes, step for step (the round-to-nearest of its 1.5 * 2^23 trick is

@@ -313,31 +313,51 @@ void widen_page(const AttentionArgs& a, const WorkItem& w, std::int64_t index, s
     }
 }
 
+#if PAGEDSERVE_ISA_AVX2
+// load_block's AVX2 step for a page of rows of type K (Bf16, Half, Int8Code, E4m3Code): its keys
+// transposed into sc.k_t straight from the cache, its values left there (raw_values: sc.v_raw)
+// or widened into sc.v.
+template <typename K>
+void load_page_avx2(const AttentionArgs& a, const WorkItem& w, std::int64_t index,
+                    std::int64_t num_keys, std::int64_t np, std::int64_t n, std::int64_t p,
+                    bool raw_values, Scratch& sc) {
+    const KvCacheView& c = a.cache;
+    const std::int64_t d_len = c.head_size;
+    const K* keys = static_cast<const K*>(c.data) + page_offset<K>(a, w, index, num_keys, sc);
+    transpose_keys_avx2(keys, np, d_len, sc.k_t.data(), sc.width, n);
+    if (raw_values) {
+        sc.v_raw[p] = keys + c.kv_stride();
+    } else {
+        widen_rows_avx2(keys + c.kv_stride(), np, d_len, sc.v.data() + n * d_len);
+        sc.v_pages[p] = sc.v.data() + n * d_len;
+    }
+}
+#endif
+
 // Points at (fp32) or converts (bf16, int8, fp8, fp16) the pages of keys [key0, key0 + block_keys) below
-// num_keys into sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy transposes bf16
-// and fp16 keys straight from the cache and, for fewer than kWidenMinRows query vectors
-// (raw_values), leaves their values in the cache (sc.v_raw) for the value step to widen. An
-// int8 or fp8 cache (KvCacheView::quant), and fp16 below AVX2, is widened to fp32 rows here and
-// from there takes the fp32 path. Every widening is exact or one multiply by the row's scale,
-// so the same bits at every level. Returns the number of keys in the block.
+// num_keys into sc.v_pages, and the transposed keys into sc.k_t. The AVX2 copy transposes bf16,
+// fp16 and 8-bit keys straight from the cache (load_page_avx2) and, for fewer than
+// kWidenMinRows query vectors (raw_values), leaves their values in the cache (sc.v_raw) for the
+// value step to widen. Other levels widen an int8, fp8 or fp16 cache (KvCacheView::quant) to
+// fp32 rows here, and from there take the fp32 path. Every widening is exact or one multiply by
+// the row's scale, so the same bits at every level. Returns the number of keys in the block.
 template <typename T>
 std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                         std::int64_t num_keys, std::int64_t d_len, bool raw_values, Scratch& sc) {
     const KvCacheView& c = a.cache;
     const T* cache = static_cast<const T*>(c.data);
+    (void)raw_values;  // read by the AVX2 copy only
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
         const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
 #if PAGEDSERVE_ISA_AVX2
-        if (c.quant == KvQuant::kFp16 && d_len % 8 == 0) {  // as bf16 below, with F16C
-            const Half* halves = static_cast<const Half*>(c.data) +
-                                 page_offset<Half>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-            transpose_keys_avx2(halves, np, d_len, sc.k_t.data(), sc.width, n);
-            if (raw_values) {
-                sc.v_raw[p] = halves + c.kv_stride();
-            } else {
-                widen_halves(halves + c.kv_stride(), sc.v.data() + n * d_len, np * d_len);
-                sc.v_pages[p] = sc.v.data() + n * d_len;
+        if (c.quant != KvQuant::kNone || std::is_same_v<T, Bf16>) {  // widened in registers
+            const std::int64_t index = (key0 + n) / c.page_size;
+            switch (c.quant) {
+                case KvQuant::kNone: load_page_avx2<T>(a, w, index, num_keys, np, n, p, raw_values, sc); break;
+                case KvQuant::kFp16: load_page_avx2<Half>(a, w, index, num_keys, np, n, p, raw_values, sc); break;
+                case KvQuant::kInt8: load_page_avx2<Int8Code>(a, w, index, num_keys, np, n, p, raw_values, sc); break;
+                case KvQuant::kFp8E4m3: load_page_avx2<E4m3Code>(a, w, index, num_keys, np, n, p, raw_values, sc); break;
             }
             n += np;
             continue;
@@ -354,21 +374,6 @@ std::int64_t load_block(const AttentionArgs& a, const WorkItem& w, std::int64_t 
             continue;
         }
         const std::int64_t off = page_offset<T>(a, w, (key0 + n) / c.page_size, num_keys, sc);
-#if PAGEDSERVE_ISA_AVX2
-        if constexpr (std::is_same_v<T, Bf16>) {
-            transpose_keys_avx2(cache + off, np, d_len, sc.k_t.data(), sc.width, n);
-            if (raw_values) {
-                sc.v_raw[p] = cache + c.kv_stride() + off;
-            } else {
-                load_row(cache + c.kv_stride() + off, sc.v.data() + n * d_len, np * d_len);
-                sc.v_pages[p] = sc.v.data() + n * d_len;
-            }
-            n += np;
-            continue;
-        }
-#else
-        (void)raw_values;
-#endif
         if constexpr (std::is_same_v<T, float>) {
             sc.k_pages[p] = cache + off;
             sc.v_pages[p] = cache + c.kv_stride() + off;
@@ -469,7 +474,8 @@ void softmax_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int6
 }
 
 // Folds one key block [key0, key0 + n) into query vectors m .. m + kR of the work item
-// (raw_values: its bf16 or fp16 values are still in the cache, sc.v_raw; the AVX2 copy only).
+// (raw_values: its bf16, fp16 or 8-bit values are still in the cache, sc.v_raw; the AVX2 copy
+// only).
 template <int kD, int kR>
 void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64_t key0,
                  std::int64_t n, std::int64_t first_pos, bool raw_values) {
@@ -486,12 +492,15 @@ void attend_rows(const AttentionArgs& a, Scratch& sc, std::int64_t m, std::int64
         constexpr int kPv = kR == 3 ? 3 : std::min(kR, 2);  // 8 or 12 value accumulators
         for (int r = 0; r < kR; r += kPv) {
             float* acc = sc.acc.data() + (m + r) * d_len;
-            if (raw_values && a.cache.quant == KvQuant::kFp16) {
-                accumulate_values_avx2<kD, kPv, Half>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
-            } else if (raw_values) {
-                accumulate_values_avx2<kD, kPv, Bf16>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
-            } else {
-                accumulate_values_avx2<kD, kPv>(s + r * sc.width, sc.width, n_max, sc, ps, acc);
+            const float* sr = s + r * sc.width;
+            switch (raw_values ? a.cache.quant : KvQuant::kNone) {  // values still in the cache?
+                case KvQuant::kNone:
+                    if (raw_values) accumulate_values_avx2<kD, kPv, Bf16>(sr, sc.width, n_max, sc, ps, acc);
+                    else accumulate_values_avx2<kD, kPv>(sr, sc.width, n_max, sc, ps, acc);
+                    break;
+                case KvQuant::kFp16: accumulate_values_avx2<kD, kPv, Half>(sr, sc.width, n_max, sc, ps, acc); break;
+                case KvQuant::kInt8: accumulate_values_avx2<kD, kPv, Int8Code>(sr, sc.width, n_max, sc, ps, acc); break;
+                case KvQuant::kFp8E4m3: accumulate_values_avx2<kD, kPv, E4m3Code>(sr, sc.width, n_max, sc, ps, acc); break;
             }
         }
         return;
@@ -541,11 +550,11 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     const std::int64_t first_pos = a.seq_lens[w.req] - q_len + w.row0;  // position of row 0
     load_queries<T, kD>(a, w, sc);
     const std::int64_t num_keys = first_pos + w.rows;  // the last row's causal horizon
-    // A decode item's few vectors read each bf16 or fp16 value once: the AVX2 value step widens
-    // them from the cache itself (its steps exist for head sizes known at compile time).
+    // A decode item's few vectors read each value of a bf16, fp16 or 8-bit cache once: the AVX2
+    // value step widens them from the cache itself (its steps exist for head sizes known at
+    // compile time).
     const bool raw_values = PAGEDSERVE_ISA_AVX2 && kD != 0 && m_len < kWidenMinRows &&
-                            ((std::is_same_v<T, Bf16> && c.quant == KvQuant::kNone) ||
-                             c.quant == KvQuant::kFp16);
+                            (std::is_same_v<T, Bf16> || c.quant != KvQuant::kNone);
     for (std::int64_t key0 = first_block(a, first_pos, sc); key0 < num_keys;
          key0 += sc.block_keys) {
         const std::int64_t n = load_block<T>(a, w, key0, num_keys, d_len, raw_values, sc);
