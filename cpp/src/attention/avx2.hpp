@@ -42,43 +42,7 @@ inline void scores_transposed_avx2(const float* q, const float* k_t, std::int64_
     for (; c < n; c += kChunk) score_pass_avx2<kD, kR, 2>(q, k_t, c, width, s);
 }
 
-// Rows of a cache page: float, Bf16 or Half values (head_size apart), or the 8-bit layout of
-// paged_attention.hpp (Int8Code or E4m3Code: head_size one-byte codes, then the row's float32
-// scale). Every widening to fp32 is exact, or for 8-bit codes the one multiply by the row's scale
-// that the loops' widening does (dequantize_rows, widen_e4m3_rows): the same bits either way.
-struct Int8Code {
-    std::int8_t bits;
-};
-struct E4m3Code {
-    std::uint8_t bits;
-};
-template <typename V>
-constexpr bool kScaledRows = std::is_same_v<V, Int8Code> || std::is_same_v<V, E4m3Code>;
-
-// Elements from one row to the next.
-template <typename V>
-constexpr std::int64_t row_stride(std::int64_t d_len) {
-    return kScaledRows<V> ? d_len + kKvScaleBytes : d_len;
-}
-
-// The row's scale (8-bit rows), else 1 (unused).
-template <typename V>
-inline float row_scale(const V* row, std::int64_t d_len) {
-    float scale = 1.0f;
-    if constexpr (kScaledRows<V>) std::memcpy(&scale, row + d_len, sizeof(scale));
-    return scale;
-}
-
-inline float widen(float x, float) { return x; }
-inline float widen(Bf16 x, float) {
-    const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-inline float widen(Half x, float) { return half_to_float(x.bits); }
-inline float widen(Int8Code x, float scale) { return static_cast<float>(x.bits) * scale; }
-inline float widen(E4m3Code x, float scale) { return e4m3_to_float(x.bits) * scale; }
+// The cache's row types (Int8Code, ...; row_stride, row_scale, widen): kernels.hpp.
 
 // 8 floats from 8 values of a row whose scale is `scale` (all lanes).
 template <typename V>

@@ -53,14 +53,32 @@ inline void transpose_rows(const std::uint32_t* const rows[16], std::int64_t col
     }
 }
 
-// 16 floats from 16 fp32, bf16 or fp16 values (all exact).
+// 16 floats from 16 values of a row of any of kernels.hpp's row types whose scale (8-bit rows)
+// is `scale` in every lane: exact, or the loops' one multiply by the scale.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const Half* p) {  // maskz: GCC 12 warns on _mm512_cvtph_ps's undefined
+inline __m512 load16(const Half* p) {  // maskz: GCC 12 warns on the undefined
     return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const Int8Code* p, __m512 scale) {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), scale);
+}
+inline __m512 load16(const E4m3Code* p, __m512 scale) {  // as widen_e4m3_rows, 16 at a time
+    const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i low7 = _mm256_set1_epi16(0x7f), magnitude = _mm256_and_si256(wide, low7);
+    __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x80)), 8),
+                                   _mm256_slli_epi16(magnitude, 7));
+    const __m256i nan = _mm256_cmpeq_epi16(magnitude, low7);
+    half = _mm256_or_si256(half, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+    return _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, half), _mm512_mul_ps(scale, _mm512_set1_ps(256.0f)));
 }
 inline __m512 load16(const Bf16* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <typename V>  // unscaled rows: the scale is not read
+inline __m512 load16(const V* p, __m512) {
+    return load16(p);
 }
 
 // Lane j of the result = the sum of the 16 lanes of v[j] (a transpose-add tree: 45 shuffles and
@@ -94,7 +112,8 @@ inline __m512 row_dot(const __m512* q, const T* k) {
             acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), (__m512bh)q[i]);
 #endif
     } else {
-        for (int i = 0; i < kD / 16; ++i) acc = _mm512_fmadd_ps(q[i], load16(k + 16 * i), acc);
+        const __m512 scale = _mm512_set1_ps(row_scale(k, kD));
+        for (int i = 0; i < kD / 16; ++i) acc = _mm512_fmadd_ps(q[i], load16(k + 16 * i, scale), acc);
     }
     return acc;
 }
@@ -168,8 +187,9 @@ inline void pv_rows(const float* s, std::int64_t s_stride, std::int64_t n, RowFn
         for (int x = 0; x < kV; ++x) a[r][x] = _mm512_loadu_ps(acc + r * kD + 16 * x);
     for (std::int64_t j = 0; j < n; ++j) {
         const T* row = v(j);
+        const __m512 scale = _mm512_set1_ps(row_scale(row, kD));
         __m512 vr[kV];
-        for (int x = 0; x < kV; ++x) vr[x] = load16(row + 16 * x);
+        for (int x = 0; x < kV; ++x) vr[x] = load16(row + 16 * x, scale);
         for (int r = 0; r < kR; ++r) {
             const __m512 p = _mm512_set1_ps(s[r * s_stride + j]);
             for (int x = 0; x < kV; ++x) a[r][x] = _mm512_fmadd_ps(p, vr[x], a[r][x]);

@@ -9,35 +9,20 @@
 // summed by a tree rounds differently. That per-key dot is still the decode path when the caller
 // turns batch_invariant off: no transpose, each key row read once from the cache.
 
-// The rows of keys [key0, key0 + block_keys) below num_keys into sc.k_rows / sc.v_rows: the
-// cache's own rows (of type K), or for an 8-bit cache (int8 or fp8: KvCacheView::quant; K =
-// float) fp32 rows widened page by page into sc.k / sc.v by the loops' widen_page, from where
-// the item kernels take the fp32 cache's path (the same bits as the loops over the same rows).
-// Returns the number of keys in the block.
+// The cache rows (of type K) of keys [key0, key0 + block_keys) below num_keys into sc.k_rows /
+// sc.v_rows. Returns the number of keys in the block.
 template <typename K, int kD>
 std::int64_t gather_block(const AttentionArgs& a, const WorkItem& w, std::int64_t key0,
                           std::int64_t num_keys, Scratch& sc) {
     const KvCacheView& c = a.cache;
     std::int64_t n = 0;
     for (std::int64_t p = 0; p < sc.pages_per_block && key0 + n < num_keys; ++p) {
-        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n), index = (key0 + n) / c.page_size;
-        const K* k = nullptr;
-        const K* v = nullptr;
-        if constexpr (std::is_same_v<K, float>) {
-            if (is_8bit(c.quant)) {
-                float* k_rows = sc.k.data() + n * kD;
-                float* v_rows = sc.v.data() + n * kD;
-                widen_page(a, w, index, num_keys, np, kD, k_rows, v_rows, sc);
-                k = k_rows, v = v_rows;
-            }
-        }
-        if (!k) {
-            k = static_cast<const K*>(c.data) + page_offset<K>(a, w, index, num_keys, sc);
-            v = k + c.kv_stride();
-        }
+        const std::int64_t np = std::min(c.page_size, num_keys - key0 - n);
+        const K* k = static_cast<const K*>(c.data) +
+                     page_offset<K>(a, w, (key0 + n) / c.page_size, num_keys, sc);
         for (std::int64_t j = 0; j < np; ++j) {
-            sc.k_rows[n + j] = k + j * kD;
-            sc.v_rows[n + j] = v + j * kD;
+            sc.k_rows[n + j] = k + j * row_stride<K>(kD);
+            sc.v_rows[n + j] = k + c.kv_stride() + j * row_stride<K>(kD);
         }
         n += np;
     }
@@ -57,7 +42,8 @@ void transpose_keys(Scratch& sc, std::int64_t n) {
             if (c0 + j < n && !std::is_same_v<T, float> && !kDp) {  // widen to fp32 first
                 float* f = sc.k.data() + (c0 + j) * kD;
                 const T* k = static_cast<const T*>(sc.k_rows[c0 + j]);
-                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(k + d));
+                const __m512 scale = _mm512_set1_ps(row_scale(k, kD));
+                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(k + d, scale));
                 row = f;
             } else if (c0 + j < n) {
                 row = sc.k_rows[c0 + j];
@@ -194,8 +180,7 @@ void load_raw_queries(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 }
 
 // One work item: queries and outputs of type T (the activations'), key and value rows of type K
-// (T's cache; Half: an fp16 cache, widened in registers; or float: an 8-bit cache widened block
-// by block).
+// (T's cache, or Half, Int8Code or E4m3Code: a quantized cache, widened in registers).
 template <typename T, typename K, int kD>
 void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
     constexpr bool kDp = std::is_same_v<K, Bf16> && kHasDpbf16;
@@ -223,8 +208,9 @@ void attend_item_avx512(const AttentionArgs& a, const WorkItem& w, Scratch& sc) 
         if constexpr (!std::is_same_v<K, float>) {
             for (std::int64_t j = 0; j < n; ++j) {
                 const K* v = static_cast<const K*>(sc.v_rows[j]);
+                const __m512 scale = _mm512_set1_ps(row_scale(v, kD));
                 float* f = sc.v.data() + j * kD;
-                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(v + d));
+                for (int d = 0; d < kD; d += 16) _mm512_storeu_ps(f + d, load16(v + d, scale));
                 sc.v_rows[j] = f;
             }
         }

@@ -105,6 +105,44 @@ inline float soft_cap(float s, float cap) {
     return cap * std::copysign((1.0f - e) / (1.0f + e), x);
 }
 
+// Rows of a cache page: float, Bf16 or Half values (head_size apart), or the 8-bit layout of
+// paged_attention.hpp (Int8Code or E4m3Code: head_size one-byte codes, then the row's float32
+// scale). Every widening to fp32 is exact, or for 8-bit codes the one multiply by the row's scale
+// that the loops' widening does (dequantize_rows, widen_e4m3_rows): the same bits either way.
+struct Int8Code {
+    std::int8_t bits;
+};
+struct E4m3Code {
+    std::uint8_t bits;
+};
+template <typename V>
+constexpr bool kScaledRows = std::is_same_v<V, Int8Code> || std::is_same_v<V, E4m3Code>;
+
+// Elements from one row to the next.
+template <typename V>
+constexpr std::int64_t row_stride(std::int64_t d_len) {
+    return kScaledRows<V> ? d_len + kKvScaleBytes : d_len;
+}
+
+// The row's scale (8-bit rows), else 1 (unused).
+template <typename V>
+inline float row_scale(const V* row, std::int64_t d_len) {
+    float scale = 1.0f;
+    if constexpr (kScaledRows<V>) std::memcpy(&scale, row + d_len, sizeof(scale));
+    return scale;
+}
+
+inline float widen(float x, float) { return x; }
+inline float widen(Bf16 x, float) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+inline float widen(Half x, float) { return half_to_float(x.bits); }
+inline float widen(Int8Code x, float scale) { return static_cast<float>(x.bits) * scale; }
+inline float widen(E4m3Code x, float scale) { return e4m3_to_float(x.bits) * scale; }
+
 #if PAGEDSERVE_ISA_AVX512
 #include "attention/avx512.hpp"
 #endif
@@ -578,16 +616,18 @@ void attend_item(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #include "attention/avx512_item.hpp"
 #endif
 
-// The AVX-512 item kernels take head sizes that are multiples of 32: caches in the activations'
-// dtype and fp16 ones as they are, 8-bit ones (int8, fp8) widened block by block to fp32 rows;
-// other head sizes take the loops, compiled for the level.
+// The AVX-512 item kernels take head sizes that are multiples of 32, every cache kind (a quantized
+// one widened in registers); other head sizes take the loops, compiled for the level.
 template <typename T, int kD>
 void attend(const AttentionArgs& a, const WorkItem& w, Scratch& sc) {
 #if PAGEDSERVE_ISA_AVX512
     if constexpr (kD != 0 && kD % 32 == 0) {
-        if (a.cache.quant == KvQuant::kNone) return attend_item_avx512<T, T, kD>(a, w, sc);
-        if (a.cache.quant == KvQuant::kFp16) return attend_item_avx512<T, Half, kD>(a, w, sc);
-        return attend_item_avx512<T, float, kD>(a, w, sc);
+        switch (a.cache.quant) {
+            case KvQuant::kNone: return attend_item_avx512<T, T, kD>(a, w, sc);
+            case KvQuant::kFp16: return attend_item_avx512<T, Half, kD>(a, w, sc);
+            case KvQuant::kInt8: return attend_item_avx512<T, Int8Code, kD>(a, w, sc);
+            case KvQuant::kFp8E4m3: return attend_item_avx512<T, E4m3Code, kD>(a, w, sc);
+        }
     }
 #endif
     attend_item<T, kD>(a, w, sc);
