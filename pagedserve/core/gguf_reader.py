@@ -6,8 +6,9 @@ seconds. Slicing a plain ndarray view of the same mapping gives identical arrays
 by the mapped file) several times faster. Arrays of scalars and of strings (the vocabulary, its
 scores and types, the merges) are walked in one loop each rather than one recursive call per
 element, into the same parts (about ten times faster again: bench/RESULTS.md). Readers are
-cached per path so the model loader and the tokenizer parse a file once. Torch-free: loading a
-GGUF vocabulary imports neither torch nor the native ops.
+cached per path so the model loader and the tokenizer parse a file once, until the engine's
+build is done with them (forget_readers: a 49k-token vocabulary with its merges is ~40 MiB of
+parts). Torch-free: loading a GGUF vocabulary imports neither torch nor the native ops.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def gguf_reader(path: Path | str) -> GGUFReader:
     resolved = Path(path).resolve()
     stat = resolved.stat()
     return _cached(resolved, stat.st_mtime_ns, stat.st_size)
+
+
+def forget_readers() -> None:
+    """Drop the shared readers: their parts (one array per vocabulary token and per merge, ~40
+    MiB of Python objects for the default model) would otherwise stay for the life of the
+    process. A later gguf_reader call parses its file afresh."""
+    _cached.cache_clear()
 
 
 def release_mapped_pages(path: Path | str) -> None:

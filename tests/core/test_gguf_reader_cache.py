@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pagedserve.core.gguf_reader import gguf_reader
+from pagedserve.core.gguf_reader import forget_readers, gguf_reader
 
 gguf = pytest.importorskip("gguf")
 
@@ -35,3 +35,12 @@ def test_same_file_shares_a_reader_and_a_rewrite_is_seen(tmp_path: Path) -> None
     write(path, 2)
     os.utime(path, ns=(1, 1))  # a different mtime even on a coarse clock
     assert value_of(path) == 2
+
+
+def test_forgotten_readers_are_parsed_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write(path, 3)
+    first = gguf_reader(path)
+    forget_readers()
+    again = gguf_reader(path)
+    assert again is not first and value_of(path) == 3 and gguf_reader(path) is again

@@ -40,6 +40,7 @@ from pagedserve.core.models.pooling_config import resolve_pooler
 from pagedserve.core.models.registry import image_processor_for, read_arch
 from pagedserve.core.models.resolve import ResolvedModel, resolve_model
 from pagedserve.core.pooling_params import PoolerConfig
+from pagedserve.core.runner.memory import give_back_loading_memory
 from pagedserve.core.runner.model_runner import ModelRunner
 from pagedserve.core.sched.kv_cache import KVCacheLayout, resolve_max_model_len, size_kv_cache
 from pagedserve.core.sched.scheduler import Scheduler
@@ -86,6 +87,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         if tp is not None:
             tp.close(polite=False)
         raise
+    # Before the KV cache takes its pages: what loading left behind counts in no peak.
+    give_back_loading_memory()
     runner = _model_runner(config, loaded, tokenizer, dtype, device, tp, pooler)
     if config.lora.enabled:
         targets = loaded.model.enable_lora(config.lora.max_loras, config.lora.max_lora_rank)

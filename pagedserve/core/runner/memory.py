@@ -7,16 +7,24 @@ cache, and the rest of the process (torch and the libraries, the tokenizer, allo
 
 Tensors that share storage (tied embeddings, a view) count once. The per-step activations are not
 allocated yet at start-up: they come out of "the rest" as the first steps run.
+
+    give_back_loading_memory()   after the weights load, before the KV cache is allocated
+
+drops what loading leaves behind that nothing reads again (issue 42 item 4), so that it counts
+neither in the process's RSS nor in its peak.
 """
 
 from __future__ import annotations
 
+import ctypes
 import resource
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from pagedserve.core.gguf_reader import forget_readers
 from pagedserve.core.models.base import CausalLM
 
 MiB = 1 << 20
@@ -42,6 +50,26 @@ def rss_bytes() -> tuple[int, int]:
     now = pages * resource.getpagesize()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return now, max(now, peak)
+
+
+def give_back_loading_memory() -> None:
+    """The parsed GGUF readers (gguf_reader.forget_readers: ~40 MiB for the default model's
+    vocabulary), then the allocator's free pages (trim_malloc)."""
+    forget_readers()
+    trim_malloc()
+
+
+def trim_malloc() -> bool:
+    """glibc's malloc_trim(0): hand back to the system the free pages of every arena. Loading
+    frees its transient buffers (dequantized tensors, the tokenizer's build, the readers), but
+    glibc keeps the pages for reuse. False where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):  # musl: no libc.so.6, or no malloc_trim
+        return False
 
 
 def describe_memory(
