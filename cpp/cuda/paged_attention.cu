@@ -1,16 +1,20 @@
 // CUDA paged attention: the cache write, a split-context decode (flash-decoding: each block
 // takes one query row, one head and up to kCudaDecodeSplitLen keys, a second kernel merges the
 // splits), and a tiled causal prefill over paged K/V. fp32 accumulation for fp32/bf16/fp16
-// storage; K/V tiles arrive through 16-byte loads. Same API as the CPU kernels, the per-call
+// storage (K/V tiles through 16-byte loads) and for 8-bit pages (int8 or fp8 e4m3 codes with a
+// float32 scale per row, paged_attention.hpp's layout: 4-byte loads, widened with the row's
+// scale as the CPU kernels widen them). Same API as the CPU kernels, the per-call
 // sliding_window (keys before position - window + 1 are skipped or masked) and logit_softcap
 // (softcap * tanh(s / softcap) on the scaled scores) included.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "pagedserve/paged_attention.hpp"
 
@@ -44,6 +48,57 @@ struct Vec {
         for (int i = 0; i < kSize; ++i) x[i] = to_f(e[i]);
     }
 };
+
+// The 8-bit pages' codes (the storage type of a KvQuant::kInt8 / kFp8E4m3 cache).
+struct E4m3 {
+    std::uint8_t bits;
+};
+
+// e4m3 -> float, exactly (rows.hpp's e4m3_to_float): the code's bits moved into an fp16 that is
+// 2^-8 its value (sign to bit 15, the other seven to bits 13..7; 0x7f / 0xff: NaN).
+__device__ __forceinline__ float e4m3_to_f(std::uint32_t code) {
+    const std::uint32_t magnitude = code & 0x7fu;
+    std::uint16_t h = static_cast<std::uint16_t>(((code & 0x80u) << 8) | (magnitude << 7));
+    if (magnitude == 0x7fu) h |= 0x7e00u;
+    return __half2float(__ushort_as_half(h)) * 256.0f;
+}
+
+// A key or value row's kSize consecutive values from d0 on, widened to fp32: 16-byte loads of
+// an unquantized row; 4-byte loads of an 8-bit row's codes (its rows are head_size + 4 bytes
+// apart, so 4-byte aligned), each times the row's scale (after its head_size codes).
+template <typename S>
+struct RowLoad {
+    static constexpr int kSize = Vec<S>::kSize;
+    __device__ __forceinline__ static void load(const S* row, int d0, int, float* x) {
+        Vec<S> v;
+        v.load(row + d0);
+#pragma unroll
+        for (int i = 0; i < kSize; ++i) x[i] = v.x[i];
+    }
+};
+template <typename S>
+struct RowLoad8 {
+    static constexpr int kSize = 8;
+    __device__ __forceinline__ static void load(const S* row, int d0, int head_size, float* x) {
+        const float scale = *reinterpret_cast<const float*>(row + head_size);
+        const auto* words = reinterpret_cast<const std::uint32_t*>(row + d0);
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            const std::uint32_t word = words[w];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const std::uint32_t code = (word >> (8 * b)) & 0xffu;
+                const float f = std::is_same_v<S, E4m3> ? e4m3_to_f(code)
+                                                        : float(static_cast<std::int8_t>(code));
+                x[4 * w + b] = __fmul_rn(f, scale);  // as the CPU's one multiply
+            }
+        }
+    }
+};
+template <>
+struct RowLoad<std::int8_t> : RowLoad8<std::int8_t> {};
+template <>
+struct RowLoad<E4m3> : RowLoad8<E4m3> {};
 
 __device__ __forceinline__ float warp_max(float v, int width = 32) {
     for (int o = width / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -92,7 +147,7 @@ __device__ __forceinline__ int64_t key_offset(const AttentionArgs& a, int r, int
                                               int kv_head) {
     const KvCacheView& c = a.cache;
     const int64_t page = a.page_table[r * a.page_table_stride + pos / c.page_size];
-    return page * c.page_stride() + kv_head * c.head_stride() + (pos % c.page_size) * c.head_size;
+    return page * c.page_stride() + kv_head * c.head_stride() + (pos % c.page_size) * c.row_size();
 }
 
 // ---- cache write --------------------------------------------------------------------------
@@ -116,10 +171,44 @@ __global__ void cache_write_kernel(CacheWriteArgs a, int64_t elt) {
     }
 }
 
+// The 8-bit cache write: one warp per (token, K or V, KV head) row: max |x| over the row, scale
+// = max / 127 (int8) or / 448 (e4m3), then each value's code and the scale, as the CPU write and
+// reference.quantize_rows do (correctly rounded division; int8 rounds half to even; e4m3 rounds
+// to nearest even, saturating at 448).
+template <typename T, typename S>
+__global__ void cache_write_8bit_kernel(CacheWriteArgs a) {
+    const int64_t t = blockIdx.x;
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0) return;
+    const KvCacheView& c = a.cache;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t base = (slot / c.page_size) * c.page_stride() + (slot % c.page_size) * c.row_size();
+    for (int row = warp; row < 2 * c.num_kv_heads; row += kWarps) {
+        const int h = row / 2, is_v = row % 2;
+        const TokenTensor& src = is_v ? a.value : a.key;
+        const T* x = static_cast<const T*>(src.data) + t * src.token_stride + h * src.head_stride;
+        float amax = 0.0f;
+        for (int64_t d = lane; d < c.head_size; d += 32) amax = fmaxf(amax, fabsf(to_f(x[d])));
+        amax = warp_max(amax);
+        const float scale = __fdiv_rn(amax, std::is_same_v<S, E4m3> ? 448.0f : 127.0f);
+        auto* dst = static_cast<std::uint8_t*>(c.data) + is_v * c.kv_stride() + base + h * c.head_stride();
+        for (int64_t d = lane; d < c.head_size; d += 32) {
+            const float q = scale > 0.0f ? __fdiv_rn(to_f(x[d]), scale) : 0.0f;
+            if constexpr (std::is_same_v<S, E4m3>) {
+                dst[d] = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+            } else {
+                dst[d] = static_cast<std::uint8_t>(static_cast<std::int8_t>(fminf(fmaxf(rintf(q), -127.0f), 127.0f)));
+            }
+        }
+        if (lane == 0) *reinterpret_cast<float*>(dst + c.head_size) = scale;
+    }
+}
+
 // ---- decode: one (row, head, split) per block ----------------------------------------------
-template <typename T, int kD>
+// T: the activations' dtype; S: the cache's storage (T, or int8_t / E4m3 codes).
+template <typename T, typename S, int kD>
 __global__ void decode_kernel(AttentionArgs a, float* workspace, int num_splits) {
-    constexpr int kVec = Vec<T>::kSize, kGroupLanes = kD / kVec, kKeysPerWarp = 32 / kGroupLanes;
+    constexpr int kVec = RowLoad<S>::kSize, kGroupLanes = kD / kVec, kKeysPerWarp = 32 / kGroupLanes;
     constexpr int kRowsPerPass = kThreads / kGroupLanes;  // key rows summed at once in P.V
     __shared__ float q_s[kD];
     __shared__ float s_s[kCudaDecodeSplitLen];
@@ -139,17 +228,17 @@ __global__ void decode_kernel(AttentionArgs a, float* workspace, int num_splits)
                  head * a.query.head_stride;
     for (int d = threadIdx.x; d < kD; d += kThreads) q_s[d] = to_f(q[d]) * a.scale;
     __syncthreads();
-    const T* cache = static_cast<const T*>(a.cache.data);
+    const S* cache = static_cast<const S*>(a.cache.data);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int sub = lane % kGroupLanes, d0 = sub * kVec;
     for (int j0 = warp * kKeysPerWarp; j0 < n; j0 += kWarps * kKeysPerWarp) {
         const int j = j0 + lane / kGroupLanes;
         float dot = 0.0f;
         if (j < n) {
-            Vec<T> k;
-            k.load(cache + key_offset(a, r, begin + j, kv_head) + d0);
+            float k[kVec];
+            RowLoad<S>::load(cache + key_offset(a, r, begin + j, kv_head), d0, kD, k);
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) dot += q_s[d0 + i] * k.x[i];
+            for (int i = 0; i < kVec; ++i) dot += q_s[d0 + i] * k[i];
         }
         dot = warp_sum(dot, kGroupLanes);  // lanes of one key are adjacent: xor stays inside
         if (j < n && sub == 0) s_s[j] = soft_cap(a, dot);
@@ -167,10 +256,10 @@ __global__ void decode_kernel(AttentionArgs a, float* workspace, int num_splits)
     float acc[kVec] = {};
     const int row = threadIdx.x / kGroupLanes;
     for (int j = row; j < n; j += kRowsPerPass) {
-        Vec<T> v;
-        v.load(cache + a.cache.kv_stride() + key_offset(a, r, begin + j, kv_head) + d0);
+        float v[kVec];
+        RowLoad<S>::load(cache + a.cache.kv_stride() + key_offset(a, r, begin + j, kv_head), d0, kD, v);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acc[i] += s_s[j] * v.x[i];
+        for (int i = 0; i < kVec; ++i) acc[i] += s_s[j] * v[i];
     }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) red[row][d0 + i] = acc[i];
@@ -217,29 +306,29 @@ __global__ void merge_splits_kernel(AttentionArgs a, const float* workspace, int
 // ---- prefill: a tile of kRows query rows of one head per block, kKeys-key K/V tiles ---------
 constexpr int kRows = 16, kKeys = 32, kRowsPerWarp = kRows / kWarps;
 
-template <typename T, int kD>
+template <typename S, int kD>
 __device__ void load_kv_tile(const AttentionArgs& a, int r, int kv_head, int64_t key0,
                              int64_t num_keys, float (*k_s)[kD + 1], float (*v_s)[kD]) {
-    constexpr int kVec = Vec<T>::kSize, kChunks = kD / kVec;
-    const T* cache = static_cast<const T*>(a.cache.data);
+    constexpr int kVec = RowLoad<S>::kSize, kChunks = kD / kVec;
+    const S* cache = static_cast<const S*>(a.cache.data);
     for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
         const int j = i / kChunks, d0 = (i % kChunks) * kVec;
-        Vec<T> k, v;
+        float k[kVec], v[kVec];
         if (key0 + j < num_keys) {
-            const int64_t off = key_offset(a, r, key0 + j, kv_head) + d0;
-            k.load(cache + off);
-            v.load(cache + a.cache.kv_stride() + off);
+            const int64_t off = key_offset(a, r, key0 + j, kv_head);
+            RowLoad<S>::load(cache + off, d0, kD, k);
+            RowLoad<S>::load(cache + a.cache.kv_stride() + off, d0, kD, v);
         } else {
-            for (int e = 0; e < kVec; ++e) k.x[e] = v.x[e] = 0.0f;
+            for (int e = 0; e < kVec; ++e) k[e] = v[e] = 0.0f;
         }
         for (int e = 0; e < kVec; ++e) {
-            k_s[j][d0 + e] = k.x[e];
-            v_s[j][d0 + e] = v.x[e];
+            k_s[j][d0 + e] = k[e];
+            v_s[j][d0 + e] = v[e];
         }
     }
 }
 
-template <typename T, int kD>
+template <typename T, typename S, int kD>
 __global__ void prefill_kernel(AttentionArgs a, int num_row_tiles) {
     constexpr int kDimsPerLane = kD / 32;
     __shared__ float q_s[kRows][kD];
@@ -273,7 +362,7 @@ __global__ void prefill_kernel(AttentionArgs a, int num_row_tiles) {
     for (int64_t key0 = window_start(a, first_pos) / kKeys * kKeys; key0 < num_keys;
          key0 += kKeys) {
         __syncthreads();  // the previous tile is fully consumed (and q_s is written)
-        load_kv_tile<T, kD>(a, r, kv_head, key0, num_keys, k_s, v_s);
+        load_kv_tile<S, kD>(a, r, kv_head, key0, num_keys, k_s, v_s);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
@@ -313,11 +402,11 @@ void check_launch(const char* what) {
         throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-template <typename T, int kD>
+template <typename T, typename S, int kD>
 void launch_attention(const AttentionArgs& a, float* workspace, int splits, cudaStream_t stream) {
     if (a.max_query_len == 1) {
         const dim3 grid(static_cast<unsigned>(a.num_tokens * a.num_heads), splits);
-        decode_kernel<T, kD><<<grid, kThreads, 0, stream>>>(a, workspace, splits);
+        decode_kernel<T, S, kD><<<grid, kThreads, 0, stream>>>(a, workspace, splits);
         check_launch("decode_kernel");
         if (splits > 1) {
             merge_splits_kernel<T, kD><<<grid.x, kD, 0, stream>>>(a, workspace, splits);
@@ -327,33 +416,71 @@ void launch_attention(const AttentionArgs& a, float* workspace, int splits, cuda
     }
     const int row_tiles = static_cast<int>((a.max_query_len + kRows - 1) / kRows);
     const auto blocks = static_cast<unsigned>(a.num_reqs * row_tiles * a.num_heads);
-    prefill_kernel<T, kD><<<blocks, kThreads, 0, stream>>>(a, row_tiles);
+    prefill_kernel<T, S, kD><<<blocks, kThreads, 0, stream>>>(a, row_tiles);
     check_launch("prefill_kernel");
 }
 
-template <typename T>
+template <typename T, typename S>
 void launch_for_head_size(const AttentionArgs& a, float* workspace, int splits,
                           cudaStream_t stream) {
     switch (a.cache.head_size) {
-        case 64: return launch_attention<T, 64>(a, workspace, splits, stream);
-        case 128: return launch_attention<T, 128>(a, workspace, splits, stream);
+        case 64: return launch_attention<T, S, 64>(a, workspace, splits, stream);
+        case 128: return launch_attention<T, S, 128>(a, workspace, splits, stream);
         default: throw std::invalid_argument("CUDA paged attention supports head_size 64 and 128");
     }
 }
 
+// T's kernels over the cache's storage: T itself, or 8-bit codes.
+template <typename T>
+void launch_for_cache(const AttentionArgs& a, float* workspace, int splits, cudaStream_t stream) {
+    switch (a.cache.quant) {
+        case KvQuant::kNone: return launch_for_head_size<T, T>(a, workspace, splits, stream);
+        case KvQuant::kInt8: return launch_for_head_size<T, std::int8_t>(a, workspace, splits, stream);
+        case KvQuant::kFp8E4m3: return launch_for_head_size<T, E4m3>(a, workspace, splits, stream);
+        case KvQuant::kFp16: break;
+    }
+    throw std::invalid_argument("the CUDA paged-attention kernels read fp16 KV pages under fp16 "
+                                "activations only (KvQuant::kNone)");
+}
+
+template <typename T>
+void launch_cache_write_8bit(const CacheWriteArgs& a, cudaStream_t stream) {
+    const unsigned grid = static_cast<unsigned>(a.num_tokens);
+    if (a.cache.quant == KvQuant::kInt8)
+        cache_write_8bit_kernel<T, std::int8_t><<<grid, kThreads, 0, stream>>>(a);
+    else
+        cache_write_8bit_kernel<T, E4m3><<<grid, kThreads, 0, stream>>>(a);
+}
+
 }  // namespace
 
-// The CUDA kernels read and write caches in the activations' dtype only (the Python side refuses
-// --kv-cache-dtype int8 on CUDA at load; this is the last guard).
-static void require_unquantized(const KvCacheView& cache) {
-    if (cache.quant != KvQuant::kNone)
-        throw std::invalid_argument("the CUDA paged-attention kernels do not support 8-bit KV caches");
+// The CUDA kernels read and write caches in the activations' dtype or 8-bit ones (int8, fp8
+// e4m3); fp16 pages under other activations are the CPU's only (the Python side refuses them on
+// CUDA at load; this is the last guard). 8-bit rows need 4-byte alignment and a head size that
+// is a multiple of 8.
+static void require_supported(const KvCacheView& cache) {
+    if (cache.quant == KvQuant::kFp16)
+        throw std::invalid_argument("the CUDA paged-attention kernels do not read fp16 KV pages "
+                                    "under float32 or bfloat16 activations");
+    if (is_8bit(cache.quant) && (cache.head_size % 8 != 0 ||
+                                 reinterpret_cast<std::uintptr_t>(cache.data) % 4 != 0))
+        throw std::invalid_argument("an 8-bit KV cache on CUDA needs head_size % 8 == 0 and a "
+                                    "4-byte aligned cache");
 }
 
 void reshape_and_cache_cuda(const CacheWriteArgs& args, void* stream) {
-    require_unquantized(args.cache);
+    require_supported(args.cache);
     if (args.num_tokens == 0) return;
     const auto s = static_cast<cudaStream_t>(stream);
+    if (is_8bit(args.cache.quant)) {
+        switch (args.dtype) {
+            case DType::kFloat32: launch_cache_write_8bit<float>(args, s); break;
+            case DType::kBFloat16: launch_cache_write_8bit<__nv_bfloat16>(args, s); break;
+            case DType::kFloat16: launch_cache_write_8bit<__half>(args, s); break;
+        }
+        check_launch("cache_write_8bit_kernel");
+        return;
+    }
     const int64_t elt = static_cast<int64_t>(dtype_size(args.dtype));
     const auto aligned = [&](const TokenTensor& t) {
         return reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 &&
@@ -373,9 +500,9 @@ void reshape_and_cache_cuda(const CacheWriteArgs& args, void* stream) {
 
 void paged_attention_cuda(const AttentionArgs& args, float* workspace, int max_splits,
                           void* stream) {
-    require_unquantized(args.cache);
+    require_supported(args.cache);
     if (args.num_tokens == 0) return;
-    if (reinterpret_cast<std::uintptr_t>(args.cache.data) % 16 != 0)
+    if (!is_8bit(args.cache.quant) && reinterpret_cast<std::uintptr_t>(args.cache.data) % 16 != 0)
         throw std::invalid_argument("kv_cache must be 16-byte aligned");
     if (max_splits < 1 || (max_splits > 1 && workspace == nullptr))
         throw std::invalid_argument("split decode needs max_splits >= 1 and a workspace");
@@ -384,10 +511,9 @@ void paged_attention_cuda(const AttentionArgs& args, float* workspace, int max_s
         throw std::invalid_argument("max_seq_len needs more decode splits than max_splits");
     const auto s = static_cast<cudaStream_t>(stream);
     switch (args.dtype) {
-        case DType::kFloat32: return launch_for_head_size<float>(args, workspace, max_splits, s);
-        case DType::kBFloat16:
-            return launch_for_head_size<__nv_bfloat16>(args, workspace, max_splits, s);
-        case DType::kFloat16: return launch_for_head_size<__half>(args, workspace, max_splits, s);
+        case DType::kFloat32: return launch_for_cache<float>(args, workspace, max_splits, s);
+        case DType::kBFloat16: return launch_for_cache<__nv_bfloat16>(args, workspace, max_splits, s);
+        case DType::kFloat16: return launch_for_cache<__half>(args, workspace, max_splits, s);
     }
     throw std::invalid_argument("unknown dtype");
 }

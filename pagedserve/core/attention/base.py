@@ -36,6 +36,8 @@ KV_8BIT = (torch.int8, torch.float8_e4m3fn)
 """Cache dtypes whose rows are 8-bit values and their scale."""
 KV_CPU_ONLY = (*KV_8BIT, torch.float16)
 """Cache dtypes the CPU kernels read under other activations (float16: under fp32 or bf16)."""
+KV_CUDA_OTHER = KV_8BIT
+"""Cache dtypes the CUDA kernels read under other activations (any of fp32, bf16, fp16)."""
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,  # the model's dtype
     "bf16": torch.bfloat16,
@@ -50,9 +52,9 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache tensors' dtype for --kv-cache-dtype `name`: the model's dtype (auto, or the
-    same dtype named), or on the CPU int8, fp8 e4m3, or fp16 under a float32 or bfloat16 model.
-    A clear ValueError for the rest: the kernels read caches in the activations' dtype, or (CPU)
-    in int8, fp8 or fp16."""
+    same dtype named), int8 or fp8 e4m3 (CPU and CUDA), or on the CPU fp16 under a float32 or
+    bfloat16 model. A clear ValueError for the rest: the kernels read caches in the activations'
+    dtype, in int8 or fp8, or (CPU) in fp16."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"
@@ -60,7 +62,7 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) ->
     dtype = KV_CACHE_DTYPES[name] or model_dtype
     if dtype == model_dtype:
         return dtype
-    if dtype in KV_CPU_ONLY and device.type != "cpu":
+    if dtype in KV_CPU_ONLY and device.type != "cpu" and dtype not in KV_CUDA_OTHER:
         raise ValueError(
             f"kv_cache_dtype {name} under a {str(model_dtype).removeprefix('torch.')} model "
             f"runs on the CPU kernels only; on {device.type} use auto"

@@ -13,9 +13,10 @@ sliding_window > 0: the query at position i sees key j iff j <= i and i - j < sl
 logit_softcap > 0: scores = logit_softcap * tanh(scores / logit_softcap) before the softmax
 (Hugging Face's Mistral / Gemma 2 conventions; 0 turns either off). batch_invariant=False lets
 the CPU kernel score a decode step's few query vectors by a faster per-key dot that rounds
-differently from a prefill chunk's scoring (issue 16; CUDA ignores it). An int8 or a float16
-kv_cache on the CPU (the layout in attention/base.py) takes float32 or bfloat16 rows:
-reshape_and_cache quantizes or rounds them, paged_attention widens them back.
+differently from a prefill chunk's scoring (issue 16; CUDA ignores it). An int8 or fp8 e4m3
+kv_cache (the layout in attention/base.py), or a float16 one on the CPU, takes float32 or
+bfloat16 rows (on CUDA float16 ones too): reshape_and_cache quantizes or rounds them,
+paged_attention widens them back.
 
 Both are NativeOps (ops/base.py): registered as torch.ops.pagedserve.*, their bodies called
 straight by eager code.
@@ -27,7 +28,13 @@ import math
 
 import torch
 
-from pagedserve.core.attention.base import KV_8BIT, KV_CPU_ONLY, KV_SCALE_BYTES, kv_head_size
+from pagedserve.core.attention.base import (
+    KV_8BIT,
+    KV_CPU_ONLY,
+    KV_CUDA_OTHER,
+    KV_SCALE_BYTES,
+    kv_head_size,
+)
 from pagedserve.core.ops import native
 from pagedserve.core.ops.base import CPU_DTYPES, DTYPES, NativeOp, check_rows
 from pagedserve.core.ops.native import require
@@ -43,7 +50,7 @@ def _check_cache(kv_cache: torch.Tensor) -> None:
     require(kv_cache.is_contiguous(), "kv_cache must be contiguous")
     device = kv_cache.device.type
     require(device in ("cpu", "cuda"), "kv_cache must be on cpu or cuda, got {}", device)
-    allowed = (*CPU_DTYPES, *KV_CPU_ONLY) if device == "cpu" else tuple(DTYPES)
+    allowed = (*CPU_DTYPES, *KV_CPU_ONLY) if device == "cpu" else (*DTYPES, *KV_CUDA_OTHER)
     require(kv_cache.dtype in allowed, "kv_cache dtype {} is not supported on {} (supported: {})",
              kv_cache.dtype, device, allowed)  # fmt: skip
     require(kv_cache.dtype not in KV_8BIT or shape[4] > KV_SCALE_BYTES,
@@ -55,15 +62,16 @@ def _check_rows(
     name: str, t: torch.Tensor, kv_cache: torch.Tensor, heads: int | None, like: torch.Tensor
 ) -> None:
     """t: [num_tokens, heads, head_size], last dim contiguous, on kv_cache's device, in its dtype
-    (an 8-bit or CPU float16 cache: in like's, float32 or bfloat16)."""
+    (an 8-bit or CPU float16 cache: in like's, float32 or bfloat16, or on CUDA float16 too)."""
     head_size = kv_head_size(kv_cache)
     if kv_quant(kv_cache) == _core.KvQuant.none:
         check_rows(name, t, kv_cache, "kv_cache", heads=heads, head_size=head_size)
         return
     name = str(kv_cache.dtype).removeprefix("torch.")
     stored = f"an {name}" if name == "int8" else f"a {name}"
-    require(like.dtype in CPU_DTYPES, "{} dtype {} is not supported with {} kv_cache "
-             "(supported: {})", name, like.dtype, stored, CPU_DTYPES)  # fmt: skip
+    activations = CPU_DTYPES if kv_cache.device.type == "cpu" else tuple(DTYPES)
+    require(like.dtype in activations, "{} dtype {} is not supported with {} kv_cache "
+             "(supported: {})", name, like.dtype, stored, activations)  # fmt: skip
     require(t.device == kv_cache.device, "{} is on {}, kv_cache on {}", name, t.device,
              kv_cache.device)  # fmt: skip
     check_rows(name, t, like, "the other rows", heads=heads, head_size=head_size)

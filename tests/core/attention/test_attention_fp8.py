@@ -79,13 +79,12 @@ def test_prefill_chunk_equals_decode_bit_for_bit(
     chunks_equal_whole(to_fp8, torch.bfloat16, head_size, group, window, softcap)
 
 
-def test_kv_cache_dtype_fp8_is_cpu_only() -> None:
+def test_kv_cache_dtype_fp8_names() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for name in ("fp8", "fp8_e4m3"):  # vLLM's fp8 is e4m3
         assert kv_cache_dtype(name, torch.float32, cpu) == FP8
         assert kv_cache_dtype(name, torch.bfloat16, cpu) == FP8
-        with pytest.raises(ValueError, match="CPU kernels only"):
-            kv_cache_dtype(name, torch.float16, cuda)
+        assert kv_cache_dtype(name, torch.float16, cuda) == FP8
     b = make_batch(*DECODE, dtype=torch.float32)
     cache = reference.quantize_rows(b.kv_cache, FP8)
     with pytest.raises(ValueError, match="not supported with a float8_e4m3fn kv_cache"):

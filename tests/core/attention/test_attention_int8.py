@@ -163,8 +163,10 @@ def test_kv_cache_dtype_names() -> None:
     assert kv_cache_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
     assert kv_cache_dtype("bf16", torch.bfloat16, cpu) == torch.bfloat16
     assert kv_cache_dtype("int8", torch.bfloat16, cpu) == torch.int8
+    for model in (torch.float32, torch.bfloat16, torch.float16):  # CUDA reads 8-bit pages too
+        assert kv_cache_dtype("int8", model, cuda) == torch.int8
     with pytest.raises(ValueError, match="CPU kernels only"):
-        kv_cache_dtype("int8", torch.bfloat16, cuda)
+        kv_cache_dtype("fp16", torch.bfloat16, cuda)
     with pytest.raises(ValueError, match="differs from the model's dtype"):
         kv_cache_dtype("fp32", torch.bfloat16, cpu)
     with pytest.raises(ValueError, match="must be one of"):
