@@ -9,6 +9,13 @@ quantized rows, or the head is a tensor of its own: models/linear/quantized.py d
 model keeps only the blocks. A step looks up a few rows (a prompt's at most), dequantized with
 gguf's own dequantize, the loader's (loader_gguf.py), so they are the dense table's bits; Q8_0
 takes a torch path with the same products (d x q, exact in float32).
+
+    embed = TiedQ8Embedding(head_packed, hidden_size, dtype)   the LM head's Q8_0 tiles
+
+A Q8_0 embedding tied to an LM head the quantized kernels run (the default model's) reads its
+rows out of the head's packed tiles instead: one copy of the table (28.7 MiB for the default
+model) serves both. Its values are the same bits: the tiles hold u = q + 128 and the block's d
+(exact in fp16), so (u - 128) d is the same product q d.
 """
 
 from __future__ import annotations
@@ -19,6 +26,12 @@ from gguf.quants import dequantize
 from torch import nn
 
 _Q8_0_BLOCK = 34  # fp16 d, then 32 int8 values
+# cpp/src/linear_quant/layout.hpp's 8-bit tiles (one scale per 32 features, fp16 scales): per tile
+# of 32 columns and block of 32 features, 1024 bytes u[s][h][c][j] (column 16 h + c, feature
+# 4 s + j), then the 32 columns' scales, then their mins.
+_TILE_N, _BLOCK_K = 32, 32
+_QUANT_BYTES = _TILE_N * _BLOCK_K
+_TILE_BLOCK_BYTES = _QUANT_BYTES + 2 * _TILE_N * 2
 
 
 class QuantizedEmbedding(nn.Module):
@@ -51,3 +64,46 @@ class QuantizedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.ggml_type.name}"
+
+
+class TiedQ8Embedding(nn.Module):
+    """Lookups of a Q8_0 token embedding in the packed tiles of the LM head it is tied to
+    (ops/linear_quant.pack_quant_weight of its rows in token order): column t of the head is
+    token t's row."""
+
+    def __init__(self, packed: torch.Tensor, num_embeddings: int, hidden_size: int,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        super().__init__()
+        num_tiles = -(-num_embeddings // _TILE_N)
+        blocks = hidden_size // _BLOCK_K
+        if (
+            packed.dtype != torch.uint8
+            or hidden_size % _BLOCK_K
+            or packed.numel() != num_tiles * blocks * _TILE_BLOCK_BYTES
+        ):
+            raise ValueError(
+                f"packed must be the uint8 Q8_0 tiles of [{num_embeddings}, {hidden_size}], "
+                f"got {packed.dtype} x {packed.numel()}"
+            )
+        self.num_embeddings, self.embedding_dim, self.dtype = num_embeddings, hidden_size, dtype
+        self.packed: torch.Tensor
+        # Not persistent (the head's tiles, built by the loader); the same storage as the head's.
+        self.register_buffer("packed", packed, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids.reshape(-1)
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.num_embeddings:
+            raise IndexError(f"token ids must be in [0, {self.num_embeddings})")
+        blocks = self.embedding_dim // _BLOCK_K
+        tiles = self.packed.view(-1, blocks, _TILE_BLOCK_BYTES)
+        tile, col = ids // _TILE_N, ids % _TILE_N
+        quants = tiles[..., :_QUANT_BYTES].view(-1, blocks, 8, 2, 16, 4)
+        u = quants[tile, :, :, col // 16, col % 16, :]  # [m, blocks, 8 steps, 4]
+        scales = tiles[..., _QUANT_BYTES:].view(torch.float16)  # [tiles, blocks, 32 d, 32 mins]
+        d = scales[tile, :, col].float().unsqueeze(-1)  # [m, blocks, 1]
+        q = u.reshape(ids.numel(), blocks, _BLOCK_K).float() - 128  # exact: the GGUF's int8
+        dense = (q * d).view(-1, self.embedding_dim)
+        return dense.to(self.dtype).view(*input_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, Q8_0 tied to the LM head's tiles"

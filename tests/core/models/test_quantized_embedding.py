@@ -1,7 +1,8 @@
 """A GGUF token embedding kept in its blocks (models/quantized_embedding.py): its lookups give the
 dense table's bits (the loader's dequantization, then the model's dtype) for every block type
-the loader takes, and the default model keeps its Q8_0 table so, with the mapped file's pages
-given back after loading (gguf_reader.release_mapped_pages)."""
+the loader takes; a Q8_0 embedding tied to a quantized LM head reads the head's tiles (the same
+bits); the default model keeps its Q8_0 table so, in one copy with its head, with the mapped
+file's pages given back after loading (gguf_reader.release_mapped_pages)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from pagedserve.core.models.quantized_embedding import QuantizedEmbedding
+from pagedserve.core.models.quantized_embedding import QuantizedEmbedding, TiedQ8Embedding
+from pagedserve.core.ops.linear_quant import pack_quant_weight
 from tests.quant_blocks import dequantized, gguf_rows
 
 VOCAB, HIDDEN = 300, 256
@@ -31,6 +33,34 @@ def test_lookups_give_the_dense_tables_bits(qtype: Q, dtype: torch.dtype) -> Non
     assert torch.equal(embed(torch.tensor([3])), table[3:4])  # one decode token
     with pytest.raises(IndexError):
         embed(torch.tensor([VOCAB]))
+
+
+@pytest.mark.parametrize(("vocab", "hidden"), [(VOCAB, HIDDEN), (32, 32), (33, 576)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tied_lookups_read_the_heads_tiles_bit_for_bit(
+    vocab: int, hidden: int, dtype: torch.dtype
+) -> None:
+    """Every token's row, sign bits included, as the loader's dense table (vocab 33: a last
+    tile with one column of 32)."""
+    rows = gguf_rows(Q.Q8_0, vocab, hidden, seed=vocab)
+    rows[1, :2] = np.zeros(1, np.float16).view(np.uint8)  # a block with d = 0 (all-zero weights)
+    table = torch.from_numpy(dequantized(rows, Q.Q8_0)).to(dtype)
+    addresses = rows.ctypes.data + np.arange(vocab, dtype=np.int64) * rows.strides[0]
+    head = pack_quant_weight(int(Q.Q8_0), addresses, hidden)  # the LM head's tiles
+    embed = TiedQ8Embedding(head, vocab, hidden, dtype)
+    got = embed(torch.arange(vocab))
+    assert got.dtype == dtype and torch.equal(bits(got), bits(table))
+    ids = torch.tensor([[0, vocab - 1], [1, 0]])
+    assert torch.equal(embed(ids), nn_lookup(table, ids))
+    assert embed(torch.tensor([], dtype=torch.int64)).shape == (0, hidden)
+    with pytest.raises(IndexError):
+        embed(torch.tensor([vocab]))
+    with pytest.raises(ValueError, match="Q8_0 tiles"):
+        TiedQ8Embedding(head[:-1], vocab, hidden, dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
 def nn_lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -64,9 +94,12 @@ def test_default_model_keeps_its_embedding_quantized_and_lets_the_file_go() -> N
                              device=torch.device("cpu"), attention=TorchReferenceBackend(),
                              progress=False, quantization="auto")  # fmt: skip
     embed = model.embed_tokens
-    assert isinstance(embed, QuantizedEmbedding) and embed.ggml_type == Q.Q8_0
-    # 34 bytes per 32 values where the float32 table took 128.
-    assert embed.blocks.numel() == arch.vocab_size * arch.hidden_size // 32 * 34
+    # The tied head's Q8_0 tiles, one copy for both: 36 bytes per 32 values where the float32
+    # table took 128 (and a copy of the GGUF's blocks 34 more).
+    assert isinstance(embed, TiedQ8Embedding)
+    [segment] = model.lm_head.segments
+    assert embed.packed.data_ptr() == segment.packed.data_ptr()
+    assert embed.packed.numel() == arch.vocab_size * arch.hidden_size // 32 * 36
     # The loader read most of the file's ~100 MB; it keeps none of it resident.
     assert mapped_rss_kib(gguf) < 4096, mapped_rss_kib(gguf)
     # ... and reads it again as if nothing happened (the cached reader's rows fault back in).
@@ -74,6 +107,6 @@ def test_default_model_keeps_its_embedding_quantized_and_lets_the_file_go() -> N
 
     reader = gguf_reader(gguf)
     token_embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    rows = np.asarray(token_embd.data[:3])
+    rows = np.asarray(token_embd.data)
     want = torch.from_numpy(dequantized(rows, Q.Q8_0))
-    assert torch.equal(embed(torch.arange(3)), want)
+    assert torch.equal(bits(embed(torch.arange(arch.vocab_size))), bits(want))

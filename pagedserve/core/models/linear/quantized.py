@@ -12,7 +12,8 @@ table concatenates q/k/v, undoes llama.cpp's rotary row order and interleaves ga
 as consecutive column segments. Other quantized types are dequantized as before, and the
 start-up log names them. A quantized token embedding stays in its blocks too where no dense
 table is needed (the LM head is kept quantized, or is a tensor of its own): its lookups
-dequantize the rows they read (models/quantized_embedding.py).
+dequantize the rows they read (models/quantized_embedding.py), out of the LM head's tiles where
+the head is the same Q8_0 tensor (one copy for both).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pagedserve.core.lora.weights import LoraBatch, LoraWeights, add_lora, gated
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.linear.dense import deinterleave_gated, gated_activation
 from pagedserve.core.models.loader_gguf import PERMUTED_ARCHITECTURES, unpermute_rotary
-from pagedserve.core.models.quantized_embedding import QuantizedEmbedding
+from pagedserve.core.models.quantized_embedding import QuantizedEmbedding, TiedQ8Embedding
 from pagedserve.core.ops.linear_quant import (
     QUANT_TYPES,
     pack_quant_weight,
@@ -262,11 +263,24 @@ class QuantizedPlan:
             rows = gated_row_table(gate.row_addresses(), up.row_addresses(), width)
             packed = pack_quant_weight(gate.ggml_type, rows, gate.k)
             _replace(model, path, QuantizedGateUpLinear(gate.k, width, gate.ggml_type, packed))
-        if self.embedding is not None:  # a copy: the mapped file is let go after loading
-            blocks = torch.from_numpy(np.array(self.embedding.data, dtype=np.uint8))
-            model.embed_tokens = QuantizedEmbedding(
-                blocks, self.embedding.ggml_type, self.embedding.k, self.dtype
-            )
+        if self.embedding is not None:
+            model.embed_tokens = self._embedding(model)
+
+    def _embedding(self, model: nn.Module) -> nn.Module:
+        """The lookups of the kept embedding: in the tied LM head's tiles where the head is its
+        one Q8_0 tensor (one copy for both), else in a copy of its blocks (the mapped file is
+        let go after loading)."""
+        assert self.embedding is not None
+        head = self.linears.get("lm_head", [])
+        if [p.name for p in head] == [
+            "token_embd.weight"
+        ] and self.embedding.ggml_type == GGMLQuantizationType.Q8_0:
+            head_layer = model.get_submodule("lm_head")
+            assert isinstance(head_layer, QuantizedLinear), "installed above"
+            [segment] = head_layer.segments
+            return TiedQ8Embedding(segment.packed, segment.width, self.embedding.k, self.dtype)
+        blocks = torch.from_numpy(np.array(self.embedding.data, dtype=np.uint8))
+        return QuantizedEmbedding(blocks, self.embedding.ggml_type, self.embedding.k, self.dtype)
 
 
 def _segments(parts: list[KeptTensor]) -> list[Segment]:
