@@ -7,6 +7,7 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,6 +174,19 @@ def test_loading_the_tokenizer_side_imports_no_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_gpt2_gguf_vocabulary_loads_without_protobuf(default_model: Any) -> None:
+    """sentencepiece's ModelProto (protobuf, ~3 MiB resident) loads only for the vocabularies
+    that need it (issue 42 item 4): not for the default model's gpt2 one."""
+    code = (
+        "import sys; from pagedserve.core.tokenizers.load import load_tokenizer; "
+        "assert load_tokenizer(sys.argv[1]).encode('Paris'); "
+        "bad = [m for m in sys.modules if m.startswith(('google.protobuf', 'sentencepiece_model'))"
+        " or m.endswith('sentencepiece_model_pb2')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code, str(default_model.path)], check=True)
 
 
 def test_no_import_cycles() -> None:

@@ -13,7 +13,6 @@ from tokenizers import AddedToken, processors
 
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
 from pagedserve.core.tokenizers.hf import HFTokenizer
-from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
 
 _NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -28,6 +27,10 @@ def folder_tokenizer(folder: Path) -> Tokenizer:
         meta = _meta(config, generation, template, backend.token_to_id, add_bos_default=False)
         return HFTokenizer(backend, meta)
     if (folder / "tokenizer.model").is_file():
+        # Here: sentencepiece (its protobuf ModelProto: ~3 MiB resident) only for the models
+        # that need it.
+        from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
+
         proto = (folder / "tokenizer.model").read_bytes()
         probe = SentencePieceTokenizer(proto, TokenizerMeta())
         meta = _meta(config, generation, template, probe.piece_id, add_bos_default=True)

@@ -12,14 +12,12 @@ from typing import Any
 import gguf
 import numpy as np
 import tokenizers
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
 from pagedserve.core.gguf_reader import gguf_reader
 from pagedserve.core.tokenizers.base import Tokenizer, TokenizerMeta
 from pagedserve.core.tokenizers.fim import GGUF_FIM_KEYS
 from pagedserve.core.tokenizers.hf import HFTokenizer, byte_alphabet
-from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
 
 # llama.cpp token types (the same numbers as sentencepiece's piece types).
 CONTROL, USER_DEFINED = 3, 4
@@ -83,6 +81,10 @@ def gguf_tokenizer(path: Path) -> Tokenizer:
     if kind == "gpt2":
         return _bpe_tokenizer(vocab)
     if kind == "llama":
+        # Here: sentencepiece (its protobuf ModelProto: ~3 MiB resident) only for the
+        # vocabularies that need it, not for the gpt2 ones (the default model's).
+        from pagedserve.core.tokenizers.spm import SentencePieceTokenizer
+
         meta = _meta(vocab, add_bos_default=True)
         every = vocab["architecture"] in _PREFIX_EVERY_CHUNK
         return SentencePieceTokenizer(spm_model_proto(vocab), meta, prefix_every_chunk=every)
@@ -180,6 +182,8 @@ def _token_types(vocab: dict[str, Any]) -> list[int]:
 
 def spm_model_proto(vocab: dict[str, Any]) -> bytes:
     """A sentencepiece BPE ModelProto equivalent to a GGUF `llama` vocabulary."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
     proto = model_pb2.ModelProto()  # type: ignore[attr-defined]  # no stubs for the pb2 module
     tokens, scores = vocab["tokens"], vocab.get("scores") or [0.0] * len(vocab["tokens"])
     types = _token_types(vocab)
