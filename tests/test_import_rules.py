@@ -189,6 +189,17 @@ def test_a_gpt2_gguf_vocabulary_loads_without_protobuf(default_model: Any) -> No
     subprocess.run([sys.executable, "-c", code, str(default_model.path)], check=True)
 
 
+def test_the_server_app_loads_without_httpx() -> None:
+    """httpx (with its command line's rich, pygments and click: ~5.6 MiB resident) loads on the
+    first image URL a request names, not with the server (issue 42 item 4)."""
+    code = (
+        "import sys; import pagedserve.cli; from pagedserve.openai_compat.app import create_app; "
+        "bad = [m for m in ('httpx', 'rich', 'pygments') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_no_import_cycles() -> None:
     """Every import of pagedserve's own modules (TYPE_CHECKING and function-level ones too)
     points one way: app -> routes -> state, never back."""

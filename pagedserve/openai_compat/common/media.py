@@ -18,14 +18,17 @@ import urllib.parse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
 from PIL import Image
 
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.multimodal.inputs import content_hash
 from pagedserve.openai_compat.common import errors
 from pagedserve.openai_compat.common.protocol import ChatMessage, ImageUrl
+
+if TYPE_CHECKING:
+    import httpx
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_REDIRECTS = 3
@@ -81,6 +84,10 @@ def _data_url(url: str, config: MediaConfig, param: str) -> bytes:
 
 
 async def _fetch(url: str, config: MediaConfig, param: str) -> bytes:
+    # Here, on the first image URL: httpx with its command line's rich, pygments and click is
+    # ~5.6 MiB resident that a server given no image URL never needs (issue 42 item 4).
+    import httpx
+
     try:
         return await asyncio.wait_for(_get(url, config, param), config.fetch_timeout)
     except asyncio.TimeoutError as exc:
@@ -92,6 +99,8 @@ async def _fetch(url: str, config: MediaConfig, param: str) -> bytes:
 
 
 async def _get(url: str, config: MediaConfig, param: str) -> bytes:
+    import httpx  # imported by _fetch, the only caller
+
     async with httpx.AsyncClient(follow_redirects=False, timeout=config.fetch_timeout) as client:
         for _ in range(MAX_REDIRECTS + 1):
             async with client.stream("GET", url) as response:
