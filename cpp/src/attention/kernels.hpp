@@ -169,7 +169,7 @@ struct Scratch {
     std::vector<const float*> k_pages, v_pages;
     std::vector<const void*> k_rows, v_rows;  // raw cache rows of the block's keys (AVX-512 path)
     std::vector<std::uint16_t> q_bf16;        // raw bf16 query rows (dpbf16 path)
-    std::vector<const void*> v_raw;           // raw bf16 / fp16 value pages, not widened (AVX2)
+    std::vector<const void*> v_raw;           // value pages left in the cache, not widened (AVX2)
     Scratch(std::int64_t m, std::int64_t d, std::int64_t page_size)
         : m(m), d(d), page_size(page_size), pages_per_block(std::max<std::int64_t>(1, kBlockKeys / page_size)),
           block_keys(pages_per_block * page_size), width(round_up(block_keys)), q(m * d),
