@@ -38,6 +38,8 @@ def dequantized(rows: np.ndarray, qtype: Q) -> np.ndarray:
 
 
 def row_addresses(rows: np.ndarray) -> np.ndarray:
+    """Each row's address: rows must stay referenced while they are read (a temporary's memory
+    is freed, and may be reused, as soon as this returns)."""
     return rows.ctypes.data + np.arange(rows.shape[0], dtype=np.int64) * rows.strides[0]
 
 

@@ -263,7 +263,8 @@ def test_int16_rows_on_tiles_are_the_vnni_path_bit_for_bit(tiles: str, qtype: Q)
     if tiles == "hardware" and not QUANT_HARDWARE:
         pytest.skip("this CPU has no AMX-INT8 tiles (or Linux did not grant them)")
     n, k, m = 70, 256, 45
-    packed = pack_quant_weight(int(qtype), row_addresses(gguf_rows(qtype, n, k, seed=4)), k)
+    rows = gguf_rows(qtype, n, k, seed=4)  # alive while the packing reads its addresses
+    packed = pack_quant_weight(int(qtype), row_addresses(rows), k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     outs = []
     for amx_from in (0, 1):
