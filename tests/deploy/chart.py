@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -67,10 +69,10 @@ def helm_binary() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-def render(value_files: list[str], sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """`helm template` of the chart: every object it renders, in order."""
-    cmd = [helm_binary(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-           "--kube-version", KUBE_VERSION]  # fmt: skip
+def _template(chart: Path, value_files: list[str], sets: tuple[str, ...], *extra: str) -> str:
+    """The output of `helm template` of `chart` with the ci/ values files and --set items."""
+    cmd = [helm_binary(), "template", RELEASE, str(chart), "--namespace", NAMESPACE,
+           "--kube-version", KUBE_VERSION, *extra]  # fmt: skip
     for name in value_files:
         cmd += ["--values", str(CHART / "ci" / name)]
     for item in sets:
@@ -78,7 +80,28 @@ def render(value_files: list[str], sets: tuple[str, ...] = ()) -> list[dict[str,
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RenderError(result.stderr)
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout
+
+
+def render(value_files: list[str], sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """`helm template` of the chart: every object it renders, in order."""
+    return [doc for doc in yaml.safe_load_all(_template(CHART, value_files, sets)) if doc]
+
+
+def notes(value_files: list[str], sets: tuple[str, ...] = ()) -> str:
+    """NOTES.txt as `helm install` would print it (helm template skips it): rendered from a copy
+    of the chart where a ConfigMap template carries it through `tpl`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / CHART.name
+        shutil.copytree(CHART, chart)
+        (chart / "templates" / "NOTES.txt").rename(chart / "notes.in")
+        (chart / "templates" / "notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+            'data:\n  notes: {{ tpl (.Files.Get "notes.in") . | quote }}\n'
+        )
+        out = _template(chart, value_files, sets, "--show-only", "templates/notes.yaml")
+    text: str = yaml.safe_load(out)["data"]["notes"]
+    return text
 
 
 def lint(value_files: list[str]) -> subprocess.CompletedProcess[str]:
@@ -171,6 +194,18 @@ def parse_server(args: list[str], env: dict[str, str] | None = None) -> ServerCo
     parsed = cli_args.build_parser().parse_args(args)
     server, _ = cli_args.configs_from_args(parsed, env or {})
     return server
+
+
+def route_model_names(route: dict[str, Any], header: str) -> list[str]:
+    """The model names an HTTPRoute's rules match (header `header`, as the body-based router
+    sets it), in order; [] when no rule looks at the model."""
+    return [
+        h["value"]
+        for rule in route["spec"]["rules"]
+        for match in rule["matches"]
+        for h in match.get("headers", [])
+        if h["name"] == header and h.get("type", "Exact") == "Exact"
+    ]
 
 
 def scraped_metric_names(objects: list[dict[str, Any]]) -> set[str]:

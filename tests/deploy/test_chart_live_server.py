@@ -94,7 +94,8 @@ def test_probes_and_scrapes_need_no_key_the_api_does(pod: Pod) -> None:
     assert httpx.get(pod.url + "/metrics").status_code == 200
     assert httpx.get(pod.url + "/v1/models").status_code == 401
     models = httpx.get(pod.url + "/v1/models", headers=pod.headers()).json()
-    assert [m["id"] for m in models["data"]] == list(pod.config.served_model_name) == ["smollm2"]
+    names = ["smollm2", "SmolLM2-135M-Instruct"]  # cpu-values.yaml's list, the first reported
+    assert [m["id"] for m in models["data"]] == list(pod.config.served_model_name) == names
 
 
 def _samples(text: str) -> dict[str, str]:
@@ -113,8 +114,8 @@ def test_the_metrics_the_cluster_reads_are_exported(pod: Pod) -> None:
 
 
 def _stream(pod: Pod, first_chunk: threading.Event, out: dict[str, Any]) -> None:
-    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 8,
-            "ignore_eos": True, "stream": True, "temperature": 0,
+    body = {"model": pod.config.served_model_name[-1], "prompt": "Once upon a time",
+            "max_tokens": 8, "ignore_eos": True, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}}  # fmt: skip
     lines = []
     with httpx.stream("POST", pod.url + "/v1/completions", json=body, headers=pod.headers(),
@@ -142,6 +143,9 @@ def test_sigterm_drains_the_request_in_flight_then_exits(pod: Pod) -> None:
     assert code == 0, pod.log_path.read_text()
     assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]"
     usage = json.loads(out["lines"][-2].removeprefix("data: "))["usage"]
+    # Asked by its last name, answered under the first (vLLM's --served-model-name).
+    first = json.loads(out["lines"][0].removeprefix("data: "))
+    assert first["model"] == pod.config.served_model_name[0] == "smollm2"
     assert usage["completion_tokens"] == 8  # the whole request, not cut by the shutdown
     grace = find(pod.objects, "Deployment", "model-server")["spec"]["template"]["spec"][
         "terminationGracePeriodSeconds"

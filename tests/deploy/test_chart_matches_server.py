@@ -7,19 +7,24 @@ from __future__ import annotations
 import base64
 import math
 from importlib.metadata import entry_points
+from typing import Any
 
 import pytest
+import yaml
 from starlette.routing import Route
 
 from pagedserve import cli_args
 from pagedserve.openai_compat.app import OPEN_PATHS
 from pagedserve.openai_compat.routes import ROUTES
 from tests.deploy.chart import (
+    CHART,
     TP_FLAG,
     VALUE_SETS,
     find,
     parse_server,
+    render,
     render_set,
+    route_model_names,
     scraped_metric_names,
     server_container,
 )
@@ -45,6 +50,40 @@ def test_server_args_parse(value_set: str) -> None:
     if TP_FLAG in args:
         tp = int(args[args.index(TP_FLAG) + 1])
         assert parsed.tensor_parallel_size == engine.parallel.tensor_parallel_size == tp
+
+
+def _values_names(value_files: list[str]) -> list[str]:
+    """server.servedModelName as the values files give it (the last file that sets it wins)."""
+    names: Any = None
+    for name in value_files:
+        server = (yaml.safe_load((CHART / "ci" / name).read_text()) or {}).get("server", {})
+        names = server.get("servedModelName", names)
+    return [names] if isinstance(names, str) else list(names or [])
+
+
+def _check_names_and_model(args: list[str], names: list[str]) -> None:
+    """The server answers to exactly these names, the first reported, and loads the MODEL the
+    chart put first (none: the default model), whatever the number of names."""
+    parsed = cli_args.build_parser().parse_args(args)
+    server, engine = cli_args.configs_from_args(parsed, {})
+    assert list(server.served_model_name) == names
+    assert server.model_name == (names[0] if names else None)
+    assert engine.model.model == ("" if args[1].startswith("--") else args[1])
+
+
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_server_reads_the_served_names_the_values_give(value_set: str) -> None:
+    args = server_container(render_set(value_set))["args"]
+    _check_names_and_model(args, _values_names(VALUE_SETS[value_set]))
+
+
+@pytest.mark.parametrize("model", ["", "org/model"])
+@pytest.mark.parametrize("names", [["a"], ["a", "b"], ["a", "b", "org/c"]])
+def test_server_reads_listed_names_with_and_without_a_model(names: list[str], model: str) -> None:
+    """With the default model (no MODEL), `--served-model-name a b` alone would read b as the
+    MODEL: the chart's args must still mean every name and the default model."""
+    sets = (f"server.servedModelName={{{','.join(names)}}}", f"model.name={model}")
+    _check_names_and_model(server_container(render([], sets))["args"], names)
 
 
 @pytest.mark.parametrize("value_set", list(VALUE_SETS))
@@ -141,6 +180,10 @@ def test_inference_extension_objects_point_at_each_other(value_set: str) -> None
     assert flags["--config-file"].startswith(mount["mountPath"] + "/")
     assert flags["--config-file"].rsplit("/", 1)[1] in config_map["data"]
     assert epp["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
+    # The route lets through every name the server answers to (the first is the one reported).
+    header = "X-Gateway-Model-Name"  # what the extension's body-based router sets
+    names = route_model_names(route, header)
+    assert names == list(parse_server(container["args"]).served_model_name) and len(names) > 1
     (rule,) = route["spec"]["rules"]
     (backend,) = rule["backendRefs"]
     assert backend == {"group": "inference.networking.k8s.io", "kind": "InferencePool",

@@ -16,8 +16,11 @@ from tests.deploy.chart import (
     epp_configs,
     find,
     lint,
+    notes,
     render,
     render_set,
+    route_model_names,
+    server_container,
     validate_custom,
     validate_epp_config,
     validate_object,
@@ -97,6 +100,13 @@ def test_hub_fetch_downloads_into_the_served_folder() -> None:
         (("server.gracefulTimout=10",), "gracefulTimout is not allowed"),
         (("server.port=http",), "server.port: Invalid type"),
         (("inferenceExtension.failureMode=FailSoft",), "inferenceExtension.failureMode"),
+        (("server.servedModelName=7",), "server.servedModelName: Must validate one and only one"),
+        (("server.servedModelName={a,a}",), "server.servedModelName: array items"),
+        (("server.servedModelName={}",), "server.servedModelName.0: String length"),
+        (("inferenceExtension.httpRoute.matchModelNames=true",),
+         "matchModelNames needs server.servedModelName"),
+        (("server.servedModelName=a", "inferenceExtension.httpRoute.modelNameHeader=x y"),
+         "modelNameHeader"),
     ],
 )  # fmt: skip
 def test_values_that_cannot_work_are_refused(sets: tuple[str, ...], message: str) -> None:
@@ -129,6 +139,9 @@ def _mutated(obj: dict[str, Any], path: list[str | int], value: Any) -> dict[str
         ("HTTPRoute", ["spec", "rules", 0, "timeouts", "request"], "5 minutes"),
         ("HTTPRoute", ["spec", "rules", 0, "backendRefs", 0, "name"], None),
         ("HTTPRoute", ["spec", "rules", 0, "matches", 0, "path", "value"], "v1"),
+        ("HTTPRoute", ["spec", "rules", 0, "matches", 0, "headers", 0, "value"], ""),
+        ("HTTPRoute", ["spec", "rules", 0, "matches", 0, "headers", 0, "name"], "model name"),
+        ("HTTPRoute", ["spec", "rules", 0, "matches", 0, "headers", 0, "type"], "Prefix"),
         ("PodMonitor", ["spec", "podMetricsEndpoints", 0, "interval"], "15 s"),
         ("PodMonitor", ["spec", "selector"], None),
     ],
@@ -168,3 +181,44 @@ def test_kubernetes_schemas_refuse_unknown_and_mistyped_fields() -> None:
     ]:
         with pytest.raises(kubernetes_validate.ValidationError):
             validate_object(_mutated(deployment, path, value))
+
+
+HEADER = "X-Gateway-Model-Name"
+
+
+@pytest.mark.parametrize("names", [["one"], ["a", "b", "org/c"]])
+def test_served_model_names_become_one_flag_and_route_matches(names: list[str]) -> None:
+    """A list renders `--served-model-name a b c`; the route matches every name on the
+    body-based router's header, each with the path prefix, and still validates."""
+    sets = (f"server.servedModelName={{{','.join(names)}}}", "model.name=org/model")
+    objects = render(["inference-extension-values.yaml"], sets)
+    args = server_container(objects)["args"]
+    flag = args.index("--served-model-name")
+    assert args[1] == "org/model" and args[flag + 1 : flag + 1 + len(names)] == names
+    after = args[flag + 1 + len(names) :]
+    assert after == [] or after[0].startswith("--")  # MODEL came first: nothing closes the names
+    route = find(objects, "HTTPRoute")
+    validate_object(route)
+    assert route_model_names(route, HEADER) == names
+    (rule,) = route["spec"]["rules"]
+    assert {m["path"]["value"] for m in rule["matches"]} == {"/"}
+
+
+def test_one_served_name_as_a_string_renders_like_a_list_of_one() -> None:
+    as_string = render(["inference-extension-values.yaml"], ("server.servedModelName=m",))
+    as_list = render(["inference-extension-values.yaml"], ("server.servedModelName={m}",))
+    assert as_string == as_list
+
+
+def test_route_without_model_matching_matches_the_path_only() -> None:
+    objects = render_set("cpu+inference-extension", ("inferenceExtension.httpRoute.matchModelNames=false",))  # fmt: skip
+    route = find(objects, "HTTPRoute")
+    assert route["spec"]["rules"][0]["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert route_model_names(route, HEADER) == []
+
+
+def test_notes_name_the_first_served_name_as_the_reported_one() -> None:
+    text = notes(["cpu-values.yaml", "inference-extension-values.yaml"])
+    assert 'Requests name the model "smollm2" (also SmolLM2-135M-Instruct); responses carry "smollm2".' in text  # fmt: skip
+    assert f"matches only those model names (header {HEADER}" in text
+    assert "Requests name" not in notes([])

@@ -67,6 +67,13 @@ app.kubernetes.io/component: endpoint-picker
 {{- end -}}
 {{- end -}}
 
+{{/* server.servedModelName (a name or a list of names) as a JSON list, [] when unset. The
+first name is the one responses and metrics carry; requests may name any of them. */}}
+{{- define "pagedserve.servedModelNames" -}}
+{{- $n := .Values.server.servedModelName -}}
+{{- if kindIs "slice" $n -}}{{- toJson $n -}}{{- else if $n -}}{{- toJson (list $n) -}}{{- else -}}[]{{- end -}}
+{{- end -}}
+
 {{/* GPUs per pod: gpu.count, else one per tensor-parallel rank. */}}
 {{- define "pagedserve.gpuCount" -}}
 {{- if .Values.gpu.count -}}{{ int .Values.gpu.count }}{{- else -}}{{ int .Values.server.tensorParallelSize }}{{- end -}}
@@ -97,7 +104,14 @@ app.kubernetes.io/component: endpoint-picker
 {{- if gt (int $s.tensorParallelSize) 1 -}}
 {{- $args = concat $args (list "--tensor-parallel-size" (toString (int $s.tensorParallelSize))) -}}
 {{- end -}}
-{{- $strings := dict "servedModelName" "--served-model-name" "device" "--device" "dtype" "--dtype" "logLevel" "--log-level" -}}
+{{- $names := include "pagedserve.servedModelNames" . | fromJsonArray -}}
+{{- if $names -}}
+{{- $args = concat $args (list "--served-model-name") $names -}}
+{{- /* The flag takes every word up to the next flag, and with no MODEL before it the server
+reads its last word as the MODEL: end the words with the default model's empty MODEL. */ -}}
+{{- if and (not $model) (gt (len $names) 1) -}}{{- $args = append $args "" -}}{{- end -}}
+{{- end -}}
+{{- $strings := dict "device" "--device" "dtype" "--dtype" "logLevel" "--log-level" -}}
 {{- range $key := keys $strings | sortAlpha -}}
 {{- $v := index $s $key -}}
 {{- if $v -}}{{- $args = concat $args (list (index $strings $key) (toString $v)) -}}{{- end -}}
@@ -135,6 +149,9 @@ app.kubernetes.io/component: endpoint-picker
 {{- end -}}
 {{- if lt (int .Values.server.tensorParallelSize) 1 -}}
 {{- fail "server.tensorParallelSize must be >= 1" -}}
+{{- end -}}
+{{- if and .Values.inferenceExtension.httpRoute.matchModelNames (not .Values.server.servedModelName) -}}
+{{- fail "inferenceExtension.httpRoute.matchModelNames needs server.servedModelName: the names the route matches (the model's own name is not known to the chart)" -}}
 {{- end -}}
 {{- if and .Values.inferenceExtension.enabled .Values.inferenceExtension.httpRoute.enabled (not .Values.inferenceExtension.httpRoute.gateway.name) -}}
 {{- fail "inferenceExtension.httpRoute.gateway.name is required when the HTTPRoute is enabled" -}}
