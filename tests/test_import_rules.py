@@ -200,6 +200,19 @@ def test_the_server_app_loads_without_httpx() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_text_server_loads_image_and_schema_packages_on_demand() -> None:
+    """PIL (~2 MiB resident; with the first image), jsonschema (~3 MiB with its format
+    checkers' packages; with the first JSON schema) and safetensors (with the first HF folder)
+    are not loaded by the server or the engine it builds (issue 42 item 4)."""
+    code = (
+        "import sys; import pagedserve.cli; from pagedserve.openai_compat.app import create_app; "
+        "import pagedserve.core.engine.async_engine, pagedserve.core.models.registry; "
+        "bad = [m for m in ('PIL', 'jsonschema', 'safetensors') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_no_import_cycles() -> None:
     """Every import of pagedserve's own modules (TYPE_CHECKING and function-level ones too)
     points one way: app -> routes -> state, never back."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from pagedserve.core.models.arch import ArchConfig
 from pagedserve.core.models.families import arch_from_hf_config
@@ -41,10 +41,18 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
+def _open(path: Path) -> Any:
+    """The shard, memory-mapped. safetensors loads here, with the first HF folder: a GGUF
+    model's server never needs it (issue 42 item 4)."""
+    from safetensors import safe_open
+
+    return safe_open(str(path), framework="pt")
+
+
 def count_safetensors_weights(files: list[Path]) -> int:
     total = 0
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with _open(path) as f:
             total += len(f.keys())
     return total
 
@@ -52,6 +60,6 @@ def count_safetensors_weights(files: list[Path]) -> int:
 def iter_safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor in its stored dtype) for every tensor of every shard."""
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
+        with _open(path) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)

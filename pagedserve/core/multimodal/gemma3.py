@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from PIL import Image
 
 from pagedserve.core.multimodal.inputs import ImageFeatures
 
+if TYPE_CHECKING:  # PIL loads with the first image (the server's decode), not with the model
+    from PIL import Image
+
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
-_RESAMPLE = {0: Image.Resampling.NEAREST, 1: Image.Resampling.LANCZOS,
-             2: Image.Resampling.BILINEAR, 3: Image.Resampling.BICUBIC}  # fmt: skip
-"""transformers' PILImageResampling values (preprocessor_config.json's resample)."""
+_RESAMPLE = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC"}
+"""transformers' PILImageResampling values (preprocessor_config.json's resample), which are
+PIL's Image.Resampling values: resize takes the int."""
 
 
 class Gemma3ImageProcessor:
@@ -41,7 +43,7 @@ class Gemma3ImageProcessor:
         mean: tuple[float, ...] = (0.5, 0.5, 0.5),
         std: tuple[float, ...] = (0.5, 0.5, 0.5),
         rescale_factor: float = 1 / 255,
-        resample: Image.Resampling = Image.Resampling.BILINEAR,
+        resample: int = 2,  # BILINEAR
         tokens: tuple[str, str, str] = (BOI, EOI, IMAGE),
     ) -> None:
         self.image_token_id = image_token_id
@@ -74,7 +76,7 @@ class Gemma3ImageProcessor:
             mean=tuple(pre.get("image_mean") or (0.5, 0.5, 0.5)),
             std=tuple(pre.get("image_std") or (0.5, 0.5, 0.5)),
             rescale_factor=float(pre.get("rescale_factor") or 1 / 255),
-            resample=_RESAMPLE[int(pre.get("resample", 2))],
+            resample=_resample(pre.get("resample", 2)),
             tokens=_token_texts(folder),
         )
 
@@ -95,6 +97,12 @@ class Gemma3ImageProcessor:
         x = pixels.reshape(3, grid, p, grid, p).transpose(1, 3, 0, 2, 4)  # [gh, gw, C, p, p]
         patches = np.ascontiguousarray(x.reshape(grid * grid, 3 * p * p))
         return ImageFeatures(patches, (1, grid, grid), self.num_tokens, image_hash)
+
+
+def _resample(value: Any) -> int:
+    if int(value) not in _RESAMPLE:
+        raise ValueError(f"preprocessor_config.json: resample {value!r} is not one of {_RESAMPLE}")
+    return int(value)
 
 
 def _read(path: Path) -> dict[str, Any]:

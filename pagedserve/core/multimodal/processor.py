@@ -12,14 +12,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from PIL import Image
 
 from pagedserve.core.multimodal.gemma3 import Gemma3ImageProcessor
 from pagedserve.core.multimodal.inputs import ImageFeatures
 
+if TYPE_CHECKING:  # PIL loads with the first image (the server's decode), not with the model
+    from PIL import Image
+
+_BICUBIC = 3
+"""PIL's Image.Resampling.BICUBIC (an IntEnum: resize takes the int)."""
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -116,7 +120,7 @@ class Qwen2VLImageProcessor:
         )
         rgb = image.convert("RGB")
         if (width, height) != rgb.size:
-            rgb = rgb.resize((width, height), Image.Resampling.BICUBIC)
+            rgb = rgb.resize((width, height), _BICUBIC)
         pixels = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) * np.float32(1 / 255)
         pixels = (pixels - self.mean) / self.std
         patches, grid_h, grid_w = self._patchify(pixels)

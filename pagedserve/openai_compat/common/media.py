@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PIL import Image
-
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.multimodal.inputs import content_hash
 from pagedserve.openai_compat.common import errors
@@ -29,6 +27,7 @@ from pagedserve.openai_compat.common.protocol import ChatMessage, ImageUrl
 
 if TYPE_CHECKING:
     import httpx
+    from PIL import Image
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_REDIRECTS = 3
@@ -155,6 +154,8 @@ def _local_file(url: str, config: MediaConfig, param: str) -> bytes:
 def decode_image(data: bytes, param: str) -> LoadedImage:
     """PNG, JPEG, WebP or a GIF's first frame -> RGB; anything else, truncated or corrupt
     data, or a decompression bomb is a 400."""
+    from PIL import Image  # here, with the first image: ~2 MiB resident a text server never needs
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

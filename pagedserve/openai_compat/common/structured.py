@@ -13,8 +13,6 @@ import asyncio
 import json
 from typing import Any
 
-import jsonschema
-
 from pagedserve.core.engine_client import EngineClient
 from pagedserve.core.sampling_params import StructuredOutputs
 from pagedserve.core.structured import GrammarError
@@ -87,6 +85,10 @@ def json_schema_spec(schema: dict[str, Any] | str, param: str) -> StructuredOutp
             raise errors.invalid(f"{param}: the schema is not valid JSON: {exc}", param) from exc
     if not isinstance(schema, dict):
         raise errors.invalid(f"{param}: the schema must be a JSON object.", param)
+    # Here, with the first schema: with its format checkers' packages jsonschema is ~3 MiB
+    # resident that a server never asked for a schema does not need (issue 42 item 4).
+    import jsonschema
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except (jsonschema.SchemaError, jsonschema.exceptions.UnknownType) as exc:
