@@ -19,9 +19,30 @@ using namespace pagedserve;
 
 namespace {
 
-constexpr std::int64_t kSlots = 3, kK = 40, kRank = 4;
-constexpr std::int64_t kParts[] = {24, 8, 8};  // q | k | v
-constexpr std::int64_t kN = 40, kCols = 3 * kRank;
+constexpr std::int64_t kSlots = 3;
+
+// A projection's sizes: k, the rank, and the parts' output widths (at most 3 here).
+struct Shape {
+    std::int64_t k, rank;
+    std::vector<std::int64_t> parts;
+    std::int64_t n() const {
+        std::int64_t total = 0;
+        for (std::int64_t w : parts) total += w;
+        return total;
+    }
+    std::int64_t cols() const { return static_cast<std::int64_t>(parts.size()) * rank; }
+};
+
+// The first is the small fused qkv the tests below use; the others cover the kernel's register
+// tiles and every narrower width after them (columns 24 = 16 + 8, 3, 40 = 32 + 8, 70 output
+// columns = 64 + 4 + 2, odd k) on every level's vector width, and the last is work enough for
+// the threads to split the blocks.
+const std::vector<Shape> kShapes = {{40, 4, {24, 8, 8}},
+                                    {67, 8, {70, 16, 19}},
+                                    {33, 3, {41}},
+                                    {130, 20, {50, 37}},
+                                    {401, 16, {256, 163}}};
+const Shape& kSmall = kShapes[0];
 
 float bf16_value(float f) {  // f rounded to bf16 (nearest even), as a float
     std::uint32_t u;
@@ -39,27 +60,30 @@ std::uint16_t bf16_bits(float f) {
 }
 
 struct Stacks {
+    Shape shape;
     std::vector<float> a, b;  // [slots, k, cols], [slots, cols, n]: b zero off each part's block
-    explicit Stacks(std::mt19937& rng) : a(kSlots * kK * kCols), b(kSlots * kCols * kN, 0.0f) {
+    Stacks(std::mt19937& rng, const Shape& sh)
+        : shape(sh), a(kSlots * sh.k * sh.cols()), b(kSlots * sh.cols() * sh.n(), 0.0f) {
         std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
         for (float& v : a) v = bf16_value(dist(rng));  // bf16 values: the bf16 run reads the same
+        const std::int64_t cols = sh.cols(), n = sh.n();
         for (std::int64_t s = 0; s < kSlots; ++s) {
             std::int64_t j0 = 0;
-            for (int p = 0; p < 3; ++p) {
-                for (std::int64_t c = p * kRank; c < (p + 1) * kRank; ++c) {
-                    for (std::int64_t j = j0; j < j0 + kParts[p]; ++j) {
-                        b[(s * kCols + c) * kN + j] = bf16_value(dist(rng));
+            for (std::size_t p = 0; p < sh.parts.size(); ++p) {
+                for (std::int64_t c = p * sh.rank; c < (p + 1) * sh.rank; ++c) {
+                    for (std::int64_t j = j0; j < j0 + sh.parts[p]; ++j) {
+                        b[(s * cols + c) * n + j] = bf16_value(dist(rng));
                     }
                 }
-                j0 += kParts[p];
+                j0 += sh.parts[p];
             }
         }
     }
     LoraStacks view(DType dtype, const void* a_data, const void* b_data) const {
         LoraStacks s;
-        s.a = a_data, s.b = b_data, s.num_slots = kSlots, s.k = kK, s.max_rank = kRank;
-        s.num_parts = 3, s.dtype = dtype;
-        for (int p = 0; p < 3; ++p) s.part_widths[p] = kParts[p];
+        s.a = a_data, s.b = b_data, s.num_slots = kSlots, s.k = shape.k, s.max_rank = shape.rank;
+        s.num_parts = static_cast<int>(shape.parts.size()), s.dtype = dtype;
+        for (int p = 0; p < s.num_parts; ++p) s.part_widths[p] = shape.parts[p];
         return s;
     }
 };
@@ -67,25 +91,27 @@ struct Stacks {
 // The reference: y[r] += (x[r] a[slot]) b[slot], in fp32 FMAs in the kernel's order.
 void reference(const Stacks& w, const std::vector<float>& x, std::vector<float>& y,
                const std::vector<int>& row_slots) {
+    const Shape& sh = w.shape;
+    const std::int64_t k = sh.k, cols = sh.cols(), n = sh.n();
     for (std::size_t r = 0; r < row_slots.size(); ++r) {
         const int s = row_slots[r];
         if (s < 0) continue;
-        float low[kCols] = {};
-        for (std::int64_t i = 0; i < kK; ++i) {
-            for (std::int64_t c = 0; c < kCols; ++c) {
-                low[c] = std::fma(x[r * kK + i], w.a[(s * kK + i) * kCols + c], low[c]);
+        std::vector<float> low(cols, 0.0f);
+        for (std::int64_t i = 0; i < k; ++i) {
+            for (std::int64_t c = 0; c < cols; ++c) {
+                low[c] = std::fma(x[r * k + i], w.a[(s * k + i) * cols + c], low[c]);
             }
         }
         std::int64_t j0 = 0;
-        for (int p = 0; p < 3; ++p) {
-            for (std::int64_t j = j0; j < j0 + kParts[p]; ++j) {
+        for (std::size_t p = 0; p < sh.parts.size(); ++p) {
+            for (std::int64_t j = j0; j < j0 + sh.parts[p]; ++j) {
                 float acc = 0.0f;
-                for (std::int64_t c = p * kRank; c < (p + 1) * kRank; ++c) {
-                    acc = std::fma(low[c], w.b[(s * kCols + c) * kN + j], acc);
+                for (std::int64_t c = p * sh.rank; c < (p + 1) * sh.rank; ++c) {
+                    acc = std::fma(low[c], w.b[(s * cols + c) * n + j], acc);
                 }
-                y[r * kN + j] += acc;
+                y[r * n + j] += acc;
             }
-            j0 += kParts[p];
+            j0 += sh.parts[p];
         }
     }
 }
@@ -120,7 +146,7 @@ std::vector<float> run_f32(const Stacks& w, const std::vector<float>& x, std::ve
                            const std::vector<int>& row_slots, int threads) {
     const Segments seg(row_slots);
     LoraArgs a;
-    a.x = x.data(), a.x_stride = kK, a.y = y.data(), a.y_stride = kN;
+    a.x = x.data(), a.x_stride = w.shape.k, a.y = y.data(), a.y_stride = w.shape.n();
     a.stacks = w.view(DType::kFloat32, w.a.data(), w.b.data());
     a.segments = seg.view();
     lora_add_cpu(a, threads);
@@ -151,65 +177,73 @@ std::vector<int> mixed_slots() {
 
 TEST(matches_the_reference_bit_for_bit_at_every_level) {
     std::mt19937 rng(1);
-    const Stacks w(rng);
-    const std::vector<int> slots = mixed_slots();
-    const std::int64_t m = static_cast<std::int64_t>(slots.size());
-    const std::vector<float> x = random_rows(rng, m * kK), y0 = random_rows(rng, m * kN);
-    std::vector<float> want = y0;
-    reference(w, x, want, slots);
     bool ok = true;
-    const int ran = on_each_level([&](const char* path) {
-        for (int threads : {1, 2}) {
-            const std::vector<float> got = run_f32(w, x, y0, slots, threads);
-            const bool same = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
-            std::fprintf(stderr, "  %s, %d threads: %s\n", path, threads, same ? "same bits" : "DIFFER");
-            ok = ok && same;
-        }
-    });
-    CHECK(ran >= 1);
-    CHECK(ok);
-    // Base rows are untouched; the fp64 product is close.
-    for (std::int64_t r = 0; r < m; ++r) {
-        for (std::int64_t j = 0; j < kN; ++j) {
-            if (slots[r] < 0) {
-                CHECK(want[r * kN + j] == y0[r * kN + j]);
-                continue;
+    for (const Shape& shape : kShapes) {
+        const Stacks w(rng, shape);
+        const std::int64_t k = shape.k, n = shape.n();
+        const std::vector<int> slots = mixed_slots();
+        const std::int64_t m = static_cast<std::int64_t>(slots.size());
+        const std::vector<float> x = random_rows(rng, m * k), y0 = random_rows(rng, m * n);
+        std::vector<float> want = y0;
+        reference(w, x, want, slots);
+        const int ran = on_each_level([&](const char* path) {
+            for (int threads : {1, 2}) {
+                const std::vector<float> got = run_f32(w, x, y0, slots, threads);
+                const bool same = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
+                std::fprintf(stderr, "  k %lld, rank %lld, %zu parts: %s, %d threads: %s\n",
+                             static_cast<long long>(k), static_cast<long long>(shape.rank),
+                             shape.parts.size(), path, threads, same ? "same bits" : "DIFFER");
+                ok = ok && same;
             }
-            double delta = 0.0;
-            std::int64_t part = j < 24 ? 0 : j < 32 ? 1 : 2;
-            for (std::int64_t c = part * kRank; c < (part + 1) * kRank; ++c) {
-                double low = 0.0;
-                for (std::int64_t i = 0; i < kK; ++i) {
-                    low += double(x[r * kK + i]) * w.a[(slots[r] * kK + i) * kCols + c];
+        });
+        CHECK(ran >= 1);
+        // Base rows are untouched; the fp64 product is close.
+        for (std::int64_t r = 0; r < m; ++r) {
+            std::int64_t part = 0, part_end = shape.parts[0];
+            for (std::int64_t j = 0; j < n; ++j) {
+                if (j == part_end) part_end += shape.parts[++part];
+                if (slots[r] < 0) {
+                    CHECK(want[r * n + j] == y0[r * n + j]);
+                    continue;
                 }
-                delta += low * w.b[(slots[r] * kCols + c) * kN + j];
+                double delta = 0.0;
+                for (std::int64_t c = part * shape.rank; c < (part + 1) * shape.rank; ++c) {
+                    double low = 0.0;
+                    for (std::int64_t i = 0; i < k; ++i) {
+                        low += double(x[r * k + i]) * w.a[(slots[r] * k + i) * shape.cols() + c];
+                    }
+                    delta += low * w.b[(slots[r] * shape.cols() + c) * n + j];
+                }
+                CHECK(std::fabs(want[r * n + j] - (y0[r * n + j] + delta)) < 1e-4 * (1 + std::fabs(delta)));
             }
-            CHECK(std::fabs(want[r * kN + j] - (y0[r * kN + j] + delta)) < 1e-4 * (1 + std::fabs(delta)));
         }
     }
+    CHECK(ok);
 }
 
 TEST(a_row_is_the_same_alone_and_in_a_mixed_step) {
     std::mt19937 rng(2);
-    const Stacks w(rng);
+    const Stacks w(rng, kShapes[1]);
+    const std::int64_t k = w.shape.k, n = w.shape.n();
     const std::vector<int> slots = mixed_slots();
     const std::int64_t m = static_cast<std::int64_t>(slots.size());
-    const std::vector<float> x = random_rows(rng, m * kK), y0 = random_rows(rng, m * kN);
+    const std::vector<float> x = random_rows(rng, m * k), y0 = random_rows(rng, m * n);
     const std::vector<float> mixed = run_f32(w, x, y0, slots, 2);
     for (std::int64_t r = 0; r < m; ++r) {
-        const std::vector<float> xr(x.begin() + r * kK, x.begin() + (r + 1) * kK);
-        const std::vector<float> yr(y0.begin() + r * kN, y0.begin() + (r + 1) * kN);
+        const std::vector<float> xr(x.begin() + r * k, x.begin() + (r + 1) * k);
+        const std::vector<float> yr(y0.begin() + r * n, y0.begin() + (r + 1) * n);
         const std::vector<float> alone = run_f32(w, xr, yr, {slots[r]}, 1);
-        CHECK(std::memcmp(alone.data(), mixed.data() + r * kN, sizeof(float) * kN) == 0);
+        CHECK(std::memcmp(alone.data(), mixed.data() + r * n, sizeof(float) * n) == 0);
     }
 }
 
 TEST(bf16_rows_and_stacks_round_once) {
     std::mt19937 rng(3);
-    const Stacks w(rng);
+    const Stacks w(rng, kShapes[3]);
+    const std::int64_t k = w.shape.k, n = w.shape.n();
     const std::vector<int> slots = mixed_slots();
     const std::int64_t m = static_cast<std::int64_t>(slots.size());
-    const std::vector<float> x = random_rows(rng, m * kK), y0 = random_rows(rng, m * kN);
+    const std::vector<float> x = random_rows(rng, m * k), y0 = random_rows(rng, m * n);
     std::vector<std::uint16_t> a16, b16, x16, y16;
     for (float v : w.a) a16.push_back(bf16_bits(v));
     for (float v : w.b) b16.push_back(bf16_bits(v));
@@ -221,8 +255,8 @@ TEST(bf16_rows_and_stacks_round_once) {
     const int ran = on_each_level([&](const char*) {
         std::vector<std::uint16_t> y = y16;
         LoraArgs a;
-        a.x = x16.data(), a.x_stride = kK, a.x_dtype = DType::kBFloat16;
-        a.y = y.data(), a.y_stride = kN, a.y_dtype = DType::kBFloat16;
+        a.x = x16.data(), a.x_stride = k, a.x_dtype = DType::kBFloat16;
+        a.y = y.data(), a.y_stride = n, a.y_dtype = DType::kBFloat16;
         a.stacks = w.view(DType::kBFloat16, a16.data(), b16.data());
         a.segments = seg.view();
         lora_add_cpu(a, 2);
@@ -233,13 +267,14 @@ TEST(bf16_rows_and_stacks_round_once) {
 
 TEST(bad_arguments_are_refused) {
     std::mt19937 rng(4);
-    const Stacks w(rng);
-    const std::vector<float> x = random_rows(rng, 2 * kK);
-    std::vector<float> y(2 * kN);
+    const Stacks w(rng, kSmall);
+    const std::int64_t k = w.shape.k, n = w.shape.n();
+    const std::vector<float> x = random_rows(rng, 2 * k);
+    std::vector<float> y(2 * n);
     const auto refused = [&](auto edit) {
         const Segments seg({0, 1});
         LoraArgs a;
-        a.x = x.data(), a.x_stride = kK, a.y = y.data(), a.y_stride = kN;
+        a.x = x.data(), a.x_stride = k, a.y = y.data(), a.y_stride = n;
         a.stacks = w.view(DType::kFloat32, w.a.data(), w.b.data());
         a.segments = seg.view();
         std::vector<std::int64_t> starts = seg.starts;
@@ -259,7 +294,7 @@ TEST(bad_arguments_are_refused) {
     CHECK(refused([](LoraArgs&, S&, T& slots) { slots[0] = -2; }));
     CHECK(refused([](LoraArgs&, S& starts, T&) { starts[0] = 1; }));
     CHECK(refused([](LoraArgs&, S& starts, T&) { starts[1] = 3, starts[2] = 2; }));
-    CHECK(refused([](LoraArgs& a, S&, T&) { a.x_stride = kK - 1; }));
+    CHECK(refused([k](LoraArgs& a, S&, T&) { a.x_stride = k - 1; }));
     CHECK(refused([](LoraArgs& a, S&, T&) { a.stacks.num_parts = 5; }));
     CHECK(refused([](LoraArgs& a, S&, T&) { a.stacks.b = nullptr; }));
     CHECK(refused([](LoraArgs& a, S&, T&) { a.y_dtype = DType::kFloat16; }));

@@ -4,5 +4,6 @@
 #if PAGEDSERVE_X86  // elsewhere only the portable copy exists
 #define PAGEDSERVE_ISA_NS lora_avx2
 #define PAGEDSERVE_ISA_TARGET "avx2,fma,f16c"
+#define PAGEDSERVE_LORA_LANES 8
 #include "lora/kernels.hpp"
 #endif  // PAGEDSERVE_X86

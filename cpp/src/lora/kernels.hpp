@@ -1,14 +1,17 @@
 // The LoRA product's loops (lora.hpp has the contract), included once per ISA level by that
 // level's file (portable.cpp, avx2.cpp, avx512.cpp), each time in its own namespace
-// (PAGEDSERVE_ISA_NS) under its own target (PAGEDSERVE_ISA_TARGET; undefined: portable). Plain
-// loops the compiler vectorizes over the output lanes (`omp simd`), each lane one std::fma chain
-// in a fixed order, so every level gives the same bits; the headers come before the target
-// pragma (see attention/kernels.hpp).
+// (PAGEDSERVE_ISA_NS) under its own target (PAGEDSERVE_ISA_TARGET; undefined: portable), with
+// that level's vector width in floats (PAGEDSERVE_LORA_LANES). Plain loops over fixed-size tiles
+// that the compiler keeps in registers and vectorizes over the columns (`omp simd`); each output
+// lane is one std::fma chain in a fixed order, so every level gives the same bits. The headers
+// come before the target pragma (see attention/kernels.hpp).
 //
-// A block (up to kBlockRows rows of one slot): the rows widened to fp32; the shrink low[r, c] =
-// sum_k x[r, k] a[k, c], k in order; then per part, in column blocks of kColumns, the expand
+// A block (up to kBlockRows rows of one slot): the rows widened to fp32 (and a bf16 slot's a and
+// b); the shrink low[r, c] = sum_k x[r, k] a[k, c], k in order; then per part the expand
 // acc[r, j] = sum_c low[r, c] b[c, j], c in order over the part's max_rank columns; y += acc,
-// rounded once to y's dtype.
+// rounded once to y's dtype. Both run in register tiles of up to kTileRows rows by a few vectors
+// of columns: the accumulators stay in registers for the whole chain, and each loaded row of a
+// or b serves every row of the tile.
 #pragma once
 
 #pragma GCC optimize("fp-contract=off")  // only the explicit std::fma below fuse
@@ -34,9 +37,13 @@ namespace {
 using lora::Block;
 using lora::kBlockRows;
 
-constexpr std::int64_t kColumns = 128;  // output columns of one expand pass (acc stays in L1)
-// Multiply-adds of a call below which one thread runs it: waking the others costs more.
-constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 20;
+constexpr int kLanes = PAGEDSERVE_LORA_LANES;  // floats in one of this level's vectors
+constexpr int kTileRows = 4;                    // rows of a register tile
+constexpr int kShrinkColumns = 2 * kLanes;      // a shrink tile: 4 rows x 2 vectors
+constexpr int kExpandColumns = 2 * kLanes;      // an expand tile: 4 rows x 2 vectors
+// Multiply-adds of a call below which one thread runs it (~13 us of work here): waking the others
+// costs more. The linears' threshold (linear/driver.hpp).
+constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 18;
 
 // `n` elements of a `dtype` row at p (+ offset elements) as fp32 into dst.
 void widen(const void* p, std::int64_t offset, DType dtype, float* dst, std::int64_t n) {
@@ -47,81 +54,122 @@ void widen(const void* p, std::int64_t offset, DType dtype, float* dst, std::int
     }
 }
 
-// dst[0, n) += acc[0, n), rounded once to dtype.
-void accumulate(void* y, std::int64_t offset, DType dtype, const float* acc, float* tmp,
-                std::int64_t n) {
+// One thread's fp32 rows: x [kBlockRows, k], low [kBlockRows, columns], a bf16 slot's a [k,
+// columns] and b [columns, n] widened (fp32 stacks are read in place), and a tile's y rows. Kept
+// per thread across calls (grown, never shrunk): a step calls the kernel for every projection.
+struct Scratch {
+    std::vector<float> x, low, a, b, y;
+    void fit(const LoraStacks& s) {
+        const auto room = [](std::vector<float>& v, std::int64_t n) {
+            if (static_cast<std::int64_t>(v.size()) < n) v.resize(n);
+        };
+        room(x, kBlockRows * s.k), room(low, kBlockRows * s.columns());
+        if (s.dtype != DType::kFloat32) room(a, s.k * s.columns()), room(b, s.columns() * s.n());
+        room(y, kExpandColumns);
+    }
+};
+
+// acc[r, (0, W)] += sum_i lhs[r lhs_stride + i] rhs[i rhs_stride + .], i in [0, len), for R rows
+// (the callers start acc at zero): W fp32 chains per row over i in order, in registers. The
+// shrink (x, a) and the expand (low, b) are both this.
+template <int R, int W>
+void tile_product(const float* lhs, std::int64_t lhs_stride, const float* rhs,
+                  std::int64_t rhs_stride, std::int64_t len, float (&acc)[R][W]) {
+    for (std::int64_t i = 0; i < len; ++i) {
+        const float* row = rhs + i * rhs_stride;
+        for (int r = 0; r < R; ++r) {
+            const float v = lhs[r * lhs_stride + i];
+#pragma omp simd
+            for (int c = 0; c < W; ++c) acc[r][c] = std::fma(v, row[c], acc[r][c]);
+        }
+    }
+}
+
+// low[r, c0 + (0, W)] = sum_i x[r, i] a[i, c0 + .] for R rows, over columns [c0, cols): tiles W
+// wide while they fit, then narrower.
+template <int R, int W = kShrinkColumns>
+void shrink_rows(const float* x, std::int64_t k, const float* a, std::int64_t cols, float* low,
+                 std::int64_t c0 = 0) {
+    for (; c0 + W <= cols; c0 += W) {
+        float acc[R][W] = {};
+        tile_product<R, W>(x, k, a + c0, cols, k, acc);
+        for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + W, low + r * cols + c0);
+    }
+    if constexpr (W > 1) shrink_rows<R, W / 2>(x, k, a, cols, low, c0);
+}
+
+// dst[0, W) += acc[0, W), rounded once to dtype.
+template <int W>
+void accumulate(void* y, std::int64_t offset, DType dtype, const float* acc, float* tmp) {
     if (dtype == DType::kFloat32) {
         float* out = static_cast<float*>(y) + offset;
 #pragma omp simd
-        for (std::int64_t j = 0; j < n; ++j) out[j] += acc[j];
+        for (int j = 0; j < W; ++j) out[j] += acc[j];
         return;
     }
     Bf16* out = static_cast<Bf16*>(y) + offset;
-    load_row(out, tmp, n);
+    load_row(out, tmp, W);
 #pragma omp simd
-    for (std::int64_t j = 0; j < n; ++j) tmp[j] += acc[j];
-    store_row(tmp, out, n);
+    for (int j = 0; j < W; ++j) tmp[j] += acc[j];
+    store_row(tmp, out, W);
 }
 
-// One thread's fp32 rows: x [kBlockRows, k], low [kBlockRows, columns], a row of a or b, acc
-// [kBlockRows, kColumns], and a row of y.
-struct Scratch {
-    std::vector<float> x, low, weight, acc, y;
-    explicit Scratch(const LoraStacks& s)
-        : x(kBlockRows * s.k), low(kBlockRows * s.columns()),
-          weight(std::max(s.columns(), kColumns)), acc(kBlockRows * kColumns), y(kColumns) {}
-};
-
-// low[r, :] = x[r, :] a[slot] over the block's rows.
-void shrink(const LoraStacks& s, std::int32_t slot, int rows, Scratch& t) {
-    const std::int64_t k = s.k, cols = s.columns();
-    std::fill(t.low.begin(), t.low.end(), 0.0f);
-    float* arow = t.weight.data();
-    for (std::int64_t i = 0; i < k; ++i) {
-        widen(s.a, (slot * k + i) * cols, s.dtype, arow, cols);
-        for (int r = 0; r < rows; ++r) {
-            const float xv = t.x[r * k + i];
-            float* low = t.low.data() + r * cols;
-#pragma omp simd
-            for (std::int64_t c = 0; c < cols; ++c) low[c] = std::fma(xv, arow[c], low[c]);
-        }
+// One part's expand for R rows: y[rows[r], j + (0, W)] += sum_c low[r, c] b[c, j + .] over the
+// part's `rank` columns (low and b start at its first), over output columns [j, end): tiles W
+// wide while they fit, then narrower.
+template <int R, int W = kExpandColumns>
+void expand_rows(const LoraArgs& a, const std::int64_t* rows, const float* low, std::int64_t cols,
+                 const float* b, std::int64_t n, std::int64_t rank, std::int64_t j,
+                 std::int64_t end, float* tmp) {
+    for (; j + W <= end; j += W) {
+        float acc[R][W] = {};
+        tile_product<R, W>(low, cols, b + j, n, rank, acc);
+        for (int r = 0; r < R; ++r) accumulate<W>(a.y, rows[r] * a.y_stride + j, a.y_dtype, acc[r], tmp);
     }
+    if constexpr (W > 1) expand_rows<R, W / 2>(a, rows, low, cols, b, n, rank, j, end, tmp);
 }
 
-// y[row, j0 + (0, width)] += low[r, c0 + (0, max_rank)] b[slot][c0 + ., j0 + .] for each row.
-void expand_part(const LoraArgs& a, const Block& block, std::int64_t c0, std::int64_t j0,
-                 std::int64_t width, Scratch& t) {
-    const LoraStacks& s = a.stacks;
-    const std::int64_t n = s.n(), cols = s.columns();
-    float* brow = t.weight.data();
-    for (std::int64_t jb = 0; jb < width; jb += kColumns) {
-        const std::int64_t w = std::min(kColumns, width - jb);
-        std::fill(t.acc.begin(), t.acc.end(), 0.0f);
-        for (std::int64_t c = c0; c < c0 + s.max_rank; ++c) {
-            widen(s.b, (block.slot * cols + c) * n + j0 + jb, s.dtype, brow, w);
-            for (int r = 0; r < block.num_rows; ++r) {
-                const float lv = t.low[r * cols + c];
-                float* acc = t.acc.data() + r * kColumns;
-#pragma omp simd
-                for (std::int64_t j = 0; j < w; ++j) acc[j] = std::fma(lv, brow[j], acc[j]);
-            }
-        }
-        for (int r = 0; r < block.num_rows; ++r) {
-            accumulate(a.y, block.rows[r] * a.y_stride + j0 + jb, a.y_dtype,
-                       t.acc.data() + r * kColumns, t.y.data(), w);
-        }
-    }
+// f(R, first row) over a block's rows in tiles of kTileRows, then 2, then 1.
+template <typename F>
+void over_row_tiles(int num_rows, F f) {
+    int r = 0;
+    for (; r + kTileRows <= num_rows; r += kTileRows) f(std::integral_constant<int, kTileRows>{}, r);
+    if (r + 2 <= num_rows) f(std::integral_constant<int, 2>{}, r), r += 2;
+    if (r < num_rows) f(std::integral_constant<int, 1>{}, r);
 }
 
 void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
     const LoraStacks& s = a.stacks;
+    const std::int64_t k = s.k, cols = s.columns(), n = s.n();
     for (int r = 0; r < block.num_rows; ++r) {
-        widen(a.x, block.rows[r] * a.x_stride, a.x_dtype, t.x.data() + r * s.k, s.k);
+        widen(a.x, block.rows[r] * a.x_stride, a.x_dtype, t.x.data() + r * k, k);
     }
-    shrink(s, block.slot, block.num_rows, t);
+    const float* as = static_cast<const float*>(s.a) + block.slot * k * cols;
+    const float* bs = static_cast<const float*>(s.b) + block.slot * cols * n;
+    if (s.dtype != DType::kFloat32) {  // the slot's a, and b's blocks of each part, widened
+        widen(s.a, block.slot * k * cols, s.dtype, t.a.data(), k * cols);
+        std::int64_t j0 = 0;
+        for (int p = 0; p < s.num_parts; ++p) {
+            for (std::int64_t c = p * s.max_rank; c < (p + 1) * s.max_rank; ++c) {
+                widen(s.b, (block.slot * cols + c) * n + j0, s.dtype, t.b.data() + c * n + j0,
+                      s.part_widths[p]);
+            }
+            j0 += s.part_widths[p];
+        }
+        as = t.a.data(), bs = t.b.data();
+    }
+    over_row_tiles(block.num_rows, [&](auto rows, int r0) {
+        shrink_rows<decltype(rows)::value>(t.x.data() + r0 * k, k, as, cols,
+                                           t.low.data() + r0 * cols);
+    });
     std::int64_t j0 = 0;
     for (int p = 0; p < s.num_parts; ++p) {
-        expand_part(a, block, p * s.max_rank, j0, s.part_widths[p], t);
+        const std::int64_t c0 = p * s.max_rank;
+        over_row_tiles(block.num_rows, [&](auto rows, int r0) {
+            expand_rows<decltype(rows)::value>(a, block.rows + r0, t.low.data() + r0 * cols + c0,
+                                               cols, bs + c0 * n, n, s.max_rank, j0,
+                                               j0 + s.part_widths[p], t.y.data());
+        });
         j0 += s.part_widths[p];
     }
 }
@@ -137,7 +185,8 @@ void add_blocks(const LoraArgs& args, const std::vector<Block>& blocks, int num_
     const std::int64_t num_blocks = static_cast<std::int64_t>(blocks.size());
 #pragma omp parallel num_threads(num_threads) if (parallel)
     {
-        Scratch scratch(s);
+        thread_local Scratch scratch;
+        scratch.fit(s);
 #pragma omp for schedule(static)
         for (std::int64_t i = 0; i < num_blocks; ++i) add_block(args, blocks[i], scratch);
     }
@@ -150,3 +199,4 @@ void add_blocks(const LoraArgs& args, const std::vector<Block>& blocks, int num_
 #endif
 #undef PAGEDSERVE_ISA_NS
 #undef PAGEDSERVE_ISA_TARGET
+#undef PAGEDSERVE_LORA_LANES

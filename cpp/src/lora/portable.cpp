@@ -2,4 +2,5 @@
 #include "cpu/arch.hpp"
 
 #define PAGEDSERVE_ISA_NS lora_portable
+#define PAGEDSERVE_LORA_LANES 4  // SSE2 on x86-64, NEON on aarch64
 #include "lora/kernels.hpp"
