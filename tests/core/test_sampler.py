@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -439,3 +440,60 @@ def test_top_k_candidates_match_topk() -> None:
         vals, idx = kernels.top_k_candidates(x, k)
         want_vals, want_idx = x.topk(k, dim=-1)
         assert torch.equal(vals, want_vals) and torch.equal(idx, want_idx), (vocab, k)
+
+
+# ---- memory: no [rows, vocab] copies beyond the one a step needs ----------------------------
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
+def test_softmax_in_place_has_the_bits_of_a_new_tensor(op) -> None:
+    """The sampler writes softmax / log_softmax over their own input (out=x) on the CPU; that
+    must give exactly the bits of the out-of-place op (for any vocabulary length, -inf too)."""
+    for n, v in [(1, 5), (3, 700), (32, 4097), (7, 49152), (2, 151_936)]:
+        x = torch.randn(n, v) * 8
+        x[0, : v // 3] = float("-inf")
+        want = op(x, dim=-1)
+        got = op(x, dim=-1, out=x)
+        assert got.data_ptr() == x.data_ptr()
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, v)
+
+
+def _rows_by_vocab_allocations(logits: torch.Tensor, rows: list[SamplingRow]) -> int:
+    """How many tensors of at least one float32 vocabulary row one Sampler call allocates."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = build(rows, logits.shape[1])
+    sampler = Sampler()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        sampler(logits, batch)
+    size = logits.shape[1] * logits.element_size()
+    return sum(1 for e in prof.events() if e.self_cpu_memory_usage >= size)
+
+
+@pytest.mark.parametrize(
+    ("params", "logprob_rows", "allowed"),
+    [
+        (SamplingParams(temperature=0, presence_penalty=0.5, repetition_penalty=1.2), 0, 0),
+        (SamplingParams(temperature=0.8, top_p=0.9), 0, 0),  # softmax in place
+        (SamplingParams(temperature=0.8, top_k=20, min_p=0.05), 0, 0),
+        (SamplingParams(temperature=0.8, min_p=0.05), 0, 0),
+        (SamplingParams(temperature=0, logprobs=3), 8, 1),  # the log_softmax, no copy first
+        (SamplingParams(temperature=0.8, top_p=0.9, logprobs=3), 8, 1),
+        (SamplingParams(temperature=0, logprobs=3), 3, 1),  # the rows' copy, log_softmax in it
+    ],
+)
+def test_a_step_makes_no_rows_by_vocab_copies_beyond_the_logprobs(
+    params: SamplingParams, logprob_rows: int, allowed: int
+) -> None:
+    """Issue 42 item 4: the step's logits are the sampler's scratch; the only [rows, vocab]
+    tensor it allocates is the log-probabilities of the rows that asked for them (ranks are
+    counted in it)."""
+    n, v = 8, 49_152  # the default model's vocabulary
+    rows = [
+        row(
+            dataclasses.replace(params, logprobs=params.logprobs if i < logprob_rows else None),
+            output=[i],
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    assert _rows_by_vocab_allocations(torch.randn(n, v) * 3, rows) == allowed

@@ -16,15 +16,16 @@ def token_logprobs(
     logprobs: torch.Tensor, token_ids: torch.Tensor, ks: Sequence[int]
 ) -> list[TokenLogprob]:
     """For each row of log-probabilities [n, vocab]: token_ids[row]'s logprob, its rank
-    (1 + the number of strictly more likely tokens) and the ks[row] most likely tokens."""
+    (1 + the number of strictly more likely tokens) and the ks[row] most likely tokens.
+    logprobs is overwritten: the rank count runs in it, last, instead of in a copy."""
     chosen = logprobs.gather(1, token_ids[:, None])
-    ranks = _count_greater(logprobs, chosen) + 1
     max_k = max(ks, default=0)
     top_ids: list[list[int]] = [[] for _ in ks]
     top_values: list[list[float]] = [[] for _ in ks]
     if max_k > 0:
         values, ids = logprobs.topk(max_k, dim=-1)
         top_ids, top_values = ids.tolist(), values.tolist()
+    ranks = _count_greater_(logprobs, chosen) + 1
     return [
         TokenLogprob(
             token_id=token,
@@ -59,11 +60,11 @@ def prompt_logprobs(
     return out
 
 
-def _count_greater(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """Per row, how many entries of x [n, v] are > value [n, 1], as int64.
+def _count_greater_(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Per row, how many entries of x [n, v] are > value [n, 1], as int64; x is overwritten.
 
     Arithmetic instead of a boolean mask (faster on the CPU): x - value > 0 exactly when
     x > value; value is clamped to the lowest float so that -inf - -inf never makes a NaN.
     """
     value = value.clamp(min=torch.finfo(x.dtype).min)
-    return torch.sub(x, value).sign_().relu_().sum(-1).long()
+    return x.sub_(value).sign_().relu_().sum(-1).long()

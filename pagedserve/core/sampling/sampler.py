@@ -62,10 +62,7 @@ class Sampler:
                 f"({batch.num_rows}, {batch.vocab_size}) for this batch"
             )
         logits = logits.float().contiguous()
-        raw_logprobs = None
-        if batch.logprob_rows:
-            rows = torch.tensor(batch.logprob_rows, device=logits.device)
-            raw_logprobs = torch.log_softmax(logits.index_select(0, rows), dim=-1)
+        raw_logprobs = _raw_logprobs(logits, batch.logprob_rows) if batch.logprob_rows else None
         if batch.grammar_rows:
             self._masker.apply(logits, batch.grammar_rows, batch.grammars, batch.grammar_prefixes)
         if batch.argmax_only:
@@ -82,9 +79,8 @@ class Sampler:
 
 def _sample(logits: torch.Tensor, random: RandomRows) -> torch.Tensor:
     """Tokens for the sampling rows, aligned with random.rows."""
-    x = _take(logits, random.rows)
-    probs = torch.softmax(x.div_(random.temperature[:, None]), dim=-1)
-    del x
+    x = _take(logits, random.rows)  # scratch: the step's logits, or these rows' copy
+    probs = torch.softmax(x.div_(random.temperature[:, None]), dim=-1, out=_scratch(x))
     draw = _UniformDraw(random.generators, probs.device, random.shared_generator)
     tokens = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     with_k = random.top_k < probs.shape[1]
@@ -128,6 +124,23 @@ def _sample_vocabulary(
             _take(q, sel), top_p[sel], lambda positions: draw(nucleus_rows[positions])
         )
     return tokens
+
+
+def _raw_logprobs(logits: torch.Tensor, logprob_rows: list[int]) -> torch.Tensor:
+    """log_softmax of the raw logits of the rows that asked (sorted row indices): one new
+    [rows, vocab] tensor, the rows' copy itself when only some asked (the logits stay intact
+    for the controls and the draws)."""
+    if len(logprob_rows) == logits.shape[0]:
+        return torch.log_softmax(logits, dim=-1)
+    picked = logits.index_select(0, torch.tensor(logprob_rows, device=logits.device))
+    return torch.log_softmax(picked, dim=-1, out=_scratch(picked))
+
+
+def _scratch(x: torch.Tensor) -> torch.Tensor | None:
+    """x as the `out` of a softmax or log_softmax of x, on the CPU: one [rows, vocab] tensor
+    fewer per step, with the same bits (the CPU kernels read each element before writing it;
+    tests/core/test_sampler.py checks it). None (a new tensor) elsewhere, until checked there."""
+    return x if x.device.type == "cpu" else None
 
 
 def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
