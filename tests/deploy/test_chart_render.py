@@ -208,6 +208,9 @@ def test_one_served_name_as_a_string_renders_like_a_list_of_one() -> None:
     as_string = render(["inference-extension-values.yaml"], ("server.servedModelName=m",))
     as_list = render(["inference-extension-values.yaml"], ("server.servedModelName={m}",))
     assert as_string == as_list
+    # "" is unset, as before lists were taken: no flag, the model's own name.
+    assert render([], ("server.servedModelName=",)) == render([])
+    assert "--served-model-name" not in server_container(render([]))["args"]
 
 
 def test_route_without_model_matching_matches_the_path_only() -> None:
