@@ -398,4 +398,5 @@ class LlamaForCausalLM(nn.Module):
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
         logits = self.lm_head(hidden, out_dtype=torch.float32)
         cap = self.arch.final_logit_softcap
-        return logits if not cap else torch.tanh(logits / cap) * cap
+        # tanh(logits / cap) * cap, in the new logits: no [n, vocab] copies (same bits)
+        return logits if not cap else logits.div_(cap).tanh_().mul_(cap)
