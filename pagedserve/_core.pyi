@@ -85,6 +85,7 @@ class LoraStacks:
         *,
         a: typing.SupportsInt | typing.SupportsIndex,
         b: typing.SupportsInt | typing.SupportsIndex,
+        ranks: typing.SupportsInt | typing.SupportsIndex,
         num_slots: typing.SupportsInt | typing.SupportsIndex,
         k: typing.SupportsInt | typing.SupportsIndex,
         max_rank: typing.SupportsInt | typing.SupportsIndex,

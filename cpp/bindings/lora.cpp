@@ -23,7 +23,7 @@ using pagedserve::bindings::Ptr;
 
 DType dtype_of(bool float32) { return float32 ? DType::kFloat32 : DType::kBFloat16; }
 
-LoraStacks make_stacks(Ptr a, Ptr b, std::int64_t num_slots, std::int64_t k,
+LoraStacks make_stacks(Ptr a, Ptr b, Ptr ranks, std::int64_t num_slots, std::int64_t k,
                        std::int64_t max_rank, const std::vector<std::int64_t>& part_widths,
                        bool float32) {
     if (part_widths.empty() || part_widths.size() > pagedserve::kLoraMaxParts) {
@@ -31,6 +31,7 @@ LoraStacks make_stacks(Ptr a, Ptr b, std::int64_t num_slots, std::int64_t k,
     }
     LoraStacks s;
     s.a = pointer<const void>(a), s.b = pointer<const void>(b);
+    s.ranks = pointer<const std::int32_t>(ranks);
     s.num_slots = num_slots, s.k = k, s.max_rank = max_rank;
     s.num_parts = static_cast<int>(part_widths.size());
     for (std::size_t p = 0; p < part_widths.size(); ++p) s.part_widths[p] = part_widths[p];
@@ -56,8 +57,8 @@ void lora_add(Ptr x, std::int64_t x_stride, bool x_float32, Ptr y, std::int64_t 
 void bind_lora(py::module_& m) {
     py::class_<LoraStacks>(m, "LoraStacks")
         .def(py::init(&make_stacks), py::kw_only(), py::arg("a"), py::arg("b"),
-             py::arg("num_slots"), py::arg("k"), py::arg("max_rank"), py::arg("part_widths"),
-             py::arg("float32"))
+             py::arg("ranks"), py::arg("num_slots"), py::arg("k"), py::arg("max_rank"),
+             py::arg("part_widths"), py::arg("float32"))
         .def_readonly("num_slots", &LoraStacks::num_slots)
         .def_readonly("k", &LoraStacks::k)
         .def_readonly("max_rank", &LoraStacks::max_rank)

@@ -3,6 +3,7 @@
 // bit, at every ISA level this CPU runs (the levels share the order); close to an fp64 reference;
 // a row's result the same alone and in a mixed step (batch invariance); bf16 rows and stacks;
 // bad arguments refused. Run under ASan/UBSan by tests/native/test_cpp_sanitized.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -59,18 +60,30 @@ std::uint16_t bf16_bits(float f) {
     return static_cast<std::uint16_t>(u >> 16);
 }
 
+// Each slot's own rank: the full max_rank, one less, and 1 (the columns past it are zeros).
+std::vector<std::int32_t> slot_ranks(const Shape& sh) {
+    const auto r = static_cast<std::int32_t>(sh.rank);
+    return {r, std::max(1, r - 1), 1};
+}
+
 struct Stacks {
     Shape shape;
-    std::vector<float> a, b;  // [slots, k, cols], [slots, cols, n]: b zero off each part's block
+    std::vector<std::int32_t> ranks;
+    std::vector<float> a, b;  // [slots, k, cols], [slots, cols, n]: zero off each slot's blocks
     Stacks(std::mt19937& rng, const Shape& sh)
-        : shape(sh), a(kSlots * sh.k * sh.cols()), b(kSlots * sh.cols() * sh.n(), 0.0f) {
+        : shape(sh), ranks(slot_ranks(sh)), a(kSlots * sh.k * sh.cols(), 0.0f),
+          b(kSlots * sh.cols() * sh.n(), 0.0f) {
         std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-        for (float& v : a) v = bf16_value(dist(rng));  // bf16 values: the bf16 run reads the same
         const std::int64_t cols = sh.cols(), n = sh.n();
         for (std::int64_t s = 0; s < kSlots; ++s) {
             std::int64_t j0 = 0;
             for (std::size_t p = 0; p < sh.parts.size(); ++p) {
-                for (std::int64_t c = p * sh.rank; c < (p + 1) * sh.rank; ++c) {
+                const std::int64_t c0 = p * sh.rank;
+                for (std::int64_t c = c0; c < c0 + ranks[s]; ++c) {
+                    // bf16 values: the bf16 run reads the same
+                    for (std::int64_t i = 0; i < sh.k; ++i) {
+                        a[(s * sh.k + i) * cols + c] = bf16_value(dist(rng));
+                    }
                     for (std::int64_t j = j0; j < j0 + sh.parts[p]; ++j) {
                         b[(s * cols + c) * n + j] = bf16_value(dist(rng));
                     }
@@ -81,14 +94,16 @@ struct Stacks {
     }
     LoraStacks view(DType dtype, const void* a_data, const void* b_data) const {
         LoraStacks s;
-        s.a = a_data, s.b = b_data, s.num_slots = kSlots, s.k = shape.k, s.max_rank = shape.rank;
+        s.a = a_data, s.b = b_data, s.ranks = ranks.data();
+        s.num_slots = kSlots, s.k = shape.k, s.max_rank = shape.rank;
         s.num_parts = static_cast<int>(shape.parts.size()), s.dtype = dtype;
         for (int p = 0; p < s.num_parts; ++p) s.part_widths[p] = shape.parts[p];
         return s;
     }
 };
 
-// The reference: y[r] += (x[r] a[slot]) b[slot], in fp32 FMAs in the kernel's order.
+// The reference: y[r] += (x[r] a[slot]) b[slot], in fp32 FMAs in the kernel's order, over the
+// slot's own rank columns of each part.
 void reference(const Stacks& w, const std::vector<float>& x, std::vector<float>& y,
                const std::vector<int>& row_slots) {
     const Shape& sh = w.shape;
@@ -97,16 +112,17 @@ void reference(const Stacks& w, const std::vector<float>& x, std::vector<float>&
         const int s = row_slots[r];
         if (s < 0) continue;
         std::vector<float> low(cols, 0.0f);
-        for (std::int64_t i = 0; i < k; ++i) {
-            for (std::int64_t c = 0; c < cols; ++c) {
-                low[c] = std::fma(x[r * k + i], w.a[(s * k + i) * cols + c], low[c]);
-            }
-        }
         std::int64_t j0 = 0;
         for (std::size_t p = 0; p < sh.parts.size(); ++p) {
+            const std::int64_t c0 = p * sh.rank, c1 = c0 + w.ranks[s];
+            for (std::int64_t i = 0; i < k; ++i) {
+                for (std::int64_t c = c0; c < c1; ++c) {
+                    low[c] = std::fma(x[r * k + i], w.a[(s * k + i) * cols + c], low[c]);
+                }
+            }
             for (std::int64_t j = j0; j < j0 + sh.parts[p]; ++j) {
                 float acc = 0.0f;
-                for (std::int64_t c = p * sh.rank; c < (p + 1) * sh.rank; ++c) {
+                for (std::int64_t c = c0; c < c1; ++c) {
                     acc = std::fma(low[c], w.b[(s * cols + c) * n + j], acc);
                 }
                 y[r * n + j] += acc;
@@ -189,7 +205,8 @@ TEST(matches_the_reference_bit_for_bit_at_every_level) {
         const int ran = on_each_level([&](const char* path) {
             for (int threads : {1, 2}) {
                 const std::vector<float> got = run_f32(w, x, y0, slots, threads);
-                const bool same = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
+                const bool same =
+                    std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
                 std::fprintf(stderr, "  k %lld, rank %lld, %zu parts: %s, %d threads: %s\n",
                              static_cast<long long>(k), static_cast<long long>(shape.rank),
                              shape.parts.size(), path, threads, same ? "same bits" : "DIFFER");
@@ -214,7 +231,8 @@ TEST(matches_the_reference_bit_for_bit_at_every_level) {
                     }
                     delta += low * w.b[(slots[r] * shape.cols() + c) * n + j];
                 }
-                CHECK(std::fabs(want[r * n + j] - (y0[r * n + j] + delta)) < 1e-4 * (1 + std::fabs(delta)));
+                const double error = std::fabs(want[r * n + j] - (y0[r * n + j] + delta));
+                CHECK(error < 1e-4 * (1 + std::fabs(delta)));
             }
         }
     }
@@ -234,6 +252,24 @@ TEST(a_row_is_the_same_alone_and_in_a_mixed_step) {
         const std::vector<float> yr(y0.begin() + r * n, y0.begin() + (r + 1) * n);
         const std::vector<float> alone = run_f32(w, xr, yr, {slots[r]}, 1);
         CHECK(std::memcmp(alone.data(), mixed.data() + r * n, sizeof(float) * n) == 0);
+    }
+}
+
+TEST(a_slot_of_rank_0_adds_nothing) {
+    std::mt19937 rng(5);
+    Stacks w(rng, kShapes[1]);
+    const std::int64_t k = w.shape.k, n = w.shape.n();
+    const std::vector<int> slots = mixed_slots();
+    const std::int64_t m = static_cast<std::int64_t>(slots.size());
+    const std::vector<float> x = random_rows(rng, m * k), y0 = random_rows(rng, m * n);
+    w.ranks[1] = 0;  // slot 1 emptied (its weights stay: the rank alone says what is read)
+    std::vector<float> want = y0;
+    reference(w, x, want, slots);
+    const std::vector<float> got = run_f32(w, x, y0, slots, 2);
+    CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+    for (std::int64_t r = 0; r < m; ++r) {
+        if (slots[r] != 1) continue;
+        CHECK(std::memcmp(got.data() + r * n, y0.data() + r * n, sizeof(float) * n) == 0);
     }
 }
 
@@ -298,6 +334,8 @@ TEST(bad_arguments_are_refused) {
     CHECK(refused([](LoraArgs& a, S&, T&) { a.stacks.num_parts = 5; }));
     CHECK(refused([](LoraArgs& a, S&, T&) { a.stacks.b = nullptr; }));
     CHECK(refused([](LoraArgs& a, S&, T&) { a.y_dtype = DType::kFloat16; }));
+    const std::int32_t too_high[kSlots] = {1, static_cast<std::int32_t>(kSmall.rank) + 1, 1};
+    CHECK(refused([&](LoraArgs& a, S&, T&) { a.stacks.ranks = too_high; }));
     CHECK(!refused([](LoraArgs&, S&, T&) {}));
 }
 

@@ -3,9 +3,9 @@
 // projection's output; rows of the base model are skipped. Pointers, sizes and strides only.
 //
 // Batch-invariant: a row's delta is summed in a fixed order (the shrink over k in order, the
-// expand over the rank's columns in order, one fp32 FMA each; std::fma in every copy), so it does
-// not depend on the other rows of the step, their adapters, the thread count or the ISA level
-// (every level gives the same bits). The rows of one slot are taken in blocks, wherever they sit
+// expand over its slot's rank columns in order, one fp32 FMA each; std::fma in every copy), so
+// it does not depend on the other rows of the step, their adapters, the thread count or the ISA
+// level (every level gives the same bits). The rows of one slot are taken in blocks, wherever they sit
 // in the step, so a slot's weights are read once per block rather than once per request.
 // pagedserve/core/lora/native.py and the decoder stack (decoder_stack.hpp) are the callers.
 #pragma once
@@ -23,10 +23,13 @@ inline constexpr int kLoraMaxParts = 4;
 // max_rank, n], both contiguous in `dtype` (float32 or bfloat16). Part p (q, k, v of a fused qkv;
 // gate, up) owns columns [p max_rank, (p + 1) max_rank) of a and the output columns
 // [sum(part_widths[:p]), + part_widths[p]) of b; b is zero elsewhere, and those zeros are
-// skipped.
+// skipped. A slot's adapter fills the first ranks[slot] columns of each part (the rest are
+// zeros, skipped too): its chains run over those columns only, so a rank-8 adapter costs the
+// same in a stack of max_rank 16 or 64.
 struct LoraStacks {
     const void* a = nullptr;
     const void* b = nullptr;
+    const std::int32_t* ranks = nullptr;  // [num_slots], each 0 .. max_rank; null: max_rank each
     std::int64_t num_slots = 0;
     std::int64_t k = 0;
     std::int64_t max_rank = 0;
@@ -36,6 +39,7 @@ struct LoraStacks {
 
     std::int64_t n() const;
     std::int64_t columns() const { return num_parts * max_rank; }
+    std::int64_t rank(std::int64_t slot) const { return ranks ? ranks[slot] : max_rank; }
 };
 
 // A step's token rows by adapter: segment i covers rows [starts[i], starts[i + 1]) and runs

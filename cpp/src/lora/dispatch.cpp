@@ -22,6 +22,10 @@ void check_args(const LoraArgs& a) {
     check(s.num_parts >= 1 && s.num_parts <= kLoraMaxParts, "lora: num_parts must be 1..4");
     check(s.num_slots > 0 && s.k > 0 && s.max_rank > 0, "lora: sizes must be positive");
     for (int p = 0; p < s.num_parts; ++p) check(s.part_widths[p] > 0, "lora: empty part");
+    for (std::int64_t slot = 0; s.ranks && slot < s.num_slots; ++slot) {
+        check(s.ranks[slot] >= 0 && s.ranks[slot] <= s.max_rank,
+              "lora: a slot's rank is not 0 .. max_rank");
+    }
     check(s.a != nullptr && s.b != nullptr, "lora: null stacks");
     check(float_or_bf16(s.dtype) && float_or_bf16(a.x_dtype) && float_or_bf16(a.y_dtype),
           "lora: dtypes must be float32 or bfloat16");
@@ -40,11 +44,12 @@ void check_args(const LoraArgs& a) {
 }
 
 // The rows of every adapter segment, slot by slot (rows ascending within a slot), cut into
-// blocks of up to kBlockRows.
+// blocks of up to kBlockRows; slots of rank 0 have none.
 std::vector<lora::Block> blocks_of(const LoraArgs& a) {
     const LoraSegments& g = a.segments;
     std::vector<lora::Block> blocks;
     for (std::int64_t slot = 0; slot < a.stacks.num_slots; ++slot) {
+        if (a.stacks.rank(slot) == 0) continue;  // an empty slot adds nothing
         lora::Block block;
         block.slot = static_cast<std::int32_t>(slot);
         for (std::int64_t i = 0; i < g.num_segments; ++i) {

@@ -7,11 +7,12 @@
 // come before the target pragma (see attention/kernels.hpp).
 //
 // A block (up to kBlockRows rows of one slot): the rows widened to fp32 (and a bf16 slot's a and
-// b); the shrink low[r, c] = sum_k x[r, k] a[k, c], k in order; then per part the expand
-// acc[r, j] = sum_c low[r, c] b[c, j], c in order over the part's max_rank columns; y += acc,
-// rounded once to y's dtype. Both run in register tiles of up to kTileRows rows by a few vectors
-// of columns: the accumulators stay in registers for the whole chain, and each loaded row of a
-// or b serves every row of the tile.
+// b); the shrink low[r, c] = sum_k x[r, k] a[k, c], k in order, over each part's first
+// rank(slot) columns (all parts in one pass over k); then per part the expand acc[r, j] =
+// sum_c low[r, c] b[c, j], c in order over the same columns; y += acc, rounded once to y's
+// dtype. Both run in register tiles of up to kTileRows rows by a few vectors of columns: the
+// accumulators stay in registers for the whole chain, and each loaded row of a or b serves
+// every row of the tile.
 #pragma once
 
 #pragma GCC optimize("fp-contract=off")  // only the explicit std::fma below fuse
@@ -69,33 +70,62 @@ struct Scratch {
     }
 };
 
-// acc[r, (0, W)] += sum_i lhs[r lhs_stride + i] rhs[i rhs_stride + .], i in [0, len), for R rows
-// (the callers start acc at zero): W fp32 chains per row over i in order, in registers. The
-// shrink (x, a) and the expand (low, b) are both this.
-template <int R, int W>
+// acc[r][p][(0, W)] += sum_i lhs[r lhs_stride + i] rhs[i rhs_stride + p part_stride + .], i in
+// [0, len), for R rows and P column groups part_stride apart (the callers start acc at zero): W
+// fp32 chains per row and group over i in order, in registers. The shrink (x, a; a group per
+// part) and the expand (low, b; one group) are both this.
+template <int R, int P, int W>
 void tile_product(const float* lhs, std::int64_t lhs_stride, const float* rhs,
-                  std::int64_t rhs_stride, std::int64_t len, float (&acc)[R][W]) {
+                  std::int64_t rhs_stride, std::int64_t part_stride, std::int64_t len,
+                  float (&acc)[R][P][W]) {
     for (std::int64_t i = 0; i < len; ++i) {
         const float* row = rhs + i * rhs_stride;
         for (int r = 0; r < R; ++r) {
             const float v = lhs[r * lhs_stride + i];
+            for (int p = 0; p < P; ++p) {
+                const float* group = row + p * part_stride;
 #pragma omp simd
-            for (int c = 0; c < W; ++c) acc[r][c] = std::fma(v, row[c], acc[r][c]);
+                for (int c = 0; c < W; ++c) acc[r][p][c] = std::fma(v, group[c], acc[r][p][c]);
+            }
         }
     }
 }
 
-// low[r, c0 + (0, W)] = sum_i x[r, i] a[i, c0 + .] for R rows, over columns [c0, cols): tiles W
-// wide while they fit, then narrower.
-template <int R, int W = kShrinkColumns>
-void shrink_rows(const float* x, std::int64_t k, const float* a, std::int64_t cols, float* low,
-                 std::int64_t c0 = 0) {
-    for (; c0 + W <= cols; c0 += W) {
-        float acc[R][W] = {};
-        tile_product<R, W>(x, k, a + c0, cols, k, acc);
-        for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + W, low + r * cols + c0);
+// The widest shrink tile for P column groups: about two vectors of accumulators per row.
+template <int P>
+constexpr int shrink_width() {
+    return P == 1 ? kShrinkColumns : P == 2 ? kLanes : std::max(1, kLanes / 2);
+}
+
+// low[r, p part_stride + c + (0, W)] = sum_i x[r, i] a[i, p part_stride + c + .] for R rows and
+// the P parts, over columns [c, width) of each part (a and low rows `cols` apart): tiles W wide
+// while they fit, then narrower.
+template <int R, int P, int W = shrink_width<P>()>
+void shrink_rows(const float* x, std::int64_t k, const float* a, std::int64_t cols,
+                 std::int64_t part_stride, float* low, std::int64_t width, std::int64_t c = 0) {
+    for (; c + W <= width; c += W) {
+        float acc[R][P][W] = {};
+        tile_product<R, P, W>(x, k, a + c, cols, part_stride, k, acc);
+        for (int r = 0; r < R; ++r) {
+            for (int p = 0; p < P; ++p) {
+                std::copy(acc[r][p], acc[r][p] + W, low + r * cols + p * part_stride + c);
+            }
+        }
     }
-    if constexpr (W > 1) shrink_rows<R, W / 2>(x, k, a, cols, low, c0);
+    if constexpr (W > 1) shrink_rows<R, P, W / 2>(x, k, a, cols, part_stride, low, width, c);
+}
+
+// shrink_rows with P known only at run time (1 .. kLoraMaxParts).
+template <int R>
+void shrink_parts(int parts, const float* x, std::int64_t k, const float* a, std::int64_t cols,
+                  std::int64_t part_stride, float* low, std::int64_t width) {
+    static_assert(kLoraMaxParts == 4);
+    switch (parts) {
+        case 1: return shrink_rows<R, 1>(x, k, a, cols, part_stride, low, width);
+        case 2: return shrink_rows<R, 2>(x, k, a, cols, part_stride, low, width);
+        case 3: return shrink_rows<R, 3>(x, k, a, cols, part_stride, low, width);
+        default: return shrink_rows<R, 4>(x, k, a, cols, part_stride, low, width);
+    }
 }
 
 // dst[0, W) += acc[0, W), rounded once to dtype.
@@ -122,9 +152,11 @@ void expand_rows(const LoraArgs& a, const std::int64_t* rows, const float* low, 
                  const float* b, std::int64_t n, std::int64_t rank, std::int64_t j,
                  std::int64_t end, float* tmp) {
     for (; j + W <= end; j += W) {
-        float acc[R][W] = {};
-        tile_product<R, W>(low, cols, b + j, n, rank, acc);
-        for (int r = 0; r < R; ++r) accumulate<W>(a.y, rows[r] * a.y_stride + j, a.y_dtype, acc[r], tmp);
+        float acc[R][1][W] = {};
+        tile_product<R, 1, W>(low, cols, b + j, n, 0, rank, acc);
+        for (int r = 0; r < R; ++r) {
+            accumulate<W>(a.y, rows[r] * a.y_stride + j, a.y_dtype, acc[r][0], tmp);
+        }
     }
     if constexpr (W > 1) expand_rows<R, W / 2>(a, rows, low, cols, b, n, rank, j, end, tmp);
 }
@@ -133,7 +165,9 @@ void expand_rows(const LoraArgs& a, const std::int64_t* rows, const float* low, 
 template <typename F>
 void over_row_tiles(int num_rows, F f) {
     int r = 0;
-    for (; r + kTileRows <= num_rows; r += kTileRows) f(std::integral_constant<int, kTileRows>{}, r);
+    for (; r + kTileRows <= num_rows; r += kTileRows) {
+        f(std::integral_constant<int, kTileRows>{}, r);
+    }
     if (r + 2 <= num_rows) f(std::integral_constant<int, 2>{}, r), r += 2;
     if (r < num_rows) f(std::integral_constant<int, 1>{}, r);
 }
@@ -146,11 +180,12 @@ void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
     }
     const float* as = static_cast<const float*>(s.a) + block.slot * k * cols;
     const float* bs = static_cast<const float*>(s.b) + block.slot * cols * n;
+    const std::int64_t rank = s.rank(block.slot);  // the columns of each part the slot fills
     if (s.dtype != DType::kFloat32) {  // the slot's a, and b's blocks of each part, widened
         widen(s.a, block.slot * k * cols, s.dtype, t.a.data(), k * cols);
         std::int64_t j0 = 0;
         for (int p = 0; p < s.num_parts; ++p) {
-            for (std::int64_t c = p * s.max_rank; c < (p + 1) * s.max_rank; ++c) {
+            for (std::int64_t c = p * s.max_rank; c < p * s.max_rank + rank; ++c) {
                 widen(s.b, (block.slot * cols + c) * n + j0, s.dtype, t.b.data() + c * n + j0,
                       s.part_widths[p]);
             }
@@ -158,16 +193,19 @@ void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
         }
         as = t.a.data(), bs = t.b.data();
     }
+    // The shrink: every part in one pass over k (a full slot's columns are one contiguous run).
+    const bool full = rank == s.max_rank;
     over_row_tiles(block.num_rows, [&](auto rows, int r0) {
-        shrink_rows<decltype(rows)::value>(t.x.data() + r0 * k, k, as, cols,
-                                           t.low.data() + r0 * cols);
+        shrink_parts<decltype(rows)::value>(full ? 1 : s.num_parts, t.x.data() + r0 * k, k, as,
+                                            cols, s.max_rank, t.low.data() + r0 * cols,
+                                            full ? cols : rank);
     });
     std::int64_t j0 = 0;
     for (int p = 0; p < s.num_parts; ++p) {
         const std::int64_t c0 = p * s.max_rank;
         over_row_tiles(block.num_rows, [&](auto rows, int r0) {
             expand_rows<decltype(rows)::value>(a, block.rows + r0, t.low.data() + r0 * cols + c0,
-                                               cols, bs + c0 * n, n, s.max_rank, j0,
+                                               cols, bs + c0 * n, n, rank, j0,
                                                j0 + s.part_widths[p], t.y.data());
         });
         j0 += s.part_widths[p];
@@ -178,9 +216,8 @@ void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
 
 void add_blocks(const LoraArgs& args, const std::vector<Block>& blocks, int num_threads) {
     const LoraStacks& s = args.stacks;
-    std::int64_t rows = 0;
-    for (const Block& b : blocks) rows += b.num_rows;
-    const std::int64_t work = rows * s.max_rank * (s.num_parts * s.k + s.n());
+    std::int64_t work = 0;  // multiply-adds
+    for (const Block& b : blocks) work += b.num_rows * s.rank(b.slot) * (s.num_parts * s.k + s.n());
     const bool parallel = num_threads > 1 && work >= kMinParallelWork && blocks.size() > 1;
     const std::int64_t num_blocks = static_cast<std::int64_t>(blocks.size());
 #pragma omp parallel num_threads(num_threads) if (parallel)

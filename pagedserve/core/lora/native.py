@@ -38,14 +38,18 @@ def native_stacks(
     b: torch.Tensor,  # [num_slots, parts * max_rank, n]
     parts: list[int],
     max_rank: int,
+    ranks: torch.Tensor,  # [num_slots] int32, CPU: the columns of each part a slot fills
 ) -> core.LoraStacks:
-    """The kernel's view of the stacks (pointers: a and b must outlive it, in place)."""
+    """The kernel's view of the stacks (pointers: a, b and ranks must outlive it, in place; the
+    kernel reads ranks at each call, so a slot's rank may change in place)."""
     require(a.dtype in DTYPES and b.dtype == a.dtype and a.device.type == "cpu"
              and a.is_contiguous() and b.is_contiguous(),
              "lora stacks must be contiguous float32 or bfloat16 CPU tensors")  # fmt: skip
-    return core.LoraStacks(a=a.data_ptr(), b=b.data_ptr(), num_slots=a.shape[0], k=a.shape[1],
-                           max_rank=max_rank, part_widths=parts,
-                           float32=a.dtype == torch.float32)  # fmt: skip
+    require(ranks.dtype == torch.int32 and ranks.device.type == "cpu" and ranks.is_contiguous()
+             and ranks.shape == (a.shape[0],), "lora ranks must be [num_slots] int32 on the CPU")  # fmt: skip
+    return core.LoraStacks(a=a.data_ptr(), b=b.data_ptr(), ranks=ranks.data_ptr(),
+                           num_slots=a.shape[0], k=a.shape[1], max_rank=max_rank,
+                           part_widths=parts, float32=a.dtype == torch.float32)  # fmt: skip
 
 
 def native_applies(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> bool:

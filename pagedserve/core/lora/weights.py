@@ -8,7 +8,9 @@
 A layer holds one slot per adapter the engine may have loaded (--max-loras). A fused layer's
 parts (q | k | v, gate | up) each get max_rank columns of A and the matching block of B, so one
 product covers them all; the scaling (lora_alpha / r) is folded into B. Slots stay zero until
-an adapter is written there, and a slot's zeros add nothing.
+an adapter is written there, and a slot's zeros add nothing. `ranks` says how many columns of
+each part a slot's adapter fills: the native kernel reads only those, so a rank-8 adapter costs
+the same under --max-lora-rank 16 or 64.
 
 On the CPU in float32 or bfloat16 the product is the native kernel's (lora/native.py): the
 step's rows by segment of one slot, each row's delta summed in a fixed order (batch-invariant),
@@ -131,13 +133,17 @@ class LoraWeights(nn.Module):
                              persistent=False)  # fmt: skip
         self.register_buffer("b", torch.zeros(num_slots, columns, self.out_features, dtype=dtype),
                              persistent=False)  # fmt: skip
+        # Each slot's rank: the columns of each part its adapter fills (0: empty). The native
+        # kernel reads only those; the zeros past them would add nothing.
+        self.ranks = torch.zeros(num_slots, dtype=torch.int32)
         self._stacks: tuple[int, int, core.LoraStacks] | None = None  # a's, b's address, view
 
     def native_stacks(self) -> core.LoraStacks:
         """The native kernel's view of a and b (rebuilt when .to() or the like moved them)."""
         where = (self.a.data_ptr(), self.b.data_ptr())
         if self._stacks is None or self._stacks[:2] != where:
-            self._stacks = (*where, native_stacks(self.a, self.b, self.parts, self.max_rank))
+            view = native_stacks(self.a, self.b, self.parts, self.max_rank, self.ranks)
+            self._stacks = (*where, view)
         return self._stacks[2]
 
     def extra_repr(self) -> str:
@@ -153,10 +159,12 @@ class LoraWeights(nn.Module):
         self.a[slot, :, first : first + r] = a.t().to(self.a.dtype)
         cols = slice(start, start + self.parts[part])
         self.b[slot, first : first + r, cols] = (b.float() * scaling).t().to(self.b.dtype)
+        self.ranks[slot] = max(int(self.ranks[slot]), r)
 
     def clear_slot(self, slot: int) -> None:
         self.a[slot].zero_()
         self.b[slot].zero_()
+        self.ranks[slot] = 0
 
     def add(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
         """y [m, out] += each row's adapter product of x [m, in] (in place; returns y)."""
