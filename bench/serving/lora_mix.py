@@ -5,6 +5,7 @@ each wave, medians, their ratio; and the time POST /v1/load_lora_adapter and
 /v1/unload_lora_adapter take.
 
     python -m bench.serving.lora_mix [--waves 3] [--concurrency 32] [--max-tokens 64] [--rank 8]
+        [--tensor-parallel-size 1]
 
 The adapters are random rank-`rank` PEFT folders on every q/k/v/o/gate/up/down projection,
 written here (their values do not change the cost). The CPU model and the load average are
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="the server's --tensor-parallel-size (ranks split the 2 threads)")  # fmt: skip
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         modules = [f"{name}={folder}" for name, folder in zip(ADAPTERS, folders, strict=True)]
         server = start_server(root, "--api-key", API_KEY, "--lora-modules", *modules,
                               "--max-loras", "5", "--max-lora-rank", str(args.rank),
-                              "--allow-runtime-lora-updating")  # fmt: skip
+                              "--allow-runtime-lora-updating", "--tensor-parallel-size",
+                              str(args.tensor_parallel_size))  # fmt: skip
         try:
             load = os.getloadavg()
             rates = asyncio.run(run(server.base_url, server.model, args))
@@ -112,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             stop_server(server)
     mixed, base = (statistics.median(v) for v in rates.values())
     print(f"CPU: {cpu_model()}; c={args.concurrency}, {args.max_tokens} tokens out, rank "
-          f"{args.rank} on all 7 projections, {args.waves} waves each; load average before "
+          f"{args.rank} on all 7 projections, {args.waves} waves each, tensor parallel "
+          f"{args.tensor_parallel_size}; load average before "
           f"{load[0]:.2f}, after {os.getloadavg()[0]:.2f}")  # fmt: skip
     print("| requests | output tok/s per wave | median |\n|---|---|---:|")
     for name, values in rates.items():
