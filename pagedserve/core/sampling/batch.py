@@ -204,6 +204,9 @@ def _penalties(
         for i, r in enumerate(rows)
         if r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0
     ]
+    if not rep_rows and not out_rows:  # the common step: no penalties, nothing to build
+        none, no_values = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        return none, no_values, none, no_values, no_values
     seen = _flat_tokens(
         rows, rep_rows, vocab_size, lambda r: (r.prompt_token_ids, r.output_token_ids)
     )
