@@ -5,6 +5,7 @@ oracle, the schema fuzz and random attention batches."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
@@ -67,3 +68,16 @@ def in_tree(tree: str, *target: str) -> list[str]:
 
     tree = str(Path(tree).resolve()) if tree else ""  # the child runs in ROOT
     return [sys.executable, "-m", "bench.common.in_tree", tree, *target]
+
+
+def tree_json(tree: str, *target: str) -> Any:
+    """Run `target` against the pagedserve of `tree` in a child process (in_tree) and return the
+    JSON of the last line it printed; a failed child ends this process with its stderr."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(in_tree(tree, *target), capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        sys.exit(f"{tree}: the worker failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

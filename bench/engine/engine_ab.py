@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from bench.common import ROOT, in_tree
+from bench.common import tree_json
 
 
 def worker(argv: list[str]) -> int:
@@ -78,11 +77,8 @@ def main() -> int:
     print("; ".join(f"{tree} {args}" for tree, args in sides))
     for _ in range(a.pairs):
         for tree, args in sides:
-            cmd = in_tree(tree, "bench.engine.engine_ab:worker", a.isa, str(a.reps), args)
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if done.returncode != 0:
-                sys.exit(f"{tree}: the worker failed:\n{done.stderr[-2000:]}")
-            print(tree, json.loads(done.stdout.strip().splitlines()[-1]), flush=True)
+            result = tree_json(tree, "bench.engine.engine_ab:worker", a.isa, str(a.reps), args)
+            print(tree, result, flush=True)
     print(f"load average after {os.getloadavg()}")
     return 0
 

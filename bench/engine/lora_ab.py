@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from bench.common import ROOT, in_tree
+from bench.common import tree_json
 
 
 def worker(argv: list[str]) -> int:
@@ -86,11 +85,7 @@ def main() -> int:
     args = (str(a.reps), str(a.max_lora_rank), str(a.rank), str(a.threads))
     for _ in range(a.pairs):
         for tree in (a.base, a.candidate):
-            done = subprocess.run(in_tree(tree, "bench.engine.lora_ab:worker", *args),
-                                  capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-            if done.returncode != 0:
-                sys.exit(f"{tree}: the worker failed:\n{done.stderr[-2000:]}")
-            print(tree, json.loads(done.stdout.strip().splitlines()[-1]), flush=True)
+            print(tree, tree_json(tree, "bench.engine.lora_ab:worker", *args), flush=True)
     print(f"load average after {os.getloadavg()}")
     return 0
 

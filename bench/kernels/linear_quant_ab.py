@@ -19,10 +19,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
-from bench.common import ROOT, in_tree
+from bench.common import tree_json
 
 LAYERS = [("qkv", 576, 960, False, 0), ("o+res", 576, 576, True, 0),
           ("gate_up", 576, 3072, False, 1536), ("down+res", 1536, 576, True, 0)]  # fmt: skip
@@ -90,12 +89,8 @@ def main() -> int:
     runs: dict[str, list[dict]] = {args.base: [], args.candidate: []}
     for _ in range(args.rounds):
         for tree in (args.base, args.candidate):
-            cmd = in_tree(tree, "bench.kernels.linear_quant_ab:worker", args.isa, args.types,
-                          args.rows, str(args.threads))  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            if done.returncode != 0:
-                sys.exit(f"{tree}: the worker failed:\n{done.stderr}")
-            runs[tree].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            runs[tree].append(tree_json(tree, "bench.kernels.linear_quant_ab:worker", args.isa,
+                                        args.types, args.rows, str(args.threads)))  # fmt: skip
     base, cand = runs[args.base], runs[args.candidate]
     print(f"paths: base {base[0]['path']}, candidate {cand[0]['path']}")
     print("| case | base us | candidate us | candidate / base | candidate GFLOP/s |")
