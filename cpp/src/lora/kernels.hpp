@@ -178,10 +178,13 @@ void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
     for (int r = 0; r < block.num_rows; ++r) {
         widen(a.x, block.rows[r] * a.x_stride, a.x_dtype, t.x.data() + r * k, k);
     }
-    const float* as = static_cast<const float*>(s.a) + block.slot * k * cols;
-    const float* bs = static_cast<const float*>(s.b) + block.slot * cols * n;
     const std::int64_t rank = s.rank(block.slot);  // the columns of each part the slot fills
-    if (s.dtype != DType::kFloat32) {  // the slot's a, and b's blocks of each part, widened
+    const float* as = t.a.data();
+    const float* bs = t.b.data();
+    if (s.dtype == DType::kFloat32) {  // read in place
+        as = static_cast<const float*>(s.a) + block.slot * k * cols;
+        bs = static_cast<const float*>(s.b) + block.slot * cols * n;
+    } else {  // the slot's a, and b's blocks of each part, widened
         widen(s.a, block.slot * k * cols, s.dtype, t.a.data(), k * cols);
         std::int64_t j0 = 0;
         for (int p = 0; p < s.num_parts; ++p) {
@@ -191,7 +194,6 @@ void add_block(const LoraArgs& a, const Block& block, Scratch& t) {
             }
             j0 += s.part_widths[p];
         }
-        as = t.a.data(), bs = t.b.data();
     }
     // The shrink: every part in one pass over k (a full slot's columns are one contiguous run).
     const bool full = rank == s.max_rank;
