@@ -396,7 +396,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden_size] -> [n, vocab_size] float32; call it only on rows that sample."""
-        logits = self.lm_head(hidden, out_dtype=torch.float32)
+        logits: torch.Tensor = self.lm_head(hidden, out_dtype=torch.float32)
         cap = self.arch.final_logit_softcap
-        # tanh(logits / cap) * cap, in the new logits: no [n, vocab] copies (same bits)
-        return logits if not cap else logits.div_(cap).tanh_().mul_(cap)
+        if cap:  # tanh(logits / cap) * cap, in the new logits: no [n, vocab] copies (same bits)
+            logits.div_(cap).tanh_().mul_(cap)
+        return logits
