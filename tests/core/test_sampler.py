@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -445,17 +448,35 @@ def test_top_k_candidates_match_topk() -> None:
 # ---- memory: no [rows, vocab] copies beyond the one a step needs ----------------------------
 
 
-@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
-def test_softmax_in_place_has_the_bits_of_a_new_tensor(op) -> None:
-    """The sampler writes softmax / log_softmax over their own input (out=x) on the CPU; that
-    must give exactly the bits of the out-of-place op (for any vocabulary length, -inf too)."""
+_IN_PLACE_CHECK = """
+import torch
+for op in (torch.softmax, torch.log_softmax):
     for n, v in [(1, 5), (3, 700), (32, 4097), (7, 49152), (2, 151_936)]:
         x = torch.randn(n, v) * 8
         x[0, : v // 3] = float("-inf")
         want = op(x, dim=-1)
         got = op(x, dim=-1, out=x)
         assert got.data_ptr() == x.data_ptr()
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, v)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (op, n, v)
+print(torch.backends.cpu.get_cpu_capability())
+"""
+
+
+@pytest.mark.parametrize("capability", ["", "avx2", "default"])
+def test_softmax_in_place_has_the_bits_of_a_new_tensor(capability: str) -> None:
+    """The sampler writes softmax / log_softmax over their own input (out=x) on the CPU; that
+    must give exactly the bits of the out-of-place op (for any vocabulary length, -inf too), in
+    each of torch's CPU kernels the sampler may run: this CPU's own (""), and capped at AVX2
+    (an AVX2-only CPU's) and at none. A child per capability (torch reads it at start), started
+    from sys.executable so a virtualenv's packages stay visible."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    if not capability:
+        env.pop("ATEN_CPU_CAPABILITY")
+    done = subprocess.run([sys.executable, "-c", _IN_PLACE_CHECK], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    if capability:  # the cap took effect (a CPU without AVX2 would report below it)
+        assert done.stdout.strip() in (capability.upper(), "DEFAULT"), done.stdout
 
 
 def _rows_by_vocab_allocations(logits: torch.Tensor, rows: list[SamplingRow]) -> int:
