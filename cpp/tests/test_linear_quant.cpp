@@ -166,6 +166,36 @@ bool tiles_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k, bool 
     return outs[0] == outs[1];
 }
 
+// int16 activation rows (QuantLinearArgs::int16_activations) on the active level's path and the
+// portable one, bit for bit, gated too. fill >= 0: every 8-bit value byte of the weight set to it
+// and rows of +-1 (q = +-32512): the largest sums of the paths' int32 lanes (AVX2's wide 8-bit
+// path: 16 pairs of 255 x 32512 products a group).
+bool int16_paths_agree(int type, std::int64_t m, std::int64_t n, std::int64_t k,
+                       std::int64_t gated_width, std::mt19937& rng, int fill = -1) {
+    std::vector<double> w;
+    auto rows = make_rows(type, n, k, rng, w);
+    if (fill >= 0) {
+        const std::int64_t block_bytes = quant_row_bytes(type, k) / (k / 32);
+        const std::int64_t first = type == kGgmlQ8_0 ? 2 : 4;  // past d (and m)
+        for (std::int64_t b = 0; b < n * k / 32; ++b)
+            for (std::int64_t i = first; i < block_bytes; ++i) rows[b * block_bytes + i] = fill;
+    }
+    const auto packed = pack(type, rows, n, k);
+    std::normal_distribution<float> dist;
+    std::vector<float> x(m * k);
+    for (std::int64_t i = 0; i < m * k; ++i) x[i] = fill >= 0 ? ((i / k) % 2 ? -1.0f : 1.0f) : dist(rng);
+    const std::int64_t width = gated_width ? gated_width : n;
+    std::array<std::vector<float>, 2> outs = {std::vector<float>(m * width), std::vector<float>(m * width)};
+    for (int p = 0; p < 2; ++p) {
+        QuantLinearArgs a = args_for(type, x, packed, outs[p], m, n, k);
+        a.int16_activations = true;
+        a.gated_width = gated_width;
+        a.out_stride = width;
+        quant_linear(a, 2 - p, p == 1);  // the first run threaded, the second on one thread
+    }
+    return outs[0] == outs[1];
+}
+
 // The largest int products the vector paths sum in narrow lanes: every 8-bit weight 0 (Q8_0's
 // q = -128: u - 128 = -128 on NEON) or every 4-bit one 15, times activations of +-127 (x = +-1),
 // against the portable path, bit for bit. A row of +1s then one of -1s, so both signs reach
@@ -500,6 +530,28 @@ TEST(quant_every_isa_path_equals_portable_for_every_type) {
 #if defined(__aarch64__)
     CHECK(vector_levels > 0);  // neon on every aarch64 CPU
 #endif
+}
+
+// The int16 rows on every vector path this CPU runs, as the portable loops give them (the
+// Python tests hold the same at every level; here under the sanitizers too).
+TEST(quant_int16_activations_every_isa_path_equals_portable) {
+    const CpuIsa best = cpu_isa_supported();
+    for (CpuIsa level : {CpuIsa::kAvx2, CpuIsa::kAvx2Vnni, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                         CpuIsa::kNeon, CpuIsa::kNeonDotprod, CpuIsa::kNeonI8mm}) {
+        if (!cpu_isa_covers(best, level) || set_cpu_isa(level) != level) continue;
+        std::fprintf(stderr, "  %s: %s int16 path\n", cpu_isa_name(level), quant_linear_int16_path());
+        std::mt19937 rng(11);
+        for (int type : kTypes) {  // few shapes: this test runs under qemu's TCG too
+            const std::int64_t k = quant_block_features(type) == 256 ? 256 : 96;
+            for (std::int64_t m : {1, 2, 3, 5}) CHECK(int16_paths_agree(type, m, 33, k, 0, rng));
+            CHECK(int16_paths_agree(type, 7, 64, k, 20, rng));  // gated: 2 x 20 columns padded
+        }
+        CHECK(int16_paths_agree(kGgmlQ8_0, 260, 17, 64, 0, rng));  // past a 256-row chunk, threaded
+        for (int fill : {0x7F, 0x80})  // Q8_0 values +127 (u = 255) and -128 (u = 0)
+            for (std::int64_t gated : {0, 32}) CHECK(int16_paths_agree(kGgmlQ8_0, 5, 64, 64, gated, rng, fill));
+        CHECK(int16_paths_agree(kGgmlQ4_1, 5, 64, 64, 0, rng, 0xFF));  // every nibble 15
+    }
+    set_cpu_isa(best);
 }
 
 // Q4_0 / Q4_1 / Q8_0 keep the file's fp16 scales (exact), the K-quants fp32 (d x sub-scale):

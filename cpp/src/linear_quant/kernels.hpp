@@ -23,8 +23,9 @@
 //
 // int16 activation rows (two int8 parts, layout.hpp) run on the int8 kernels' products, each
 // part's sums kept apart: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (and its
-// AMX-INT8 tiles, two products a group), else the AVX2 kernel from level avx2 (its AVX-VNNI copy at avx2_vnni), else the
-// portable loops (aarch64 included); the same bits on every path.
+// AMX-INT8 tiles, two products a group), else the AVX2 kernel from level avx2 (its AVX-VNNI copy
+// at avx2_vnni; plain AVX2 takes 8-bit values on q whole instead, by vpmaddwd: half the sign
+// trick's instructions), else the portable loops (aarch64 included); the same bits on every path.
 //
 // With float_activations (linear_quant.hpp) no int8 rows: x as fp32, weights dequantized in
 // registers, one fp32 FMA chain over k per output:
