@@ -34,6 +34,7 @@ from pagedserve.core.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from pagedserve.core.models.resolve import names_a_model
 from pagedserve.openai_compat.model_catalog import ModelsConfig
 from pagedserve.openai_compat.server_config import (
     REASONING_PARSERS,
@@ -218,8 +219,11 @@ def configs_from_args(
 def _model_and_names(model: str, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """MODEL and the served names. --served-model-name takes every word up to the next flag, so
     `--served-model-name NAME MODEL` (MODEL after it, as the one-name flag always read it) ends
-    with the MODEL: with no MODEL before the flag and several words, the last is the MODEL."""
-    if model or len(names) < 2:
+    with the MODEL: with no MODEL before the flag and several words, the last is the MODEL when
+    it names one (a file or folder, a .gguf path, a hub id: resolve.names_a_model); otherwise
+    every word is a name and the bundled model serves them (`--served-model-name a b`). An
+    empty last word is an empty MODEL, the bundled one (the Helm chart ends its list so)."""
+    if model or len(names) < 2 or not (names[-1] == "" or names_a_model(names[-1])):
         return model, names
     return names[-1], names[:-1]
 

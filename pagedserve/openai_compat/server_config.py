@@ -22,7 +22,8 @@ class ServerConfig:
     """Names clients may send as `model` (one or more, as vLLM takes them); /v1/models lists
     each. The first is the one responses, metrics' model_name, KV events' {model} and adapters'
     parent carry. Default: the model's own name. MODEL goes before the flag, or right after
-    its names (with no MODEL before it, the flag's last word is MODEL)."""
+    its names (with no MODEL before it, the flag's last word is MODEL if it names one: a file
+    or folder, a .gguf path or a hub id org/name)."""
     allowed_origins: tuple[str, ...] = ()
     """Origins allowed by CORS (e.g. http://localhost:3000, or *). Default: none."""
     max_body_bytes: int = 32 * 1024 * 1024

@@ -80,8 +80,9 @@ def test_server_reads_the_served_names_the_values_give(value_set: str) -> None:
 @pytest.mark.parametrize("model", ["", "org/model"])
 @pytest.mark.parametrize("names", [["a"], ["a", "b"], ["a", "b", "org/c"]])
 def test_server_reads_listed_names_with_and_without_a_model(names: list[str], model: str) -> None:
-    """With the default model (no MODEL), `--served-model-name a b` alone would read b as the
-    MODEL: the chart's args must still mean every name and the default model."""
+    """With the default model (no MODEL), `--served-model-name a b org/c` alone would read the
+    hub-id-like org/c as the MODEL: the chart's args must still mean every name and the
+    default model."""
     sets = (f"server.servedModelName={{{','.join(names)}}}", f"model.name={model}")
     _check_names_and_model(server_container(render([], sets))["args"], names)
 

@@ -63,9 +63,25 @@ def test_served_model_name_takes_one_name_or_several() -> None:
     assert (engine.model.model, server.port) == ("m.gguf", 9)
     server, engine = _configs(["--served-model-name", "smol", "gpt-4o", "m.gguf"])
     assert (server.served_model_name, engine.model.model) == (("smol", "gpt-4o"), "m.gguf")
+    server, engine = _configs(["--served-model-name", "smol", "org/model"])  # a hub id
+    assert (server.served_model_name, engine.model.model) == (("smol",), "org/model")
     server, _ = _configs([])
     assert (server.served_model_name, server.model_name) == ((), None)
     assert ServerConfig(served_model_name="one").served_model_name == ("one",)
+
+
+def test_served_names_alone_name_the_bundled_model(tmp_path: Path) -> None:
+    """With no MODEL before the flag, its last word is the MODEL only if it names one (a file
+    or folder, a .gguf path, a hub id); `--served-model-name a b` serves the bundled model as
+    both (it read b as a MODEL that does not exist)."""
+    server, engine = _configs(["--served-model-name", "a", "b"])
+    assert (server.served_model_name, engine.model.model) == (("a", "b"), "")
+    server, engine = _configs(["--served-model-name", "a", "b", "c", "--port", "9"])
+    assert (server.served_model_name, engine.model.model) == (("a", "b", "c"), "")
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    server, engine = _configs(["--served-model-name", "a", str(folder)])
+    assert (server.served_model_name, engine.model.model) == (("a",), str(folder))
 
 
 def test_served_model_names_that_cannot_work_are_refused() -> None:

@@ -55,6 +55,16 @@ def resolve_model(
     return replace(resolved, mmproj=path)
 
 
+def names_a_model(spec: str) -> bool:
+    """Whether resolve_model would take `spec` as a model rather than refuse it: an existing
+    file or folder, a .gguf path, or a hub id "org/name" (which may still fail to download)."""
+    path = Path(spec).expanduser()
+    return bool(spec) and (
+        path.exists() or spec.endswith(".gguf") or
+        (_HUB_ID.fullmatch(spec) is not None and not spec.startswith("."))
+    )  # fmt: skip
+
+
 def _resolve(spec: str, cache_dir: Path | None) -> ResolvedModel:
     if spec == "":
         path = fetch_default_model(cache_dir or DEFAULT_CACHE_DIR.expanduser())

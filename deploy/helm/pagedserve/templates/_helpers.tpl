@@ -108,7 +108,8 @@ first name is the one responses and metrics carry; requests may name any of them
 {{- if $names -}}
 {{- $args = concat $args (list "--served-model-name") $names -}}
 {{- /* The flag takes every word up to the next flag, and with no MODEL before it the server
-reads its last word as the MODEL: end the words with the default model's empty MODEL. */ -}}
+reads its last word as the MODEL when it names one (a hub id org/name included): end the words
+with the default model's empty MODEL. */ -}}
 {{- if and (not $model) (gt (len $names) 1) -}}{{- $args = append $args "" -}}{{- end -}}
 {{- end -}}
 {{- $strings := dict "device" "--device" "dtype" "--dtype" "logLevel" "--log-level" -}}
