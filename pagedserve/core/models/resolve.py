@@ -58,11 +58,13 @@ def resolve_model(
 def names_a_model(spec: str) -> bool:
     """Whether resolve_model would take `spec` as a model rather than refuse it: an existing
     file or folder, a .gguf path, or a hub id "org/name" (which may still fail to download)."""
-    path = Path(spec).expanduser()
     return bool(spec) and (
-        path.exists() or spec.endswith(".gguf") or
-        (_HUB_ID.fullmatch(spec) is not None and not spec.startswith("."))
+        Path(spec).expanduser().exists() or spec.endswith(".gguf") or _is_hub_id(spec)
     )  # fmt: skip
+
+
+def _is_hub_id(spec: str) -> bool:
+    return bool(_HUB_ID.fullmatch(spec)) and not spec.startswith(".") and not spec.endswith(".gguf")
 
 
 def _resolve(spec: str, cache_dir: Path | None) -> ResolvedModel:
@@ -76,7 +78,7 @@ def _resolve(spec: str, cache_dir: Path | None) -> ResolvedModel:
         return ResolvedModel("gguf", path, path.stem)
     if path.is_dir():
         return _resolve_folder(path)
-    if _HUB_ID.fullmatch(spec) and not spec.startswith(".") and not spec.endswith(".gguf"):
+    if _is_hub_id(spec):
         return _resolve_folder(_download_from_hub(spec), name=spec.split("/")[-1])
     raise FileNotFoundError(f"model {spec!r}: no such file or folder, and not a hub id")
 
