@@ -38,9 +38,16 @@ SYSROOT = Path(os.environ.get("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu"))
 CPU_MODELS = ["max", "neoverse-n1", "cortex-a53"]  # everything; dotprod, no i8mm; plain NEON
 # The ISA level each model must run at, and the lines the kernel tests print for the paths run.
 LEVELS = {"max": "neon_i8mm", "neoverse-n1": "neon_dotprod", "cortex-a53": "neon"}
-_NEON, _DOTPROD = ["neon: neon path"], ["neon_dotprod: neon-dotprod path"]
+_NEON = ["neon: neon path", "neon: neon int16 path"]
+_DOTPROD = ["neon_dotprod: neon-dotprod path", "neon_dotprod: neon-dotprod int16 path"]
 PATH_LINES = {
-    "max": [*_NEON, *_DOTPROD, "neon_i8mm: neon-i8mm path", "portable kernels"],
+    "max": [
+        *_NEON,
+        *_DOTPROD,
+        "neon_i8mm: neon-i8mm path",
+        "neon_i8mm: neon-i8mm int16 path",
+        "portable kernels",
+    ],  # fmt: skip
     "neoverse-n1": [*_NEON, *_DOTPROD],
     "cortex-a53": [*_NEON, "neon kernels"],
 }

@@ -67,7 +67,8 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
 
 // int16_activations: int16 rows (quantize_activations16) on the int8 kernels, each taking them
 // as two int8 parts: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (its AMX-INT8
-// tiles from amx_from_rows rows, two tile products a group), else the AVX2 kernel (its AVX-VNNI copy where the level has it) from level avx2 up,
+// tiles from amx_from_rows rows, two tile products a group), else the AVX2 kernel (its AVX-VNNI
+// copy where the level has it) from level avx2 up, the NEON ones from level neon on aarch64,
 // else the portable loops.
 void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k, 2);
@@ -84,6 +85,15 @@ void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force
         return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, num_threads)
                           : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, num_threads);
 #endif
+#if PAGEDSERVE_AARCH64  // the NEON kernels from level neon, each part through the int8 sums
+    if (!force_portable && vector_level()) {
+        if (cpu_isa_at_least(CpuIsa::kNeonI8mm))
+            return quant_detail::quant_linear_neon_i8mm(args, acts.data(), row_bytes, num_threads);
+        if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
+            return quant_detail::quant_linear_neon_dotprod(args, acts.data(), row_bytes, num_threads);
+        return quant_detail::quant_linear_neon(args, acts.data(), row_bytes, num_threads);
+    }
+#endif
     quant_detail::quant_linear_portable(args, acts.data(), row_bytes, num_threads);
 }
 
@@ -92,6 +102,9 @@ void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force
 const char* quant_linear_int16_path() {
     if (vnni_supported()) return "avx512-vnni";
     if (avx_vnni()) return "avx2-vnni";
+    if (cpu_isa_at_least(CpuIsa::kNeonI8mm)) return "neon-i8mm";
+    if (cpu_isa_at_least(CpuIsa::kNeonDotprod)) return "neon-dotprod";
+    if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
     return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
 }
 

@@ -25,7 +25,8 @@
 // part's sums kept apart: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (and its
 // AMX-INT8 tiles, two products a group), else the AVX2 kernel from level avx2 (its AVX-VNNI copy
 // at avx2_vnni; plain AVX2 takes 8-bit values on q whole instead, by vpmaddwd: half the sign
-// trick's instructions), else the portable loops (aarch64 included); the same bits on every path.
+// trick's instructions), the NEON kernels from level neon on aarch64, else the portable loops;
+// the same bits on every path.
 //
 // With float_activations (linear_quant.hpp) no int8 rows: x as fp32, weights dequantized in
 // registers, one fp32 FMA chain over k per output:

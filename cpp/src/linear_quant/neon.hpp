@@ -21,6 +21,9 @@
 //                 SADDLP / SADALP into int32, columns by ADDP). No int16 sum can overflow:
 //                 4-bit 15 x 127 over a group's 8 steps is 15,240; 8-bit values (<= 128 x 127)
 //                 are summed two steps at a time (32,512) before they widen.
+// int16 activation rows (QuantLinearArgs::int16_activations, layout.hpp: two int8 parts, hi and
+// lo) go through the same sums one part at a time (half the rows a micro-tile), and the fold
+// takes 255 isum(hi) + isum(lo), exact in int32 (|.| <= 32 x 255 x 32512 < 2^31).
 // Then fold_group's two FMAs per group in order, and the driver's epilogue (linear/driver.hpp,
 // cpu/kernel_math.hpp's twins: the exp polynomial, vcvtneps2bf16's rounding) by integer and
 // fp32 lane operations that round as the scalar ones do.
@@ -145,11 +148,13 @@ inline void store4(const QuantLinearArgs& q, std::int64_t row, std::int64_t col,
 
 // ---- the product ----
 
-template <int kBits, int kGroup, bool kHalf>
+template <int kBits, int kGroup, bool kHalf, int kActParts = 1>
 struct NeonKernel {
     static constexpr Format kFormat{kBits, kGroup, kHalf};
     static constexpr int kSteps = kGroup / 4;      // 4-feature steps per group
-    static constexpr int kRows = PAGEDSERVE_NEON_DOTPROD || PAGEDSERVE_NEON_I8MM ? 4 : 2;
+    // int16 rows (kActParts 2) run each int8 part through the same sums: half the rows, so the
+    // same registers.
+    static constexpr int kRows = (PAGEDSERVE_NEON_DOTPROD || PAGEDSERVE_NEON_I8MM ? 4 : 2) / kActParts;
     // 8-bit values go in as u - 128 (and the sum gets 128 * sum(q) back) for the s8 x s8 paths.
     static constexpr bool kBiased = kBits == 8 && !PAGEDSERVE_NEON_I8MM;
 
@@ -293,12 +298,11 @@ struct NeonKernel {
         }
     }
 
-    // acc[r][16 h .. 16 h + 16) += group g of block b (half tile h) for rows act[r].
+    // group_sums, and for the s8 x s8 paths' biased 8-bit values 128 * sum(q) over the group
+    // added back: the exact int32 sums of u * q for int8 rows act[r].
     template <int R>
-    static inline void group(const std::uint8_t* const (&act)[R], std::int64_t k,
-                             const std::uint8_t* block, std::int64_t b, int g, int h,
-                             float (&acc)[R][32]) {
-        int32x4_t isum[R][4];
+    static inline void part_sums(const std::uint8_t* const (&act)[R], const std::uint8_t* block,
+                                 std::int64_t b, int g, int h, int32x4_t (&isum)[R][4]) {
         group_sums<R>(act, block, b, g, h, isum);
         if constexpr (kBiased) {  // u - 128 went in: add 128 * sum(q) over the group back
             for (int r = 0; r < R; ++r) {
@@ -310,12 +314,30 @@ struct NeonKernel {
                 for (int v = 0; v < 4; ++v) isum[r][v] = vaddq_s32(isum[r][v], back);
             }
         }
+    }
+
+    // acc[r][16 h .. 16 h + 16) += group g of block b (half tile h) for rows act[r] (int16 rows:
+    // their hi parts, the lo parts k bytes on).
+    template <int R>
+    static inline void group(const std::uint8_t* const (&act)[R], std::int64_t k,
+                             const std::uint8_t* block, std::int64_t b, int g, int h,
+                             float (&acc)[R][32]) {
+        int32x4_t isum[R][4];
+        part_sums<R>(act, block, b, g, h, isum);
+        if constexpr (kActParts == 2) {  // int16 rows: 255 isum(hi) + isum(lo), exact in int32
+            const std::uint8_t* lo[R];
+            for (int r = 0; r < R; ++r) lo[r] = act[r] + k;
+            int32x4_t low[R][4];
+            part_sums<R>(lo, block, b, g, h, low);
+            for (int r = 0; r < R; ++r)
+                for (int v = 0; v < 4; ++v) isum[r][v] = vmlaq_n_s32(low[r][v], isum[r][v], kInt16Radix);
+        }
         for (int v = 0; v < 4; ++v) {
             const std::int64_t lane0 = 16 * h + 4 * v;
             const float32x4_t scale = load_scales4(block + kFormat.scales_at(0, g), lane0);
             const float32x4_t min = load_scales4(block + kFormat.scales_at(1, g), lane0);
             for (int r = 0; r < R; ++r) {
-                const ActivationRow row(act[r], k);
+                const ActivationRow row(act[r], k, kActParts);
                 // fold_group's operations (linear_quant/layout.hpp), so its bits.
                 const float32x4_t sd = vmulq_f32(scale, vdupq_n_f32(row.d[b]));
                 float* const at = acc[r] + lane0;
@@ -412,16 +434,24 @@ void run(const QuantLinearArgs& q, const std::uint8_t* acts, std::int64_t act_ro
     }
 }
 
+// The kernel of q's weight format, for int8 (P = 1) or int16 (2) activation rows.
+template <int P>
+void run_format(const QuantLinearArgs& q, const std::uint8_t* acts, std::int64_t act_row_bytes,
+                int num_threads) {
+    const Format f = format_of(q.ggml_type);
+    if (f.bits == 4 && f.half_scales) return run<NeonKernel<4, 32, true, P>>(q, acts, act_row_bytes, num_threads);  // Q4_0/1
+    if (f.bits == 4) return run<NeonKernel<4, 32, false, P>>(q, acts, act_row_bytes, num_threads);  // Q4_K
+    if (f.half_scales) return run<NeonKernel<8, 32, true, P>>(q, acts, act_row_bytes, num_threads);  // Q8_0
+    if (f.group_size == 32) return run<NeonKernel<8, 32, false, P>>(q, acts, act_row_bytes, num_threads);  // Q5_K
+    run<NeonKernel<8, 16, false, P>>(q, acts, act_row_bytes, num_threads);  // Q6_K
+}
+
 }  // namespace
 
 void PAGEDSERVE_NEON_ENTRY(const QuantLinearArgs& q, const std::uint8_t* acts,
                            std::int64_t act_row_bytes, int num_threads) {
-    const Format f = format_of(q.ggml_type);
-    if (f.bits == 4 && f.half_scales) return run<NeonKernel<4, 32, true>>(q, acts, act_row_bytes, num_threads);  // Q4_0/1
-    if (f.bits == 4) return run<NeonKernel<4, 32, false>>(q, acts, act_row_bytes, num_threads);  // Q4_K
-    if (f.half_scales) return run<NeonKernel<8, 32, true>>(q, acts, act_row_bytes, num_threads);  // Q8_0
-    if (f.group_size == 32) return run<NeonKernel<8, 32, false>>(q, acts, act_row_bytes, num_threads);  // Q5_K
-    run<NeonKernel<8, 16, false>>(q, acts, act_row_bytes, num_threads);  // Q6_K
+    if (q.int16_activations) return run_format<2>(q, acts, act_row_bytes, num_threads);
+    run_format<1>(q, acts, act_row_bytes, num_threads);
 }
 
 }  // namespace pagedserve::quant_detail

@@ -60,7 +60,7 @@ def quant_linear_float_path() -> str:
 
 def quant_linear_int16_path() -> str:
     """The path int16_activations=True runs at the active ISA level: "avx512-vnni",
-    "avx2-vnni", "avx2" or "portable"."""
+    "avx2-vnni", "avx2", "neon-i8mm", "neon-dotprod", "neon" or "portable"."""
     return str(_core.quant_linear_int16_path())
 
 

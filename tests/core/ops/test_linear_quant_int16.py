@@ -102,9 +102,11 @@ def test_the_vector_rows_round_corner_cases_as_the_plain_loop(cpu_isa: str) -> N
 @pytest.mark.parametrize("cpu_isa", CPU_ISAS, indirect=True)
 def test_the_int16_path_follows_the_isa_level(cpu_isa: str) -> None:
     """The VNNI kernel from level avx512 on CPUs with AVX512-VNNI (the int8 rows' path there),
-    else the AVX2 kernel (its AVX-VNNI copy at avx2_vnni) from level avx2 up on x86; portable
-    loops below it and on aarch64."""
-    if not isa_at_least("avx2"):
+    else the AVX2 kernel (its AVX-VNNI copy at avx2_vnni) from level avx2 up on x86; on aarch64
+    the int8 rows' NEON kernel of the level; portable loops below those."""
+    if quant_linear_path().startswith("neon"):
+        assert quant_linear_int16_path() == quant_linear_path()
+    elif not isa_at_least("avx2"):
         assert quant_linear_int16_path() == "portable"
     elif quant_linear_path() == "avx512-vnni":
         assert quant_linear_int16_path() == "avx512-vnni"
