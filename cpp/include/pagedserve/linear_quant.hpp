@@ -95,9 +95,8 @@ const char* quant_linear_path();
 // Which path quant_linear runs with float_activations on this CPU: "avx2" or "portable".
 const char* quant_linear_float_path();
 
-// Which path quant_linear runs with int16_activations on this CPU: "avx512-vnni", "avx2-vnni",
-// "avx2" (every x86 level from avx2 up without VNNI), "neon-i8mm", "neon-dotprod", "neon" (the
-// aarch64 levels) or "portable" (below them).
+// Which path quant_linear runs with int16_activations on this CPU: the int8 rows' kernels, so
+// quant_linear_path()'s.
 const char* quant_linear_int16_path();
 
 // True when quant_linear may take AMX-INT8 tiles (with AVX512-VNNI, whose epilogue they share):

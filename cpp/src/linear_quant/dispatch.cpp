@@ -65,48 +65,45 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
     quant_detail::quant_linear_float_portable(args, x, stride, num_threads);
 }
 
-// int16_activations: int16 rows (quantize_activations16) on the int8 kernels, each taking them
-// as two int8 parts: the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (its AMX-INT8
-// tiles from amx_from_rows rows, two tile products a group), else the AVX2 kernel (its AVX-VNNI
-// copy where the level has it) from level avx2 up, the NEON ones from level neon on aarch64,
-// else the portable loops.
+// The rows in acts (quantize_activations' int8 rows, or quantize_activations16's int16 rows as
+// two int8 parts: args.int16_activations) through the int8 kernels' path of the active level:
+// on x86 the VNNI kernel from level avx512 on CPUs with AVX512-VNNI (with AMX-INT8 tiles from
+// amx_from_rows rows; int16 rows two tile products a group), else the AVX2 kernel (its AVX-VNNI
+// copy where the level has it) from avx2 up; on aarch64 the NEON kernel of the level; else, or
+// force_portable, the portable loops.
+void run_rows(const QuantLinearArgs& args, const std::uint8_t* acts, std::int64_t row_bytes,
+              int threads, bool force_portable) {
+    if (force_portable || !vector_level())
+        return quant_detail::quant_linear_portable(args, acts, row_bytes, threads);
+#if PAGEDSERVE_AARCH64  // the levels imply the CPU has SDOT, USMMLA (cpu_features.cpp)
+    if (cpu_isa_at_least(CpuIsa::kNeonI8mm))
+        return quant_detail::quant_linear_neon_i8mm(args, acts, row_bytes, threads);
+    if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
+        return quant_detail::quant_linear_neon_dotprod(args, acts, row_bytes, threads);
+    quant_detail::quant_linear_neon(args, acts, row_bytes, threads);
+#endif
+#if PAGEDSERVE_X86  // the x86 vector paths (elsewhere cpu_isa() is not an x86 level)
+    if (!vnni_supported())
+        return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts, row_bytes, threads)
+                          : quant_detail::quant_linear_avx2(args, acts, row_bytes, threads);
+    if (hardware_bf16()) return quant_detail::quant_linear_avx512_bf16(args, acts, row_bytes, threads);
+    quant_detail::quant_linear_avx512_vnni(args, acts, row_bytes, threads);
+#endif
+}
+
+// int16_activations: int16 rows (quantize_activations16) on the int8 kernels (run_rows).
 void quant_linear_int16(const QuantLinearArgs& args, int num_threads, bool force_portable) {
     const std::int64_t row_bytes = quant_detail::activation_row_bytes(args.k, 2);
     thread_local std::vector<std::uint8_t> acts;  // as quant_linear's int8 rows
     if (acts.size() < static_cast<std::size_t>(args.m * row_bytes)) acts.resize(args.m * row_bytes);
     quant_detail::quantize_activations16(args.x, args.float32, args.x_stride, args.m, args.k,
                                          acts.data(), num_threads, force_portable);
-#if PAGEDSERVE_X86  // the VNNI kernel, else the AVX2 one from level avx2 up
-    if (!force_portable && vnni_supported()) {
-        return hardware_bf16() ? quant_detail::quant_linear_avx512_bf16(args, acts.data(), row_bytes, num_threads)
-                               : quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, num_threads);
-    }
-    if (!force_portable && cpu_isa_at_least(CpuIsa::kAvx2))
-        return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, num_threads)
-                          : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, num_threads);
-#endif
-#if PAGEDSERVE_AARCH64  // the NEON kernels from level neon, each part through the int8 sums
-    if (!force_portable && vector_level()) {
-        if (cpu_isa_at_least(CpuIsa::kNeonI8mm))
-            return quant_detail::quant_linear_neon_i8mm(args, acts.data(), row_bytes, num_threads);
-        if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
-            return quant_detail::quant_linear_neon_dotprod(args, acts.data(), row_bytes, num_threads);
-        return quant_detail::quant_linear_neon(args, acts.data(), row_bytes, num_threads);
-    }
-#endif
-    quant_detail::quant_linear_portable(args, acts.data(), row_bytes, num_threads);
+    run_rows(args, acts.data(), row_bytes, num_threads, force_portable);
 }
 
 }  // namespace
 
-const char* quant_linear_int16_path() {
-    if (vnni_supported()) return "avx512-vnni";
-    if (avx_vnni()) return "avx2-vnni";
-    if (cpu_isa_at_least(CpuIsa::kNeonI8mm)) return "neon-i8mm";
-    if (cpu_isa_at_least(CpuIsa::kNeonDotprod)) return "neon-dotprod";
-    if (cpu_isa_at_least(CpuIsa::kNeon)) return "neon";
-    return cpu_isa_at_least(CpuIsa::kAvx2) ? "avx2" : "portable";
-}
+const char* quant_linear_int16_path() { return quant_linear_path(); }  // the same kernels
 
 const char* quant_linear_path() {
     if (vnni_supported()) return "avx512-vnni";
@@ -151,24 +148,7 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     }
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads, force_portable);
-    const int threads = std::max(1, num_threads);
-    if (force_portable || !vector_level())
-        return quant_detail::quant_linear_portable(args, acts.data(), row_bytes, threads);
-#if PAGEDSERVE_AARCH64  // the levels imply the CPU has SDOT, USMMLA (cpu_features.cpp)
-    if (cpu_isa_at_least(CpuIsa::kNeonI8mm))
-        return quant_detail::quant_linear_neon_i8mm(args, acts.data(), row_bytes, threads);
-    if (cpu_isa_at_least(CpuIsa::kNeonDotprod))
-        return quant_detail::quant_linear_neon_dotprod(args, acts.data(), row_bytes, threads);
-    quant_detail::quant_linear_neon(args, acts.data(), row_bytes, threads);
-#endif
-#if PAGEDSERVE_X86  // the x86 vector paths (elsewhere cpu_isa() is not an x86 level)
-    if (!vnni_supported())
-        return avx_vnni() ? quant_detail::quant_linear_avx2_vnni(args, acts.data(), row_bytes, threads)
-                          : quant_detail::quant_linear_avx2(args, acts.data(), row_bytes, threads);
-    if (hardware_bf16())
-        return quant_detail::quant_linear_avx512_bf16(args, acts.data(), row_bytes, threads);
-    quant_detail::quant_linear_avx512_vnni(args, acts.data(), row_bytes, threads);
-#endif
+    run_rows(args, acts.data(), row_bytes, std::max(1, num_threads), force_portable);
 }
 
 }  // namespace pagedserve
