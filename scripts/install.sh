@@ -26,8 +26,9 @@ if [[ "${1:-}" == "test" ]]; then
             || echo "install.sh: no aarch64 cross toolchain; test_cpp_aarch64.py will skip" >&2
     fi
     # Editable, so the tests (which import helpers from the source tree) and the installed
-    # package are one and the same code.
-    python3 -m pip install -e ".[test]"
+    # package are one and the same code. Its build (build/<wheel tag>) builds the C++ tests
+    # too, which tests/native/test_cpp_x86_64_qemu.py runs under qemu: the library compiles once.
+    PAGEDSERVE_BUILD_TESTS=ON python3 -m pip install -e ".[test]"
     # The chart tests (tests/deploy) render deploy/helm/pagedserve with a pinned helm binary.
     ./deploy/tools/install_helm.sh >/dev/null \
         || echo "install.sh: no helm binary (see above); tests/deploy will fail" >&2

@@ -32,7 +32,23 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(2)  # CI has 2 cores; more threads only oversubscribe
 
 
+FIRST = (
+    "tests/native/test_cpp_sanitized.py",
+    "tests/native/test_cpp_x86_64_qemu.py",
+    "tests/native/test_cpp_aarch64.py",
+)
+"""The longest modules (C++ builds, runs under sanitizers and under qemu: about a third of the
+suite's time), collected first, in this order: pytest-xdist's two workers (addopts' -n 2) take
+the first tests in one batch, so one worker builds and emulates while the other runs the Python
+tests, rather than both meeting the builds at the end."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        return FIRST.index(module) if module in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: every module's tests stay together, in their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -1,6 +1,7 @@
-"""Builds the C++ unit tests (cpp/tests) in a folder of their own, for the tests that run them
-(under sanitizers, under qemu for aarch64 and for emulated x86-64 CPUs): the library alone, no
-Python module, no CUDA, no -march=native, with Ninja where it is installed."""
+"""Builds the C++ unit tests (cpp/tests) for the tests that run them (under sanitizers, under
+qemu for aarch64 and for emulated x86-64 CPUs): in a folder of their own (the library alone, no
+Python module, no CUDA, no -march=native, with Ninja where it is installed), or, for a build
+like the wheel's, in the editable install's own build folder where it was configured with them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,37 @@ def build_cpp_tests(build: Path, *flags: str) -> Path:
     run_or_fail(configure)
     run_or_fail(["cmake", "--build", str(build), "-j2"])
     return build
+
+
+def installed_test_build(targets: list[str]) -> Path | None:
+    """The editable install's own build folder (scikit-build-core's build/<wheel tag>), where
+    ./scripts/install.sh test configured it with the C++ tests as the wheel builds the library
+    (Release, no -march=native, no sanitizers), with `targets` brought up to date with the
+    sources (a no-op right after the install); None where there is no such folder, or where
+    it no longer builds on its own (a change to CMakeLists.txt reconfigures it, and pip's
+    isolated build environment that found pybind11 for it is gone)."""
+    for cache in sorted(ROOT.glob("build/*/CMakeCache.txt")):
+        entries = cmake_cache(cache)
+        wanted = {
+            "CMAKE_HOME_DIRECTORY": str(ROOT), "CMAKE_BUILD_TYPE": "Release",
+            "PAGEDSERVE_BUILD_TESTS": "ON", "PAGEDSERVE_NATIVE_ARCH": "OFF",
+            "PAGEDSERVE_SANITIZE": "OFF",
+        }  # fmt: skip
+        if all(entries.get(key) == value for key, value in wanted.items()):
+            command = ["cmake", "--build", str(cache.parent), "-j2", "--target", *targets]
+            built = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            return cache.parent if built.returncode == 0 else None
+    return None
+
+
+def cmake_cache(path: Path) -> dict[str, str]:
+    """A CMakeCache.txt's entries: NAME:TYPE=VALUE lines as {NAME: VALUE}."""
+    entries = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and ":" in key and not line.startswith(("//", "#")):
+            entries[key.split(":")[0]] = value
+    return entries
 
 
 def run_or_fail(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

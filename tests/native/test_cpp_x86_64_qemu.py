@@ -4,8 +4,9 @@ AVX-512 at all), so code outside the run-time dispatch, a static initializer or 
 for the wrong level that executes AVX-512 (or, on a pre-AVX CPU, AVX) kills the process, where
 set_cpu_isa / PAGEDSERVE_MAX_CPU_ISA on the real CPU would not notice.
 
-- The C++ unit tests (cpp/tests), built natively in a fresh folder as the wheel builds the
-  library (Release, no -march=native), each run under qemu-x86_64 as AMD Zen 3 (EPYC-Milan),
+- The C++ unit tests (cpp/tests), built natively as the wheel builds the library (Release, no
+  -march=native): in the editable install's own build folder, which `./scripts/install.sh test`
+  configures with the tests (so the library compiles once), else in a fresh folder; each run under qemu-x86_64 as AMD Zen 3 (EPYC-Milan),
   AVX2 + FMA + F16C without AVX-512: they must run at level avx2, and the level and the paths
   run are read from the tests' own lines (test_cpu_features' "cpu isa level: X", the kernel
   tests' path lines), so a vector level that fell back, or one that never ran, fails. On an
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.native.cpp_build import ROOT, build_cpp_tests
+from tests.native.cpp_build import ROOT, build_cpp_tests, installed_test_build
 from tests.native.qemu_x86 import (
     QEMU,
     python_executable,
@@ -89,6 +90,10 @@ pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The install's own build of the library and the tests, else a fresh one like it."""
+    installed = installed_test_build(TESTS)
+    if installed is not None:
+        return installed
     return build_cpp_tests(
         tmp_path_factory.mktemp("x86_64") / "build", "-DCMAKE_BUILD_TYPE=Release"
     )
