@@ -26,9 +26,17 @@ if [[ "${1:-}" == "test" ]]; then
             || echo "install.sh: no aarch64 cross toolchain; test_cpp_aarch64.py will skip" >&2
     fi
     # Editable, so the tests (which import helpers from the source tree) and the installed
-    # package are one and the same code. Its build (build/<wheel tag>) builds the C++ tests
-    # too, which tests/native/test_cpp_x86_64_qemu.py runs under qemu: the library compiles once.
-    PAGEDSERVE_BUILD_TESTS=ON python3 -m pip install -e ".[test]"
+    # package are one and the same code. Its build folder (build/<wheel tag>) builds the C++
+    # tests too, which tests/native/test_cpp_x86_64_qemu.py runs under qemu there (the library
+    # compiles once); without build isolation, so that the folder still builds after pip returns
+    # (an isolated build's pybind11 is deleted with it). The build requirements first, those
+    # pip would fetch for an isolated build (scikit-build-core lists them: ninja, and cmake where
+    # the system's is missing or too old).
+    python3 -m pip install "scikit-build-core>=0.10"
+    mapfile -t requires < <(python3 -m scikit_build_core.build requires |
+        python3 -c 'import json, sys; print(*json.load(sys.stdin), sep="\n")')
+    python3 -m pip install "${requires[@]}"
+    PAGEDSERVE_BUILD_TESTS=ON python3 -m pip install --no-build-isolation -e ".[test]"
     # The chart tests (tests/deploy) render deploy/helm/pagedserve with a pinned helm binary.
     ./deploy/tools/install_helm.sh >/dev/null \
         || echo "install.sh: no helm binary (see above); tests/deploy will fail" >&2
