@@ -33,15 +33,14 @@ def installed_test_build(targets: list[str]) -> Path | None:
     ./scripts/install.sh test configured it with the C++ tests as the wheel builds the library
     (Release, no -march=native, no sanitizers), with `targets` brought up to date with the
     sources (a no-op right after the install); None where there is no such folder, or where
-    it no longer builds on its own (a change to CMakeLists.txt reconfigures it, and pip's
-    isolated build environment that found pybind11 for it is gone)."""
+    it no longer builds on its own (one that an isolated pip build configured regenerates
+    without the pybind11 that pip deleted)."""
+    wanted = {
+        "CMAKE_HOME_DIRECTORY": str(ROOT), "CMAKE_BUILD_TYPE": "Release",
+        "PAGEDSERVE_BUILD_TESTS": "ON", "PAGEDSERVE_NATIVE_ARCH": "OFF", "PAGEDSERVE_SANITIZE": "OFF",
+    }  # fmt: skip
     for cache in sorted(ROOT.glob("build/*/CMakeCache.txt")):
         entries = cmake_cache(cache)
-        wanted = {
-            "CMAKE_HOME_DIRECTORY": str(ROOT), "CMAKE_BUILD_TYPE": "Release",
-            "PAGEDSERVE_BUILD_TESTS": "ON", "PAGEDSERVE_NATIVE_ARCH": "OFF",
-            "PAGEDSERVE_SANITIZE": "OFF",
-        }  # fmt: skip
         if all(entries.get(key) == value for key, value in wanted.items()):
             command = ["cmake", "--build", str(cache.parent), "-j2", "--target", *targets]
             built = subprocess.run(command, capture_output=True, text=True, timeout=900)

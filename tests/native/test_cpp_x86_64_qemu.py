@@ -6,8 +6,8 @@ set_cpu_isa / PAGEDSERVE_MAX_CPU_ISA on the real CPU would not notice.
 
 - The C++ unit tests (cpp/tests), built natively as the wheel builds the library (Release, no
   -march=native): in the editable install's own build folder, which `./scripts/install.sh test`
-  configures with the tests (so the library compiles once), else in a fresh folder; each run under qemu-x86_64 as AMD Zen 3 (EPYC-Milan),
-  AVX2 + FMA + F16C without AVX-512: they must run at level avx2, and the level and the paths
+  configures with the tests (so the library compiles once), else in a fresh folder. Each runs
+  under qemu-x86_64 as AMD Zen 3 (EPYC-Milan), AVX2 + FMA + F16C without AVX-512: they must run at level avx2, and the level and the paths
   run are read from the tests' own lines (test_cpu_features' "cpu isa level: X", the kernel
   tests' path lines), so a vector level that fell back, or one that never ran, fails. On an
   AMX Xeon qemu's TCG ran them ~150x slower than natively (test_paged_attention 455 s, against
