@@ -30,6 +30,10 @@ from tests.hf_gguf import fast_gguf_parsing
 
 def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(2)  # CI has 2 cores; more threads only oversubscribe
+    root = Path(__file__).resolve().parents[1]
+    gone = [module for module in FIRST if not (root / module).is_file()]
+    if gone:  # a renamed module would silently lose its place at the front
+        raise pytest.UsageError(f"tests/conftest.py's FIRST names modules that are gone: {gone}")
 
 
 FIRST = (
