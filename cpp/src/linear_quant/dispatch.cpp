@@ -72,7 +72,8 @@ void quant_linear_float(const QuantLinearArgs& args, int num_threads, bool force
 // copy where the level has it) from avx2 up; on aarch64 the NEON kernel of the level; else, or
 // force_portable, the portable loops.
 void run_rows(const QuantLinearArgs& args, const std::uint8_t* acts, std::int64_t row_bytes,
-              int threads, bool force_portable) {
+              int num_threads, bool force_portable) {
+    const int threads = std::max(1, num_threads);
     if (force_portable || !vector_level())
         return quant_detail::quant_linear_portable(args, acts, row_bytes, threads);
 #if PAGEDSERVE_AARCH64  // the levels imply the CPU has SDOT, USMMLA (cpu_features.cpp)
@@ -148,7 +149,7 @@ void quant_linear(const QuantLinearArgs& args, int num_threads, bool force_porta
     }
     quant_detail::quantize_activations(args.x, args.float32, args.x_stride, args.m, args.k,
                                        acts.data(), num_threads, force_portable);
-    run_rows(args, acts.data(), row_bytes, std::max(1, num_threads), force_portable);
+    run_rows(args, acts.data(), row_bytes, num_threads, force_portable);
 }
 
 }  // namespace pagedserve
